@@ -1,0 +1,35 @@
+# Helpers that give every target of our own the same warnings and layout.
+
+# Warnings are errors on our own code (not on generated protobuf code).
+function(tandem_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter
+      -Wnon-virtual-dtor -Wimplicit-fallthrough>)
+endfunction()
+
+# tandem_library(NAME SOURCES ... DEPS ...): a static library rooted at the
+# repository so that includes read "engine/model/gguf_file.h".
+function(tandem_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  tandem_warnings(${name})
+endfunction()
+
+# tandem_test(NAME SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary
+# whose tests are registered with ctest one by one.
+function(tandem_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  tandem_warnings(${name})
+  set(labels unit)
+  if(ARG_LABELS)
+    set(labels ${ARG_LABELS})
+  endif()
+  gtest_discover_tests(${name}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES LABELS "${labels}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

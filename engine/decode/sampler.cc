@@ -1,0 +1,105 @@
+#include "engine/decode/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace tandem::decode {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct Candidate {
+  float logit;
+  step::TokenId id;
+};
+
+// Descending logit, then ascending id: a total order, so sorting is stable
+// across platforms and batch compositions.
+bool MoreLikely(const Candidate& a, const Candidate& b) {
+  return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;
+}
+
+step::TokenId Greedy(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<step::TokenId>(best);
+}
+
+}  // namespace
+
+double UniformDraw(uint64_t seed, uint64_t draw_index) {
+  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ (draw_index * 0xD1B54A32D192ED03ull));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
+                     uint64_t draw_index) {
+  if (params.temperature <= 0.0f || logits.size() == 1) return Greedy(logits);
+  const size_t n = logits.size();
+  const size_t keep = params.top_k > 0 ? std::min<size_t>(static_cast<size_t>(params.top_k), n) : n;
+  const double u = UniformDraw(params.seed, draw_index);
+  const double inverse_temperature = 1.0 / params.temperature;
+  const double max_logit = logits[static_cast<size_t>(Greedy(logits))];
+  auto weight = [&](float logit) {
+    return std::exp((static_cast<double>(logit) - max_logit) * inverse_temperature);
+  };
+
+  if (keep == n && params.top_p >= 1.0f) {
+    // Plain temperature sampling: walk the vocabulary in id order.
+    double total = 0.0;
+    for (float l : logits) total += weight(l);
+    const double target = u * total;
+    double cumulative = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      cumulative += weight(logits[i]);
+      if (target < cumulative) return static_cast<step::TokenId>(i);
+    }
+    return Greedy(logits);
+  }
+
+  std::vector<Candidate> c(n);
+  for (size_t i = 0; i < n; ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
+  if (keep < n) {
+    std::nth_element(c.begin(), c.begin() + static_cast<long>(keep), c.end(), MoreLikely);
+    c.resize(keep);
+    std::sort(c.begin(), c.end(), MoreLikely);
+  }
+  // The nucleus: the shortest most-likely prefix holding top_p of the mass.
+  // Without top-k, sort only as much of the vocabulary as the nucleus needs.
+  double total = 0.0;
+  for (const Candidate& cand : c) total += weight(cand.logit);
+  const double threshold = std::min(1.0, static_cast<double>(params.top_p)) * total;
+  size_t sorted = keep < n ? keep : std::min<size_t>(n, 64);
+  size_t cut = 0;
+  double kept_mass = 0.0;
+  for (;;) {
+    if (keep == n) {
+      std::partial_sort(c.begin(), c.begin() + static_cast<long>(sorted), c.end(), MoreLikely);
+    }
+    kept_mass = 0.0;
+    for (cut = 0; cut < sorted;) {
+      kept_mass += weight(c[cut].logit);
+      ++cut;
+      if (kept_mass >= threshold) break;
+    }
+    if (kept_mass >= threshold || sorted == c.size()) break;
+    sorted = std::min(c.size(), sorted * 8);
+  }
+  const double target = u * kept_mass;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < cut; ++i) {
+    cumulative += weight(c[i].logit);
+    if (target < cumulative) return c[i].id;
+  }
+  return c[cut - 1].id;
+}
+
+}  // namespace tandem::decode

@@ -1,0 +1,166 @@
+// The compute backend interface: the only code that knows which device runs.
+//
+// The transformer forward pass (engine/model) is written once against this
+// interface. A backend owns device memory (activation buffers, the paged KV
+// storage) and runs the operations below on float32 activations stored as
+// row-major matrices, one row per token.
+//
+// Determinism contract (every backend): each output element is computed with
+// a reduction order that depends only on that element's own inputs, never on
+// how many rows the batch has, which other rows are present, how the prompt is
+// chunked, or how many threads run. So a token's activations are bitwise the
+// same alone, batched or chunked.
+//
+// Thread safety: a backend instance is used by one thread at a time (its
+// worker); it may use its own threads internally. Operations may run
+// asynchronously; CopyToHost() waits for everything issued before it.
+#ifndef TANDEM_ENGINE_KERNELS_BACKEND_H_
+#define TANDEM_ENGINE_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/kernels/dtype.h"
+
+namespace tandem::kernels {
+
+// A row-major float32 matrix in backend memory. A view: it does not own.
+struct Matrix {
+  float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  float* Row(int64_t r) const { return data + r * cols; }
+  Matrix FirstRows(int64_t count) const { return {data, count, cols}; }
+};
+
+// A weight matrix in its storage type: `rows` output features, each a
+// contiguous row of `cols` input features. Vectors (norm weights, biases) are
+// F32 weights with one row.
+struct Weight {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;  // backend memory
+};
+
+// Memory owned by a backend; freed when the last owner lets go.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(void* data, size_t bytes, std::function<void(void*)> release)
+      : data_(data), bytes_(bytes), release_(std::move(release)) {}
+  ~DeviceBuffer() {
+    if (release_) release_(data_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  std::function<void(void*)> release_;
+};
+
+// The paged KV storage: for each layer, K and V pools of `blocks` blocks,
+// each holding `block_size` token slots of [kv_heads][head_dim] half floats.
+// Slot s of the pool is token (s % block_size) of block (s / block_size).
+struct KvCacheShape {
+  int layers = 0;
+  int blocks = 0;
+  int block_size = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+
+  size_t BytesPerBlock() const {
+    return size_t{2} * layers * block_size * kv_heads * head_dim * sizeof(uint16_t);
+  }
+};
+
+// Rotary embedding of the first `rotary_dims` dimensions of each head.
+// `table` holds, for each position p < max_positions and each pair i <
+// rotary_dims/2, the pair (cos, sin) of p * theta_i, as one F32 weight row per
+// position. `neox` selects the pairing: (i, i + rotary_dims/2) when true,
+// (2i, 2i+1) otherwise (the layout GGUF uses for Llama, whose Q/K weights the
+// converter permuted).
+struct RopeSpec {
+  Weight table;
+  int rotary_dims = 0;
+  bool neox = false;
+};
+
+// One sequence's part of a ragged batch: rows [first_row, first_row + rows) of
+// the batch are its tokens at positions first_position.. in order. Each query
+// attends to the keys at positions 0..its own position, read from the blocks
+// in `block_table` (host memory), which must already hold them.
+struct AttentionSpan {
+  int32_t first_row = 0;
+  int32_t rows = 0;
+  int32_t first_position = 0;
+  std::span<const int32_t> block_table;
+};
+
+struct AttentionShape {
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  float scale = 0.0f;  // usually 1/sqrt(head_dim)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+
+  // --- memory ---------------------------------------------------------------
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;
+  // Makes a host weight usable by this backend. The backend may keep pointing
+  // at `host_data` instead of copying it. REQUIRES: host_data outlives every
+  // use of the returned weight.
+  virtual absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
+                                              const void* host_data) = 0;
+  // Allocates the paged KV storage (replacing any previous one).
+  virtual absl::Status CreateKvCache(const KvCacheShape& shape) = 0;
+  virtual const KvCacheShape& kv_cache_shape() const = 0;
+  virtual void CopyToHost(const Matrix& src, float* dst) = 0;
+  virtual void CopyFromHost(const float* src, Matrix dst) = 0;
+
+  // --- operations (all shapes are REQUIREd to agree) -------------------------
+  // out[i] = dequantized row ids[i] of `table`.
+  virtual void Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) = 0;
+  // outs[w][r][n] = sum_k x[r][k] * weights[w][n][k] (+ biases[w][n] when the
+  // bias is non-null). Several weights sharing one input run as one call.
+  virtual void MatMul(const Matrix& x, std::span<const Weight* const> weights,
+                      std::span<const Weight* const> biases, std::span<const Matrix> outs) = 0;
+  // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. out may alias x.
+  virtual void RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) = 0;
+  // Rotates, in place, each of the `heads` heads of every row of x by the
+  // position of that row.
+  virtual void Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+                    const RopeSpec& rope) = 0;
+  // Stores row r of k and v into KV slot slots[r] of `layer`.
+  virtual void WriteKv(int layer, const Matrix& k, const Matrix& v,
+                       std::span<const int32_t> slots) = 0;
+  // Causal grouped-query attention of q (rows: tokens, cols: heads*head_dim)
+  // over the paged KV of `layer`.
+  virtual void Attention(int layer, const Matrix& q, const AttentionShape& shape,
+                         std::span<const AttentionSpan> spans, Matrix out) = 0;
+  // out = silu(gate) * up, elementwise.
+  virtual void SiluMul(const Matrix& gate, const Matrix& up, Matrix out) = 0;
+  // acc += x, elementwise.
+  virtual void Add(Matrix acc, const Matrix& x) = 0;
+  // out[i] = x[rows[i]].
+  virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
+};
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_ENGINE_KERNELS_BACKEND_H_

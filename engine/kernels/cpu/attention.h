@@ -1,0 +1,35 @@
+// Causal grouped-query attention over the paged KV cache, on the CPU.
+//
+// For each query row and head: scores against every key at positions
+// 0..position in position order, a softmax with the maximum subtracted, and
+// the probability-weighted sum of values in position order. Each output
+// depends only on its own query and the cached keys and values, so chunked
+// and batched prefill give bitwise the same result.
+#ifndef TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_
+#define TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/kernels/backend.h"
+#include "engine/kernels/cpu/thread_pool.h"
+
+namespace tandem::kernels::cpu {
+
+// One layer's K and V pools: [blocks][block_size][kv_heads][head_dim] halves.
+struct KvLayerView {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int block_size = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+};
+
+void PagedAttention(ThreadPool& pool, std::vector<std::vector<float>>& scratch,
+                    const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
+                    std::span<const AttentionSpan> spans, Matrix out);
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_

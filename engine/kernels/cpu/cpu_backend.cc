@@ -1,0 +1,133 @@
+#include "engine/kernels/cpu/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/strings.h"
+#include "engine/kernels/cpu/attention.h"
+#include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/cpu/elementwise.h"
+#include "engine/kernels/half.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+}  // namespace
+
+CpuBackend::CpuBackend(int threads) : pool_(threads < 1 ? 1 : threads) {}
+
+std::string CpuBackend::name() const {
+#ifdef TANDEM_CPU_AVX2
+  return StrCat("cpu (avx2, ", pool_.size(), " threads)");
+#else
+  return StrCat("cpu (portable, ", pool_.size(), " threads)");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  return std::make_unique<DeviceBuffer>(data, bytes, [](void* p) { std::free(p); });
+}
+
+absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
+                                                const void* host_data) {
+  return Weight{dtype, rows, cols, host_data};
+}
+
+absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
+  kv_storage_.reset();
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> storage =
+      Allocate(shape.BytesPerBlock() * static_cast<size_t>(shape.blocks));
+  if (!storage.ok()) return storage.status();
+  // Zero the pools so that no uninitialised memory is ever read, even by a
+  // buggy caller (attention only reads slots that were written).
+  std::memset((*storage)->data(), 0, (*storage)->bytes());
+  kv_storage_ = *std::move(storage);
+  kv_shape_ = shape;
+  return absl::OkStatus();
+}
+
+void CpuBackend::CopyToHost(const Matrix& src, float* dst) {
+  std::memcpy(dst, src.data, sizeof(float) * static_cast<size_t>(src.rows * src.cols));
+}
+
+void CpuBackend::CopyFromHost(const float* src, Matrix dst) {
+  std::memcpy(dst.data, src, sizeof(float) * static_cast<size_t>(dst.rows * dst.cols));
+}
+
+void CpuBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) {
+  const size_t row_bytes = RowBytes(table.dtype, table.cols);
+  const auto* base = static_cast<const uint8_t*>(table.data);
+  pool_.ParallelFor(static_cast<int64_t>(ids.size()), [&](int64_t i, int) {
+    DequantizeRow(table.dtype, base + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes,
+                  table.cols, out.Row(i));
+  });
+}
+
+void CpuBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights,
+                        std::span<const Weight* const> biases, std::span<const Matrix> outs) {
+  cpu::MatMul(pool_, matmul_scratch_, x, weights, biases, outs);
+}
+
+void CpuBackend::RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) {
+  cpu::RmsNorm(pool_, x, static_cast<const float*>(weight.data), eps, out);
+}
+
+void CpuBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+                      const RopeSpec& rope) {
+  cpu::Rope(pool_, x, heads, head_dim, positions, rope);
+}
+
+void CpuBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
+                         std::span<const int32_t> slots) {
+  const int64_t per_token = int64_t{kv_shape_.kv_heads} * kv_shape_.head_dim;
+  const int64_t per_layer_pool = int64_t{kv_shape_.blocks} * kv_shape_.block_size * per_token;
+  auto* base = static_cast<uint16_t*>(kv_storage_->data());
+  uint16_t* k_pool = base + int64_t{2} * layer * per_layer_pool;
+  uint16_t* v_pool = k_pool + per_layer_pool;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    const float* kr = k.Row(static_cast<int64_t>(r));
+    const float* vr = v.Row(static_cast<int64_t>(r));
+    uint16_t* kd = k_pool + int64_t{slots[r]} * per_token;
+    uint16_t* vd = v_pool + int64_t{slots[r]} * per_token;
+    for (int64_t i = 0; i < per_token; ++i) {
+      kd[i] = FloatToHalf(kr[i]);
+      vd[i] = FloatToHalf(vr[i]);
+    }
+  }
+}
+
+void CpuBackend::Attention(int layer, const Matrix& q, const AttentionShape& shape,
+                           std::span<const AttentionSpan> spans, Matrix out) {
+  const int64_t per_layer_pool = int64_t{kv_shape_.blocks} * kv_shape_.block_size *
+                                 kv_shape_.kv_heads * kv_shape_.head_dim;
+  const auto* base = static_cast<const uint16_t*>(kv_storage_->data());
+  KvLayerView view;
+  view.k = base + int64_t{2} * layer * per_layer_pool;
+  view.v = view.k + per_layer_pool;
+  view.block_size = kv_shape_.block_size;
+  view.kv_heads = kv_shape_.kv_heads;
+  view.head_dim = kv_shape_.head_dim;
+  PagedAttention(pool_, attention_scratch_, view, q, shape, spans, out);
+}
+
+void CpuBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
+  cpu::SiluMul(pool_, gate, up, out);
+}
+
+void CpuBackend::Add(Matrix acc, const Matrix& x) { cpu::Add(pool_, acc, x); }
+
+void CpuBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(out.Row(static_cast<int64_t>(i)), x.Row(rows[i]),
+                sizeof(float) * static_cast<size_t>(x.cols));
+  }
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,53 @@
+// The CPU backend: our own batch-invariant kernels (see backend.h), run on a
+// pool of `threads` threads owned by the backend.
+#ifndef TANDEM_ENGINE_KERNELS_CPU_CPU_BACKEND_H_
+#define TANDEM_ENGINE_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <vector>
+
+#include "engine/kernels/backend.h"
+#include "engine/kernels/cpu/matmul.h"
+#include "engine/kernels/cpu/thread_pool.h"
+
+namespace tandem::kernels::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+
+  std::string name() const override;
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
+                                      const void* host_data) override;
+  absl::Status CreateKvCache(const KvCacheShape& shape) override;
+  const KvCacheShape& kv_cache_shape() const override { return kv_shape_; }
+  void CopyToHost(const Matrix& src, float* dst) override;
+  void CopyFromHost(const float* src, Matrix dst) override;
+
+  void Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) override;
+  void MatMul(const Matrix& x, std::span<const Weight* const> weights,
+              std::span<const Weight* const> biases, std::span<const Matrix> outs) override;
+  void RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) override;
+  void Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+            const RopeSpec& rope) override;
+  void WriteKv(int layer, const Matrix& k, const Matrix& v,
+               std::span<const int32_t> slots) override;
+  void Attention(int layer, const Matrix& q, const AttentionShape& shape,
+                 std::span<const AttentionSpan> spans, Matrix out) override;
+  void SiluMul(const Matrix& gate, const Matrix& up, Matrix out) override;
+  void Add(Matrix acc, const Matrix& x) override;
+  void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
+
+ private:
+  ThreadPool pool_;
+  MatMulScratch matmul_scratch_;
+  std::vector<std::vector<float>> attention_scratch_;
+  KvCacheShape kv_shape_;
+  std::unique_ptr<DeviceBuffer> kv_storage_;
+};
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_ENGINE_KERNELS_CPU_CPU_BACKEND_H_

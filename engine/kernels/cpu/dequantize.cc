@@ -1,0 +1,131 @@
+#include "engine/kernels/cpu/dequantize.h"
+
+#include <cstring>
+
+#include "engine/kernels/half.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+void DequantizeQ8_0(const BlockQ8_0* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = HalfToFloat(blocks[b].d);
+    for (int j = 0; j < 32; ++j) dst[b * 32 + j] = d * blocks[b].qs[j];
+  }
+}
+
+void DequantizeQ4_0(const BlockQ4_0* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = HalfToFloat(blocks[b].d);
+    for (int j = 0; j < 16; ++j) {
+      dst[b * 32 + j] = d * ((blocks[b].qs[j] & 0x0f) - 8);
+      dst[b * 32 + j + 16] = d * ((blocks[b].qs[j] >> 4) - 8);
+    }
+  }
+}
+
+void DequantizeQ4_1(const BlockQ4_1* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = HalfToFloat(blocks[b].d);
+    const float m = HalfToFloat(blocks[b].m);
+    for (int j = 0; j < 16; ++j) {
+      dst[b * 32 + j] = d * (blocks[b].qs[j] & 0x0f) + m;
+      dst[b * 32 + j + 16] = d * (blocks[b].qs[j] >> 4) + m;
+    }
+  }
+}
+
+// The 12 scale bytes of a Q4_K block pack eight 6-bit scales and eight 6-bit
+// mins: sub-blocks 0-3 in the low 6 bits of bytes 0-7, sub-blocks 4-7 split
+// between the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
+void Q4KScaleMin(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void DequantizeQ4_K(const BlockQ4_K* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const BlockQ4_K& block = blocks[b];
+    const float d = HalfToFloat(block.d);
+    const float dmin = HalfToFloat(block.dmin);
+    const uint8_t* q = block.qs;
+    float* y = dst + b * 256;
+    for (int sub = 0; sub < 8; sub += 2) {
+      uint8_t sc, m;
+      Q4KScaleMin(sub, block.scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      Q4KScaleMin(sub + 1, block.scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) y[l] = d1 * (q[l] & 0x0f) - m1;
+      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * (q[l] >> 4) - m2;
+      q += 32;
+      y += 64;
+    }
+  }
+}
+
+void DequantizeQ6_K(const BlockQ6_K* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const BlockQ6_K& block = blocks[b];
+    const float d = HalfToFloat(block.d);
+    const uint8_t* ql = block.ql;
+    const uint8_t* qh = block.qh;
+    const int8_t* sc = block.scales;
+    float* y = dst + b * 256;
+    for (int half = 0; half < 2; ++half) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * sc[is + 0] * q1;
+        y[l + 32] = d * sc[is + 2] * q2;
+        y[l + 64] = d * sc[is + 4] * q3;
+        y[l + 96] = d * sc[is + 6] * q4;
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+}  // namespace
+
+void DequantizeRow(DType type, const void* src, int64_t elements, float* dst) {
+  const int64_t n_blocks = elements / Info(type).block_elements;
+  switch (type) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(elements) * sizeof(float));
+      return;
+    case DType::kF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < elements; ++i) dst[i] = HalfToFloat(h[i]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < elements; ++i) dst[i] = Bf16ToFloat(h[i]);
+      return;
+    }
+    case DType::kQ8_0:
+      return DequantizeQ8_0(static_cast<const BlockQ8_0*>(src), n_blocks, dst);
+    case DType::kQ4_0:
+      return DequantizeQ4_0(static_cast<const BlockQ4_0*>(src), n_blocks, dst);
+    case DType::kQ4_1:
+      return DequantizeQ4_1(static_cast<const BlockQ4_1*>(src), n_blocks, dst);
+    case DType::kQ4_K:
+      return DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), n_blocks, dst);
+    case DType::kQ6_K:
+      return DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), n_blocks, dst);
+  }
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,19 @@
+// Scalar dequantization of weight rows to float32: the reference definition of
+// every block format, used for embedding lookups, for weight types that have
+// no integer kernel, and by tests.
+#ifndef TANDEM_ENGINE_KERNELS_CPU_DEQUANTIZE_H_
+#define TANDEM_ENGINE_KERNELS_CPU_DEQUANTIZE_H_
+
+#include <cstdint>
+
+#include "engine/kernels/dtype.h"
+
+namespace tandem::kernels::cpu {
+
+// Writes `elements` floats decoded from `src` (which holds that many elements
+// of `type`) to `dst`. REQUIRES: elements % Info(type).block_elements == 0.
+void DequantizeRow(DType type, const void* src, int64_t elements, float* dst);
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_ENGINE_KERNELS_CPU_DEQUANTIZE_H_

@@ -1,0 +1,71 @@
+#include "engine/kernels/cpu/elementwise.h"
+
+#include <cmath>
+
+#include "engine/kernels/cpu/simd.h"
+
+namespace tandem::kernels::cpu {
+
+void RmsNormRow(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  const float mean_square = DotF32(x, x, n) / static_cast<float>(n);
+  const float scale = 1.0f / std::sqrt(mean_square + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * weight[i];
+}
+
+void RmsNorm(ThreadPool& pool, const Matrix& x, const float* weight, float eps, Matrix out) {
+  pool.ParallelFor(x.rows, [&](int64_t r, int) {
+    RmsNormRow(x.Row(r), weight, x.cols, eps, out.Row(r));
+  });
+}
+
+void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim,
+          std::span<const int32_t> positions, const RopeSpec& rope) {
+  const int pairs = rope.rotary_dims / 2;
+  const auto* table = static_cast<const float*>(rope.table.data);
+  pool.ParallelFor(x.rows, [&](int64_t r, int) {
+    const float* cos_sin = table + int64_t{positions[static_cast<size_t>(r)]} * pairs * 2;
+    float* row = x.Row(r);
+    for (int h = 0; h < heads; ++h) {
+      float* v = row + int64_t{h} * head_dim;
+      for (int i = 0; i < pairs; ++i) {
+        const int a = rope.neox ? i : 2 * i;
+        const int b = rope.neox ? i + pairs : 2 * i + 1;
+        const float c = cos_sin[2 * i];
+        const float s = cos_sin[2 * i + 1];
+        const float x0 = v[a];
+        const float x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
+    }
+  });
+}
+
+void SiluMul(ThreadPool& pool, const Matrix& gate, const Matrix& up, Matrix out) {
+  pool.ParallelFor(gate.rows, [&](int64_t r, int) {
+    const float* g = gate.Row(r);
+    const float* u = up.Row(r);
+    float* o = out.Row(r);
+    int64_t i = 0;
+#ifdef TANDEM_CPU_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= gate.cols; i += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + i);
+      const __m256 e = Exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+      const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < gate.cols; ++i) o[i] = (g[i] / (1.0f + ExpApprox(-g[i]))) * u[i];
+  });
+}
+
+void Add(ThreadPool& pool, Matrix acc, const Matrix& x) {
+  pool.ParallelFor(acc.rows, [&](int64_t r, int) {
+    float* a = acc.Row(r);
+    const float* b = x.Row(r);
+    for (int64_t i = 0; i < acc.cols; ++i) a[i] += b[i];
+  });
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,24 @@
+// Row-wise and elementwise CPU kernels: RMSNorm, rotary embedding, SiLU-and-
+// multiply, residual add. Each row is processed independently, in a fixed
+// order, so results never depend on the rest of the batch.
+#ifndef TANDEM_ENGINE_KERNELS_CPU_ELEMENTWISE_H_
+#define TANDEM_ENGINE_KERNELS_CPU_ELEMENTWISE_H_
+
+#include <cstdint>
+#include <span>
+
+#include "engine/kernels/backend.h"
+#include "engine/kernels/cpu/thread_pool.h"
+
+namespace tandem::kernels::cpu {
+
+void RmsNormRow(const float* x, const float* weight, int64_t n, float eps, float* out);
+void RmsNorm(ThreadPool& pool, const Matrix& x, const float* weight, float eps, Matrix out);
+void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim,
+          std::span<const int32_t> positions, const RopeSpec& rope);
+void SiluMul(ThreadPool& pool, const Matrix& gate, const Matrix& up, Matrix out);
+void Add(ThreadPool& pool, Matrix acc, const Matrix& x);
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_ENGINE_KERNELS_CPU_ELEMENTWISE_H_

@@ -1,0 +1,75 @@
+#include "engine/kernels/cpu/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace tandem::kernels::cpu {
+namespace {
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+constexpr int kSpinIterations = 20000;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
+  for (std::thread& w : workers_) w.join();
+}
+
+void ThreadPool::RunTasks(int thread) {
+  for (;;) {
+    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= count_) break;
+    (*fn_)(i, thread);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  fn_ = &fn;
+  count_ = n;
+  next_.store(0, std::memory_order_relaxed);
+  busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+  RunTasks(0);
+  while (busy_.load(std::memory_order_acquire) != 0) CpuRelax();
+  fn_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop(int thread) {
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t current = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; current == seen && spin < kSpinIterations; ++spin) {
+      CpuRelax();
+      current = generation_.load(std::memory_order_acquire);
+    }
+    if (current == seen) {
+      generation_.wait(seen, std::memory_order_acquire);
+      continue;
+    }
+    seen = current;
+    if (stop_.load()) return;
+    RunTasks(thread);
+    busy_.fetch_sub(1, std::memory_order_release);
+  }
+}
+
+}  // namespace tandem::kernels::cpu

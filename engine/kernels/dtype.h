@@ -1,0 +1,80 @@
+// Element types of weight tensors, and the block layouts of the quantized ones.
+//
+// Quantized types store a row as a sequence of fixed-size blocks; a row's
+// length must be a multiple of the block's element count. The layouts are the
+// GGUF/ggml ones, so that weights are used straight from the memory-mapped file.
+#ifndef TANDEM_ENGINE_KERNELS_DTYPE_H_
+#define TANDEM_ENGINE_KERNELS_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace tandem::kernels {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ4_K,
+  kQ6_K,
+};
+
+struct DTypeInfo {
+  std::string_view name;
+  int block_elements;  // elements per block (1 for plain floats)
+  int block_bytes;     // bytes per block
+};
+
+const DTypeInfo& Info(DType type);
+
+// Bytes taken by `elements` elements; REQUIRES: elements % block_elements == 0.
+inline size_t RowBytes(DType type, int64_t elements) {
+  const DTypeInfo& info = Info(type);
+  return static_cast<size_t>(elements / info.block_elements) * info.block_bytes;
+}
+
+// Block layouts (little-endian, packed, as in GGUF files). Scales are IEEE
+// half floats stored as raw bits.
+struct BlockQ8_0 {
+  static constexpr int kElements = 32;
+  uint16_t d;
+  int8_t qs[32];
+};
+struct BlockQ4_0 {
+  static constexpr int kElements = 32;
+  uint16_t d;
+  uint8_t qs[16];  // element j in the low nibble of qs[j], j+16 in the high one
+};
+struct BlockQ4_1 {
+  static constexpr int kElements = 32;
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+struct BlockQ4_K {
+  static constexpr int kElements = 256;
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];  // 8 six-bit scales and 8 six-bit mins, packed
+  uint8_t qs[128];
+};
+struct BlockQ6_K {
+  static constexpr int kElements = 256;
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ6_K) == 210);
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_ENGINE_KERNELS_DTYPE_H_

@@ -1,0 +1,300 @@
+#include "engine/model/llama_model.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "common/strings.h"
+
+namespace tandem::model {
+namespace {
+
+using kernels::DType;
+using kernels::Matrix;
+using kernels::Weight;
+
+// Host-side cos/sin table: [position][pair] -> (cos, sin) of position * theta_i,
+// theta_i = base^(-2i/rotary_dims) / factor_i, computed in double precision.
+std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<float>& factors) {
+  const int pairs = config.rotary_dims / 2;
+  std::vector<float> table(static_cast<size_t>(config.context_length) * pairs * 2);
+  for (int i = 0; i < pairs; ++i) {
+    double theta = std::pow(static_cast<double>(config.rope_base),
+                            -2.0 * i / static_cast<double>(config.rotary_dims));
+    if (!factors.empty()) theta /= factors[static_cast<size_t>(i)];
+    for (int p = 0; p < config.context_length; ++p) {
+      const double angle = p * theta;
+      const size_t at = (static_cast<size_t>(p) * pairs + i) * 2;
+      table[at] = static_cast<float>(std::cos(angle));
+      table[at + 1] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
+    std::shared_ptr<const GgufFile> file, kernels::Backend* backend, int kv_blocks,
+    int block_size) {
+  absl::StatusOr<ModelConfig> config = ReadModelConfig(*file);
+  if (!config.ok()) return config.status();
+  if (kv_blocks < 1 || block_size < 1) {
+    return absl::InvalidArgumentError(StrCat("the KV cache needs at least one block (got ",
+                                                   kv_blocks, " blocks of ", block_size, ")"));
+  }
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->file_ = std::move(file);
+  model->backend_ = backend;
+  model->config_ = *std::move(config);
+  model->block_size_ = block_size;
+  model->kv_blocks_ = kv_blocks;
+  if (absl::Status s = model->BindWeights(); !s.ok()) {
+    return absl::Status(s.code(), StrCat("model '", model->file_->path(), "': ", s.message()));
+  }
+  kernels::KvCacheShape shape;
+  shape.layers = model->config_.layers;
+  shape.blocks = kv_blocks;
+  shape.block_size = block_size;
+  shape.kv_heads = model->config_.kv_heads;
+  shape.head_dim = model->config_.head_dim;
+  if (absl::Status s = backend->CreateKvCache(shape); !s.ok()) return s;
+  return model;
+}
+
+absl::Status LlamaModel::BindWeights() {
+  const ModelConfig& c = config_;
+  // Finds a tensor, checks its shape ([rows][cols]; rows == 1 for vectors) and
+  // hands it to the backend.
+  auto bind = [&](const std::string& name, int64_t rows, int64_t cols,
+                  Weight* out) -> absl::Status {
+    const GgufTensor* t = file_->FindTensor(name);
+    if (t == nullptr) return absl::InvalidArgumentError(StrCat("tensor '", name, "' is missing"));
+    const int64_t t_cols = t->dims[0];
+    const int64_t t_rows = t->Rows();
+    if (t_cols != cols || t_rows != rows) {
+      return absl::InvalidArgumentError(StrCat("tensor '", name, "' has shape [", t_rows,
+                                                     ", ", t_cols, "], expected [", rows, ", ",
+                                                     cols, "]"));
+    }
+    if (rows == 1 && t->dtype != DType::kF32) {
+      return absl::InvalidArgumentError(
+          StrCat("tensor '", name, "' is ", kernels::Info(t->dtype).name,
+                       "; vectors (norms, biases) must be F32"));
+    }
+    absl::StatusOr<Weight> w = backend_->UploadWeight(t->dtype, rows, cols, t->data);
+    if (!w.ok()) return w.status();
+    *out = *w;
+    return absl::OkStatus();
+  };
+  const int64_t q_width = int64_t{c.heads} * c.head_dim;
+  const int64_t kv_width = int64_t{c.kv_heads} * c.head_dim;
+
+  if (auto s = bind("token_embd.weight", c.vocab, c.embedding, &token_embedding_); !s.ok()) return s;
+  if (auto s = bind("output_norm.weight", 1, c.embedding, &output_norm_); !s.ok()) return s;
+  if (file_->FindTensor("output.weight") != nullptr) {
+    if (auto s = bind("output.weight", c.vocab, c.embedding, &output_); !s.ok()) return s;
+  } else {
+    output_ = token_embedding_;  // tied embeddings
+  }
+  layers_.resize(static_cast<size_t>(c.layers));
+  for (int i = 0; i < c.layers; ++i) {
+    Layer& l = layers_[static_cast<size_t>(i)];
+    const std::string p = StrCat("blk.", i, ".");
+    const std::pair<std::string, std::tuple<int64_t, int64_t, Weight*>> required[] = {
+        {"attn_norm.weight", {1, c.embedding, &l.attn_norm}},
+        {"attn_q.weight", {q_width, c.embedding, &l.wq}},
+        {"attn_k.weight", {kv_width, c.embedding, &l.wk}},
+        {"attn_v.weight", {kv_width, c.embedding, &l.wv}},
+        {"attn_output.weight", {c.embedding, q_width, &l.wo}},
+        {"ffn_norm.weight", {1, c.embedding, &l.ffn_norm}},
+        {"ffn_gate.weight", {c.ffn, c.embedding, &l.gate}},
+        {"ffn_up.weight", {c.ffn, c.embedding, &l.up}},
+        {"ffn_down.weight", {c.embedding, c.ffn, &l.down}},
+    };
+    for (const auto& [name, shape] : required) {
+      auto [rows, cols, out] = shape;
+      if (auto s = bind(p + name, rows, cols, out); !s.ok()) return s;
+    }
+    const std::pair<std::string, std::pair<int64_t, Weight*>> biases[] = {
+        {"attn_q.bias", {q_width, &l.bq}},
+        {"attn_k.bias", {kv_width, &l.bk}},
+        {"attn_v.bias", {kv_width, &l.bv}},
+    };
+    for (const auto& [name, shape] : biases) {
+      if (file_->FindTensor(p + name) == nullptr) continue;
+      if (auto s = bind(p + name, 1, shape.first, shape.second); !s.ok()) return s;
+    }
+  }
+  // Every weight the integer kernels use must have rows of whole blocks of 32.
+  for (const Layer& l : layers_) {
+    for (const Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) {
+      if (w->cols % 32 != 0) {
+        return absl::InvalidArgumentError(
+            StrCat("weight rows of ", w->cols, " elements are not a multiple of 32"));
+      }
+    }
+  }
+
+  std::vector<float> factors;
+  if (const GgufTensor* t = file_->FindTensor("rope_freqs.weight"); t != nullptr) {
+    if (t->dtype != DType::kF32 || t->Elements() != c.rotary_dims / 2) {
+      return absl::InvalidArgumentError(StrCat(
+          "tensor 'rope_freqs.weight' must be F32 with ", c.rotary_dims / 2, " elements"));
+    }
+    const auto* f = reinterpret_cast<const float*>(t->data);
+    factors.assign(f, f + c.rotary_dims / 2);
+  }
+  rope_table_host_ = BuildRopeTable(c, factors);
+  absl::StatusOr<Weight> table =
+      backend_->UploadWeight(DType::kF32, c.context_length, c.rotary_dims, rope_table_host_.data());
+  if (!table.ok()) return table.status();
+  rope_.table = *table;
+  rope_.rotary_dims = c.rotary_dims;
+  rope_.neox = c.rope_neox;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::EnsureCapacity(int64_t tokens, int64_t logit_rows) {
+  if (tokens <= capacity_tokens_ && logit_rows <= capacity_logit_rows_) return absl::OkStatus();
+  tokens = std::max(tokens, capacity_tokens_);
+  logit_rows = std::max(logit_rows, capacity_logit_rows_);
+  const ModelConfig& c = config_;
+  buffers_.clear();
+  auto make = [&](int64_t rows, int64_t cols, Matrix* m) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<kernels::DeviceBuffer>> buffer =
+        backend_->Allocate(static_cast<size_t>(rows * cols) * sizeof(float));
+    if (!buffer.ok()) return buffer.status();
+    *m = Matrix{static_cast<float*>((*buffer)->data()), rows, cols};
+    buffers_.push_back(*std::move(buffer));
+    return absl::OkStatus();
+  };
+  const int64_t q_width = int64_t{c.heads} * c.head_dim;
+  const int64_t kv_width = int64_t{c.kv_heads} * c.head_dim;
+  for (auto [rows, cols, m] : {std::tuple{tokens, int64_t{c.embedding}, &x_},
+                               std::tuple{tokens, int64_t{c.embedding}, &h_},
+                               std::tuple{tokens, q_width, &q_},
+                               std::tuple{tokens, kv_width, &k_},
+                               std::tuple{tokens, kv_width, &v_},
+                               std::tuple{tokens, q_width, &attn_},
+                               std::tuple{tokens, int64_t{c.ffn}, &gate_},
+                               std::tuple{tokens, int64_t{c.ffn}, &up_},
+                               std::tuple{logit_rows, int64_t{c.embedding}, &selected_},
+                               std::tuple{logit_rows, int64_t{c.vocab}, &logits_}}) {
+    if (absl::Status s = make(rows, cols, m); !s.ok()) return s;
+  }
+  capacity_tokens_ = tokens;
+  capacity_logit_rows_ = logit_rows;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
+                                 std::vector<float>* logits_out) {
+  const ModelConfig& c = config_;
+  // Validate everything and flatten the batch on the host.
+  std::vector<int32_t> tokens, positions, slots, logit_rows;
+  std::vector<kernels::AttentionSpan> spans;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const SequenceInput& seq = sequences[s];
+    const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    const int64_t end = int64_t{seq.first_position} + n;
+    if (n == 0) return absl::InvalidArgumentError(StrCat("sequence ", s, " has no tokens"));
+    if (seq.first_position < 0 || end > c.context_length) {
+      return absl::InvalidArgumentError(StrCat("sequence ", s, " spans positions ",
+                                                     seq.first_position, "..", end - 1,
+                                                     ", outside the context of ",
+                                                     c.context_length));
+    }
+    if (static_cast<int64_t>(seq.block_table.size()) * block_size_ < end) {
+      return absl::InvalidArgumentError(StrCat("sequence ", s, " needs ",
+                                                     (end + block_size_ - 1) / block_size_,
+                                                     " KV blocks but has ", seq.block_table.size()));
+    }
+    if (seq.logits < 0 || seq.logits > n) {
+      return absl::InvalidArgumentError(StrCat("sequence ", s, " asks for ", seq.logits,
+                                                     " logit rows of ", n, " tokens"));
+    }
+    for (int32_t b : seq.block_table) {
+      if (b < 0 || b >= kv_blocks_) {
+        return absl::InvalidArgumentError(StrCat("sequence ", s, " has KV block ", b,
+                                                       ", outside 0..", kv_blocks_ - 1));
+      }
+    }
+    kernels::AttentionSpan span;
+    span.first_row = static_cast<int32_t>(tokens.size());
+    span.rows = static_cast<int32_t>(n);
+    span.first_position = seq.first_position;
+    span.block_table = seq.block_table;
+    spans.push_back(span);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t token = seq.tokens[static_cast<size_t>(i)];
+      if (token < 0 || token >= c.vocab) {
+        return absl::InvalidArgumentError(StrCat("token id ", token,
+                                                       " is outside the vocabulary of ", c.vocab));
+      }
+      const int32_t position = seq.first_position + static_cast<int32_t>(i);
+      if (i >= n - seq.logits) logit_rows.push_back(static_cast<int32_t>(tokens.size()));
+      tokens.push_back(token);
+      positions.push_back(position);
+      slots.push_back(seq.block_table[static_cast<size_t>(position / block_size_)] * block_size_ +
+                      position % block_size_);
+    }
+  }
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  if (t == 0) {
+    logits_out->clear();
+    return absl::OkStatus();
+  }
+  if (absl::Status s = EnsureCapacity(t, static_cast<int64_t>(logit_rows.size())); !s.ok()) {
+    return s;
+  }
+
+  kernels::Backend& be = *backend_;
+  const Matrix x = x_.FirstRows(t), h = h_.FirstRows(t), q = q_.FirstRows(t),
+               k = k_.FirstRows(t), v = v_.FirstRows(t), attn = attn_.FirstRows(t),
+               gate = gate_.FirstRows(t), up = up_.FirstRows(t);
+  kernels::AttentionShape shape{c.heads, c.kv_heads, c.head_dim,
+                                1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+
+  be.Embed(token_embedding_, tokens, x);
+  for (int i = 0; i < c.layers; ++i) {
+    const Layer& l = layers_[static_cast<size_t>(i)];
+    be.RmsNorm(x, l.attn_norm, c.norm_eps, h);
+    const Weight* qkv[] = {&l.wq, &l.wk, &l.wv};
+    const Weight* qkv_bias[] = {l.bq.rows ? &l.bq : nullptr, l.bk.rows ? &l.bk : nullptr,
+                                l.bv.rows ? &l.bv : nullptr};
+    const Matrix qkv_out[] = {q, k, v};
+    be.MatMul(h, qkv, qkv_bias, qkv_out);
+    be.Rope(q, c.heads, c.head_dim, positions, rope_);
+    be.Rope(k, c.kv_heads, c.head_dim, positions, rope_);
+    be.WriteKv(i, k, v, slots);
+    be.Attention(i, q, shape, spans, attn);
+    const Weight* wo[] = {&l.wo};
+    const Matrix o_out[] = {h};
+    be.MatMul(attn, wo, {}, o_out);
+    be.Add(x, h);
+
+    be.RmsNorm(x, l.ffn_norm, c.norm_eps, h);
+    const Weight* gate_up[] = {&l.gate, &l.up};
+    const Matrix gate_up_out[] = {gate, up};
+    be.MatMul(h, gate_up, {}, gate_up_out);
+    be.SiluMul(gate, up, gate);
+    const Weight* down[] = {&l.down};
+    const Matrix down_out[] = {h};
+    be.MatMul(gate, down, {}, down_out);
+    be.Add(x, h);
+  }
+
+  const int64_t r = static_cast<int64_t>(logit_rows.size());
+  logits_out->resize(static_cast<size_t>(r * c.vocab));
+  if (r == 0) return absl::OkStatus();
+  const Matrix selected = selected_.FirstRows(r), logits = logits_.FirstRows(r);
+  be.GatherRows(x, logit_rows, selected);
+  be.RmsNorm(selected, output_norm_, c.norm_eps, selected);
+  const Weight* output[] = {&output_};
+  const Matrix logits_outs[] = {logits};
+  be.MatMul(selected, output, {}, logits_outs);
+  be.CopyToHost(logits, logits_out->data());
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,79 @@
+// The Llama-family transformer (Llama 2/3, SmolLM2, Qwen2-style GQA with
+// optional Q/K/V biases): weights bound to a backend, and the forward pass
+// over a ragged batch of sequences whose KV lives in the backend's paged cache.
+//
+// Thread safety: Forward() is called by one thread at a time (the owning
+// worker). The model keeps the GgufFile alive: weights point into its mapping.
+#ifndef TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
+#define TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/kernels/backend.h"
+#include "engine/model/gguf_file.h"
+#include "engine/model/model_config.h"
+
+namespace tandem::model {
+
+// One sequence's part of a forward pass: `tokens` at positions
+// first_position.. (earlier positions are already in the KV cache, in the
+// blocks of `block_table`, which also has room for these tokens). Logits are
+// produced for the last `logits` tokens (0: none; 1: the next-token logits).
+struct SequenceInput {
+  std::span<const int32_t> tokens;
+  int32_t first_position = 0;
+  std::span<const int32_t> block_table;
+  int32_t logits = 0;
+};
+
+class LlamaModel {
+ public:
+  // Binds the file's weights to `backend` and creates the backend's KV cache
+  // with `kv_blocks` blocks of `block_size` tokens.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(std::shared_ptr<const GgufFile> file,
+                                                            kernels::Backend* backend,
+                                                            int kv_blocks, int block_size);
+
+  const ModelConfig& config() const { return config_; }
+  int block_size() const { return block_size_; }
+
+  // Runs the sequences as one batch. Writes, for each sequence in order, its
+  // `logits` rows of config().vocab floats to `logits_out` (host memory).
+  // Validates positions, token ids and block tables first; an invalid input is
+  // an InvalidArgument error and nothing is computed.
+  absl::Status Forward(std::span<const SequenceInput> sequences, std::vector<float>* logits_out);
+
+ private:
+  struct Layer {
+    kernels::Weight attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+    kernels::Weight bq, bk, bv;  // rows == 0 when absent
+  };
+
+  LlamaModel() = default;
+  absl::Status BindWeights();
+  absl::Status EnsureCapacity(int64_t tokens, int64_t logit_rows);
+
+  std::shared_ptr<const GgufFile> file_;
+  kernels::Backend* backend_ = nullptr;
+  ModelConfig config_;
+  int block_size_ = 0;
+  int kv_blocks_ = 0;
+
+  kernels::Weight token_embedding_, output_norm_, output_;
+  std::vector<Layer> layers_;
+  std::vector<float> rope_table_host_;
+  kernels::RopeSpec rope_;
+
+  // Activation buffers, grown on demand.
+  int64_t capacity_tokens_ = 0;
+  int64_t capacity_logit_rows_ = 0;
+  std::vector<std::unique_ptr<kernels::DeviceBuffer>> buffers_;
+  kernels::Matrix x_, h_, q_, k_, v_, attn_, gate_, up_, selected_, logits_;
+};
+
+}  // namespace tandem::model
+
+#endif  // TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_

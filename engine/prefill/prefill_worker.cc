@@ -1,0 +1,42 @@
+#include "engine/prefill/prefill_worker.h"
+
+#include "engine/decode/sampler.h"
+
+namespace tandem::prefill {
+
+PrefillWorker::PrefillWorker(std::unique_ptr<kernels::Backend> backend,
+                         std::unique_ptr<model::LlamaModel> model)
+    : backend_(std::move(backend)), model_(std::move(model)) {}
+
+step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {
+  step::StepResult result;
+  std::vector<model::SequenceInput> inputs;
+  inputs.reserve(plan.sequences.size());
+  for (const step::SequenceStep& s : plan.sequences) {
+    model::SequenceInput in;
+    in.tokens = s.tokens;
+    in.first_position = s.first_position;
+    in.block_table = s.block_table;
+    in.logits = s.sample ? 1 : 0;
+    inputs.push_back(in);
+  }
+  result.status = model_->Forward(inputs, &logits_);
+  if (!result.status.ok()) return result;
+
+  const size_t vocab = static_cast<size_t>(model_->config().vocab);
+  size_t row = 0;
+  result.sequences.reserve(plan.sequences.size());
+  for (const step::SequenceStep& s : plan.sequences) {
+    step::SequenceResult r;
+    r.sequence_id = s.sequence_id;
+    if (s.sample) {
+      std::span<const float> logits(logits_.data() + row * vocab, vocab);
+      r.sampled = decode::Sample(logits, s.sampling, s.draw_index);
+      ++row;
+    }
+    result.sequences.push_back(r);
+  }
+  return result;
+}
+
+}  // namespace tandem::prefill

@@ -1,0 +1,75 @@
+// The contract between the scheduler and the workers: plain data.
+//
+// The scheduler decides, per step, which tokens of which sequences run, where
+// their KV goes and whether to sample; a worker executes the plan and returns
+// what it sampled. Neither side shares any other state, so scheduler tests
+// run against a fake worker with no model loaded.
+#ifndef TANDEM_ENGINE_STEP_STEP_PLAN_H_
+#define TANDEM_ENGINE_STEP_STEP_PLAN_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tandem::step {
+
+using TokenId = int32_t;
+using BlockId = int32_t;
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;         // 0: no limit
+  float top_p = 1.0f;        // 1: no limit
+  uint64_t seed = 0;         // with draw_index, fixes every random draw
+};
+
+// One sequence's work in a step: run `tokens` at positions first_position..,
+// with KV for all earlier positions already in `block_table`'s blocks, which
+// also have room for these tokens.
+struct SequenceStep {
+  uint64_t sequence_id = 0;
+  std::vector<TokenId> tokens;
+  int32_t first_position = 0;
+  std::vector<BlockId> block_table;
+  // Sample the token that follows the last one, as the request's
+  // `draw_index`-th generated token (0-based).
+  bool sample = false;
+  SamplingParams sampling;
+  uint64_t draw_index = 0;
+};
+
+struct StepPlan {
+  std::vector<SequenceStep> sequences;
+
+  int64_t TokenCount() const {
+    int64_t n = 0;
+    for (const SequenceStep& s : sequences) n += static_cast<int64_t>(s.tokens.size());
+    return n;
+  }
+};
+
+struct SequenceResult {
+  uint64_t sequence_id = 0;
+  std::optional<TokenId> sampled;  // set when the step asked to sample
+};
+
+// Results in plan order. A failed step (status not OK) computed nothing the
+// scheduler may rely on.
+struct StepResult {
+  absl::Status status;
+  std::vector<SequenceResult> sequences;
+};
+
+// Runs plans. Implementations: the model workers (engine/prefill,
+// engine/decode) and fake workers in scheduler tests.
+class Worker {
+ public:
+  virtual ~Worker() = default;
+  virtual StepResult Execute(const StepPlan& plan) = 0;
+};
+
+}  // namespace tandem::step
+
+#endif  // TANDEM_ENGINE_STEP_STEP_PLAN_H_

@@ -1,0 +1,40 @@
+// UTF-8 decoding and the Unicode character classes the pre-tokenizers use.
+#ifndef TANDEM_ENGINE_TOKENIZER_UNICODE_H_
+#define TANDEM_ENGINE_TOKENIZER_UNICODE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::tokenizer {
+
+enum class CharClass : uint8_t { kLetter, kNumber, kWhitespace, kOther };
+
+// \p{L}, \p{N}, \s (the Unicode White_Space property), or none of them.
+CharClass Classify(char32_t cp);
+
+// One decoded code point and the bytes it came from.
+struct CodePoint {
+  char32_t value;
+  uint32_t offset;  // byte offset in the text
+  uint32_t length;  // bytes (1..4)
+};
+
+// Decodes UTF-8. An invalid or truncated sequence becomes one code point
+// U+FFFD per offending byte, so that every input byte belongs to exactly one
+// code point and the bytes reassemble the input.
+std::vector<CodePoint> DecodeUtf8(std::string_view text);
+
+// Appends the UTF-8 encoding of cp.
+void AppendUtf8(char32_t cp, std::string* out);
+
+// Length of the longest prefix of `bytes` that is complete, valid UTF-8
+// except for a trailing sequence that is valid so far but unfinished, which is
+// excluded. Invalid bytes count as complete (they will be replaced).
+size_t CompleteUtf8Prefix(std::string_view bytes);
+
+}  // namespace tandem::tokenizer
+
+#endif  // TANDEM_ENGINE_TOKENIZER_UNICODE_H_

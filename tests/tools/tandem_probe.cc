@@ -1,0 +1,256 @@
+// tandem-probe: exposes engine pieces to the reference tests in
+// tests/reference/, which compare them with independent implementations
+// (Hugging Face tokenizers/transformers, llama.cpp, the gguf package).
+//
+// Text crosses the process boundary hex-encoded, one item per line, so that
+// any bytes (newlines, invalid UTF-8) survive. Subcommands:
+//   tokenize     stdin: hex text per line     stdout: token ids per line
+//   detokenize   stdin: token ids per line    stdout: hex of the decoded bytes
+//   pretokenize  stdin: hex text per line     stdout: hex pieces per line
+//   chat         stdin: role_hex:content_hex,... per line
+//                stdout: hex rendering, a tab, then the token ids
+//   logits       stdin: token ids per line    --out: float32 [lines][vocab]
+//   generate     stdin: token ids per line    stdout: greedy token ids per line
+//   dequantize   --tensor NAME                --out: float32 elements
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "engine/decode/sampler.h"
+#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/kernels/cpu/dequantize.h"
+#include "engine/model/gguf_file.h"
+#include "engine/model/llama_model.h"
+#include "engine/tokenizer/bpe_tokenizer.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/pretokenizer.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF model file");
+ABSL_FLAG(std::string, out, "", "output file for binary results");
+ABSL_FLAG(std::string, tensor, "", "tensor name (dequantize)");
+ABSL_FLAG(std::string, pretokenizer, "smollm", "pre-tokenizer name (pretokenize)");
+ABSL_FLAG(int, threads, 2, "CPU threads");
+ABSL_FLAG(int, max_tokens, 48, "tokens to generate (generate)");
+ABSL_FLAG(int, chunk, 0, "prompt chunk size for logits/generate (0: whole prompt)");
+ABSL_FLAG(bool, parse_special, true, "match special tokens in text (tokenize)");
+
+namespace tandem {
+namespace {
+
+std::string FromHex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+std::string ToHex(std::string_view bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+std::vector<int32_t> ParseIds(const std::string& line) {
+  std::vector<int32_t> ids;
+  std::istringstream in(line);
+  int32_t id;
+  while (in >> id) ids.push_back(id);
+  return ids;
+}
+
+void PrintIds(const std::vector<int32_t>& ids) {
+  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  std::cout << "\n";
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "tandem-probe: " << s << "\n";
+  return 1;
+}
+
+std::shared_ptr<const model::GgufFile> OpenModel() {
+  absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
+      model::GgufFile::Open(absl::GetFlag(FLAGS_model));
+  if (!file.ok()) {
+    Fail(file.status());
+    std::exit(1);
+  }
+  return std::shared_ptr<const model::GgufFile>(std::move(*file));
+}
+
+std::unique_ptr<tokenizer::BpeTokenizer> LoadTokenizer(const model::GgufFile& file) {
+  auto t = tokenizer::BpeTokenizer::FromGguf(file);
+  if (!t.ok()) {
+    Fail(t.status());
+    std::exit(1);
+  }
+  return *std::move(t);
+}
+
+// A model with a KV cache big enough for one sequence of the whole context.
+struct LoadedModel {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::LlamaModel> model;
+  std::vector<int32_t> blocks;
+};
+
+LoadedModel LoadModel(std::shared_ptr<const model::GgufFile> file) {
+  LoadedModel m;
+  m.backend = std::make_unique<kernels::cpu::CpuBackend>(absl::GetFlag(FLAGS_threads));
+  constexpr int kBlockSize = 16;
+  auto config = model::ReadModelConfig(*file);
+  if (!config.ok()) std::exit(Fail(config.status()));
+  const int blocks = (config->context_length + kBlockSize - 1) / kBlockSize;
+  auto model = model::LlamaModel::Create(std::move(file), m.backend.get(), blocks, kBlockSize);
+  if (!model.ok()) std::exit(Fail(model.status()));
+  m.model = *std::move(model);
+  // Blocks in reverse order, so that tests exercise a non-trivial table.
+  for (int b = blocks - 1; b >= 0; --b) m.blocks.push_back(b);
+  return m;
+}
+
+// Runs `tokens` from position `start` in chunks; returns the last logits.
+std::vector<float> RunPrompt(LoadedModel& m, const std::vector<int32_t>& tokens, int start) {
+  const int chunk = absl::GetFlag(FLAGS_chunk) > 0 ? absl::GetFlag(FLAGS_chunk)
+                                                   : static_cast<int>(tokens.size());
+  std::vector<float> logits;
+  for (int pos = start; pos < static_cast<int>(tokens.size()); pos += chunk) {
+    const int n = std::min<int>(chunk, static_cast<int>(tokens.size()) - pos);
+    model::SequenceInput in;
+    in.tokens = std::span<const int32_t>(tokens.data() + pos, static_cast<size_t>(n));
+    in.first_position = pos;
+    in.block_table = m.blocks;
+    in.logits = pos + n == static_cast<int>(tokens.size()) ? 1 : 0;
+    if (absl::Status s = m.model->Forward({&in, 1}, &logits); !s.ok()) std::exit(Fail(s));
+  }
+  return logits;
+}
+
+int Run(const std::string& command) {
+  std::string line;
+  if (command == "pretokenize") {
+    auto kind = tokenizer::PretokenizerFromGgufName(absl::GetFlag(FLAGS_pretokenizer));
+    if (!kind.ok()) return Fail(kind.status());
+    while (std::getline(std::cin, line)) {
+      const std::string text = FromHex(line);
+      const auto pieces = tokenizer::Pretokenize(*kind, text);
+      for (size_t i = 0; i < pieces.size(); ++i) std::cout << (i ? " " : "") << ToHex(pieces[i]);
+      std::cout << "\n";
+    }
+    return 0;
+  }
+  auto file = OpenModel();
+  if (command == "tokenize") {
+    auto tok = LoadTokenizer(*file);
+    while (std::getline(std::cin, line)) {
+      PrintIds(tok->Encode(FromHex(line), absl::GetFlag(FLAGS_parse_special)));
+    }
+    return 0;
+  }
+  if (command == "detokenize") {
+    auto tok = LoadTokenizer(*file);
+    while (std::getline(std::cin, line)) {
+      std::cout << ToHex(tok->Decode(ParseIds(line), /*skip_control=*/false)) << "\n";
+    }
+    return 0;
+  }
+  if (command == "chat") {
+    auto tok = LoadTokenizer(*file);
+    auto tmpl_text = file->GetString("tokenizer.chat_template");
+    std::optional<std::string_view> tmpl;
+    if (tmpl_text.ok()) tmpl = *tmpl_text;
+    auto chat = tokenizer::ChatTemplate::Create(tmpl, "");
+    if (!chat.ok()) return Fail(chat.status());
+    while (std::getline(std::cin, line)) {
+      std::vector<tokenizer::ChatMessage> messages;
+      std::istringstream items(line);
+      std::string item;
+      while (std::getline(items, item, ',')) {
+        const size_t colon = item.find(':');
+        messages.push_back({FromHex(item.substr(0, colon)), FromHex(item.substr(colon + 1))});
+      }
+      if (absl::Status s = chat->Validate(messages); !s.ok()) return Fail(s);
+      std::cout << ToHex(chat->Render(messages)) << "\t";
+      PrintIds(chat->Encode(*tok, messages));
+    }
+    return 0;
+  }
+  if (command == "dequantize") {
+    const model::GgufTensor* t = file->FindTensor(absl::GetFlag(FLAGS_tensor));
+    if (t == nullptr) return Fail(absl::NotFoundError("no such tensor"));
+    std::vector<float> out(static_cast<size_t>(t->Elements()));
+    kernels::cpu::DequantizeRow(t->dtype, t->data, t->Elements(), out.data());
+    std::ofstream(absl::GetFlag(FLAGS_out), std::ios::binary)
+        .write(reinterpret_cast<const char*>(out.data()),
+               static_cast<std::streamsize>(out.size() * sizeof(float)));
+    return 0;
+  }
+  if (command == "logits") {
+    LoadedModel m = LoadModel(file);
+    std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::binary);
+    while (std::getline(std::cin, line)) {
+      const std::vector<float> logits = RunPrompt(m, ParseIds(line), 0);
+      out.write(reinterpret_cast<const char*>(logits.data()),
+                static_cast<std::streamsize>(logits.size() * sizeof(float)));
+    }
+    return 0;
+  }
+  if (command == "generate") {
+    LoadedModel m = LoadModel(file);
+    while (std::getline(std::cin, line)) {
+      std::vector<int32_t> tokens = ParseIds(line);
+      std::vector<int32_t> generated;
+      int start = 0;
+      for (int i = 0; i < absl::GetFlag(FLAGS_max_tokens); ++i) {
+        const std::vector<float> logits = RunPrompt(m, tokens, start);
+        start = static_cast<int>(tokens.size());
+        const int32_t next = decode::Sample(logits, step::SamplingParams{}, 0);
+        generated.push_back(next);
+        tokens.push_back(next);
+      }
+      PrintIds(generated);
+    }
+    return 0;
+  }
+  if (command == "bench") {
+    LoadedModel m = LoadModel(file);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 512; ++i) tokens.push_back(100 + (i * 7919) % 40000);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = RunPrompt(m, tokens, 0);
+    auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 64; ++i) {
+      tokens.push_back(decode::Sample(logits, step::SamplingParams{}, 0));
+      logits = RunPrompt(m, tokens, static_cast<int>(tokens.size()) - 1);
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    std::cout << "prefill tok/s " << 512 / std::chrono::duration<double>(t1 - t0).count()
+              << " decode tok/s " << 64 / std::chrono::duration<double>(t2 - t1).count() << "\n";
+    return 0;
+  }
+  std::cerr << "unknown command '" << command << "'\n";
+  return 2;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << "usage: tandem-probe COMMAND [--flags]\n";
+    return 2;
+  }
+  return tandem::Run(args[1]);
+}
