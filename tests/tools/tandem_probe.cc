@@ -36,6 +36,7 @@ ABSL_FLAG(std::string, out, "", "output file for binary results");
 ABSL_FLAG(std::string, tensor, "", "tensor name (dequantize)");
 ABSL_FLAG(std::string, pretokenizer, "smollm", "pre-tokenizer name (pretokenize)");
 ABSL_FLAG(int, threads, 2, "CPU threads");
+ABSL_FLAG(std::string, matmul, "f32", "CPU matmul mode (f32 or q8)");
 ABSL_FLAG(int, max_tokens, 48, "tokens to generate (generate)");
 ABSL_FLAG(int, chunk, 0, "prompt chunk size for logits/generate (0: whole prompt)");
 ABSL_FLAG(bool, parse_special, true, "match special tokens in text (tokenize)");
@@ -107,7 +108,9 @@ struct LoadedModel {
 
 LoadedModel LoadModel(std::shared_ptr<const model::GgufFile> file) {
   LoadedModel m;
-  m.backend = std::make_unique<kernels::cpu::CpuBackend>(absl::GetFlag(FLAGS_threads));
+  auto mode = kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_matmul));
+  if (!mode.ok()) std::exit(Fail(mode.status()));
+  m.backend = std::make_unique<kernels::cpu::CpuBackend>(absl::GetFlag(FLAGS_threads), *mode);
   constexpr int kBlockSize = 16;
   auto config = model::ReadModelConfig(*file);
   if (!config.ok()) std::exit(Fail(config.status()));

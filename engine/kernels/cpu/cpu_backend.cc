@@ -7,6 +7,7 @@
 #include "engine/kernels/cpu/attention.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/elementwise.h"
+#include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 
 namespace tandem::kernels::cpu {
@@ -16,14 +17,17 @@ constexpr size_t kAlignment = 64;
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads) : pool_(threads < 1 ? 1 : threads) {}
+CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode)
+    : pool_(threads < 1 ? 1 : threads), matmul_mode_(matmul_mode) {}
 
 std::string CpuBackend::name() const {
 #ifdef TANDEM_CPU_AVX2
-  return StrCat("cpu (avx2, ", pool_.size(), " threads)");
+  constexpr std::string_view kIsa = "avx2";
 #else
-  return StrCat("cpu (portable, ", pool_.size(), " threads)");
+  constexpr std::string_view kIsa = "portable";
 #endif
+  return StrCat("cpu (", kIsa, ", ", pool_.size(), " threads, ", MatMulModeName(matmul_mode_),
+                " matmul)");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
@@ -72,7 +76,7 @@ void CpuBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matrix
 
 void CpuBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights,
                         std::span<const Weight* const> biases, std::span<const Matrix> outs) {
-  cpu::MatMul(pool_, matmul_scratch_, x, weights, biases, outs);
+  cpu::MatMul(matmul_mode_, pool_, matmul_scratch_, x, weights, biases, outs);
 }
 
 void CpuBackend::RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) {

@@ -14,7 +14,7 @@ namespace tandem::kernels::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads);
+  CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32);
 
   std::string name() const override;
 
@@ -42,6 +42,7 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
+  MatMulMode matmul_mode_;
   MatMulScratch matmul_scratch_;
   std::vector<std::vector<float>> attention_scratch_;
   KvCacheShape kv_shape_;

@@ -1,0 +1,119 @@
+// tandem: a command-line client for tandemd.
+//
+//   tandem chat "What is the capital of France?"   one user turn, chat template
+//   tandem generate "Once upon a time"             raw prompt, no template
+//
+// The answer streams to stdout as it is generated; a summary (finish reason,
+// tokens, timings) goes to stderr.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "tandem/v1/generate.grpc.pb.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tandemd address");
+ABSL_FLAG(int, max_tokens, 0, "most tokens to generate (0: the server's default)");
+ABSL_FLAG(double, temperature, -1.0, "sampling temperature (0: greedy; < 0: server default)");
+ABSL_FLAG(int, top_k, -1, "top-k (0: off; < 0: server default)");
+ABSL_FLAG(double, top_p, -1.0, "top-p in (0, 1] (< 0: server default)");
+ABSL_FLAG(int64_t, seed, -1, "sampling seed (< 0: random)");
+ABSL_FLAG(std::string, system, "", "system message (chat)");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
+ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
+
+namespace {
+
+const char* ReasonName(tandem::v1::FinishReason r) {
+  switch (r) {
+    case tandem::v1::FINISH_REASON_STOP:
+      return "stop";
+    case tandem::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case tandem::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case tandem::v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "unspecified";
+  }
+}
+
+int Run(const std::string& command, const std::string& text) {
+  tandem::v1::GenerateRequest request;
+  if (command == "chat") {
+    if (!absl::GetFlag(FLAGS_system).empty()) {
+      auto* m = request.add_messages();
+      m->set_role("system");
+      m->set_content(absl::GetFlag(FLAGS_system));
+    }
+    auto* m = request.add_messages();
+    m->set_role("user");
+    m->set_content(text);
+  } else if (command == "generate") {
+    request.set_prompt(text);
+  } else {
+    std::cerr << "unknown command '" << command << "' (chat or generate)\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_tokens) > 0) request.set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  auto* sampling = request.mutable_sampling();
+  if (absl::GetFlag(FLAGS_temperature) >= 0) {
+    sampling->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  }
+  if (absl::GetFlag(FLAGS_top_k) >= 0) sampling->set_top_k(absl::GetFlag(FLAGS_top_k));
+  if (absl::GetFlag(FLAGS_top_p) >= 0) {
+    sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  }
+  if (absl::GetFlag(FLAGS_seed) >= 0) {
+    sampling->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+  }
+  for (const std::string& s : absl::GetFlag(FLAGS_stop)) request.add_stop(s);
+
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  auto stub = tandem::v1::Generation::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(
+                           static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
+  std::unique_ptr<grpc::ClientReader<tandem::v1::GenerateResponse>> reader =
+      stub->Generate(&context, request);
+  tandem::v1::GenerateResponse response;
+  tandem::v1::GenerateResponse last;
+  while (reader->Read(&response)) {
+    std::cout << response.text() << std::flush;
+    if (response.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) last = response;
+  }
+  std::cout << "\n";
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    std::cerr << "error: " << status.error_code() << " " << status.error_message() << "\n";
+    return 1;
+  }
+  std::cerr << "[" << last.request_id() << "] finish_reason=" << ReasonName(last.finish_reason())
+            << " prompt_tokens=" << last.usage().prompt_tokens()
+            << " completion_tokens=" << last.usage().completion_tokens()
+            << " first_token_ms=" << last.timeline().first_token_ms()
+            << " total_ms=" << last.timeline().total_ms() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tandem chat \"QUESTION\" | tandem generate \"PROMPT\"  [--server=HOST:PORT] [--flags]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 3) {
+    std::cerr << "usage: tandem chat \"QUESTION\" | tandem generate \"PROMPT\" [flags]\n"
+              << "run 'tandem --help' for the flags\n";
+    return 2;
+  }
+  return Run(args[1], args[2]);
+}

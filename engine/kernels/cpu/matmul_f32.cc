@@ -1,0 +1,199 @@
+#include "engine/kernels/cpu/matmul_f32.h"
+
+#include <algorithm>
+
+#include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/cpu/simd.h"
+#include "engine/kernels/half.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+// Activation rows that share one decoding of a weight block.
+constexpr int kTileRows = 4;
+
+// A weight block decoded to integer values as floats, with its scale and the
+// multiplier of the activation block sum (m for Q4_1, -8d for Q4_0, 0 for Q8_0).
+struct DecodedBlock {
+#ifdef TANDEM_CPU_AVX2
+  __m256 q[4];
+#else
+  float q[32];
+#endif
+  float d;
+  float sum_scale;
+};
+
+#ifdef TANDEM_CPU_AVX2
+inline void DecodeNibbles(const uint8_t* qs, __m256* q) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(packed, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+#else
+inline void DecodeNibbles(const uint8_t* qs, float* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<float>(qs[j] & 0x0f);
+    q[j + 16] = static_cast<float>(qs[j] >> 4);
+  }
+}
+#endif
+
+inline void Decode(const BlockQ4_1& b, DecodedBlock* out) {
+  DecodeNibbles(b.qs, out->q);
+  out->d = HalfToFloat(b.d);
+  out->sum_scale = HalfToFloat(b.m);
+}
+
+inline void Decode(const BlockQ4_0& b, DecodedBlock* out) {
+  DecodeNibbles(b.qs, out->q);
+  out->d = HalfToFloat(b.d);
+  out->sum_scale = -8.0f * out->d;
+}
+
+inline void Decode(const BlockQ8_0& b, DecodedBlock* out) {
+#ifdef TANDEM_CPU_AVX2
+  for (int i = 0; i < 4; ++i) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + 8 * i));
+    out->q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  }
+#else
+  for (int j = 0; j < 32; ++j) out->q[j] = static_cast<float>(b.qs[j]);
+#endif
+  out->d = HalfToFloat(b.d);
+  out->sum_scale = 0.0f;
+}
+
+// One row's running sums for one weight row.
+struct Accumulator {
+#ifdef TANDEM_CPU_AVX2
+  __m256 scaled = _mm256_setzero_ps();
+#else
+  float scaled = 0.0f;
+#endif
+  float sums = 0.0f;
+
+  // Adds block `w` times the 32 activations at x (whose sum is x_sum).
+  inline void Add(const DecodedBlock& w, const float* x, float x_sum) {
+#ifdef TANDEM_CPU_AVX2
+    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), w.q[0]);
+    t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), w.q[1], t);
+    t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), w.q[2], t);
+    t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), w.q[3], t);
+    scaled = _mm256_fmadd_ps(_mm256_set1_ps(w.d), t, scaled);
+#else
+    float t = 0.0f;
+    for (int j = 0; j < 32; ++j) t += x[j] * w.q[j];
+    scaled += w.d * t;
+#endif
+    sums += w.sum_scale * x_sum;
+  }
+
+  inline float Total() const {
+#ifdef TANDEM_CPU_AVX2
+    return HorizontalSum(scaled) + sums;
+#else
+    return scaled + sums;
+#endif
+  }
+};
+
+template <typename Block, int R>
+inline void DotTile(const Block* w, const float* const* x, const float* const* x_sums,
+                    int64_t blocks, float* out) {
+  Accumulator acc[R];
+  DecodedBlock decoded;
+  for (int64_t b = 0; b < blocks; ++b) {
+    Decode(w[b], &decoded);
+    for (int r = 0; r < R; ++r) acc[r].Add(decoded, x[r] + b * 32, x_sums[r][b]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r].Total();
+}
+
+template <typename Block>
+void FusedRows(const Weight& weight, const Matrix& x, const float* block_sums, int64_t n0,
+               int64_t n1, const float* bias, const Matrix& out) {
+  const int64_t blocks = weight.cols / 32;
+  const auto* base = static_cast<const Block*>(weight.data);
+  for (int64_t r0 = 0; r0 < x.rows; r0 += kTileRows) {
+    const int tile = static_cast<int>(std::min<int64_t>(kTileRows, x.rows - r0));
+    const float* rows[kTileRows];
+    const float* sums[kTileRows];
+    for (int r = 0; r < tile; ++r) {
+      rows[r] = x.Row(r0 + r);
+      sums[r] = block_sums + (r0 + r) * blocks;
+    }
+    for (int64_t n = n0; n < n1; ++n) {
+      const Block* w = base + n * blocks;
+      float dots[kTileRows];
+      if (tile == kTileRows) {
+        DotTile<Block, kTileRows>(w, rows, sums, blocks, dots);
+      } else {
+        for (int r = 0; r < tile; ++r) DotTile<Block, 1>(w, &rows[r], &sums[r], blocks, &dots[r]);
+      }
+      for (int r = 0; r < tile; ++r) {
+        out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool HasFusedF32Kernel(DType dtype) {
+  return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+}
+
+void BlockSums(const float* x, int64_t elements, float* sums) {
+  for (int64_t b = 0; b < elements / 32; ++b) {
+    float s = 0.0f;
+    for (int j = 0; j < 32; ++j) s += x[b * 32 + j];
+    sums[b] = s;
+  }
+}
+
+void MatMulF32FusedRows(const Weight& weight, const Matrix& x, const float* block_sums,
+                        int64_t n0, int64_t n1, const float* bias, const Matrix& out) {
+  switch (weight.dtype) {
+    case DType::kQ8_0:
+      return FusedRows<BlockQ8_0>(weight, x, block_sums, n0, n1, bias, out);
+    case DType::kQ4_0:
+      return FusedRows<BlockQ4_0>(weight, x, block_sums, n0, n1, bias, out);
+    case DType::kQ4_1:
+      return FusedRows<BlockQ4_1>(weight, x, block_sums, n0, n1, bias, out);
+    default:
+      return;
+  }
+}
+
+void MatMulF32DequantRows(const Weight& weight, const Matrix& x, int64_t n0, int64_t n1,
+                          const float* bias, std::vector<float>& scratch, const Matrix& out) {
+  const int64_t k = weight.cols;
+  const float* rows_f32;
+  if (weight.dtype == DType::kF32) {
+    rows_f32 = static_cast<const float*>(weight.data) + n0 * k;
+  } else {
+    scratch.resize(static_cast<size_t>((n1 - n0) * k));
+    const size_t row_bytes = RowBytes(weight.dtype, k);
+    const auto* base = static_cast<const uint8_t*>(weight.data);
+    for (int64_t n = n0; n < n1; ++n) {
+      DequantizeRow(weight.dtype, base + n * row_bytes, k, scratch.data() + (n - n0) * k);
+    }
+    rows_f32 = scratch.data();
+  }
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* xr = x.Row(r);
+    float* o = out.Row(r);
+    for (int64_t n = n0; n < n1; ++n) {
+      const float dot = DotF32(xr, rows_f32 + (n - n0) * k, k);
+      o[n] = bias != nullptr ? dot + bias[n] : dot;
+    }
+  }
+}
+
+}  // namespace tandem::kernels::cpu

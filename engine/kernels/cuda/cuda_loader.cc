@@ -1,0 +1,43 @@
+#include "engine/kernels/cuda/cuda_loader.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/strings.h"
+#include "engine/kernels/cuda/cuda_module.h"
+
+namespace tandem::kernels::cuda {
+
+std::string DefaultCudaModulePath() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return "libtandem_cuda.so";
+  return (exe.parent_path().parent_path() / "lib" / "libtandem_cuda.so").string();
+}
+
+absl::StatusOr<CudaProbe> ProbeCudaModule(const std::string& module_path) {
+  if (::access(module_path.c_str(), F_OK) != 0) {
+    return absl::NotFoundError(StrCat("no CUDA module at ", module_path));
+  }
+  void* handle = ::dlopen(module_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    return absl::FailedPreconditionError(StrCat("cannot load ", module_path, ": ", ::dlerror()));
+  }
+  auto abi = reinterpret_cast<int (*)()>(::dlsym(handle, "tandem_cuda_module_abi"));
+  auto probe = reinterpret_cast<int (*)(char*, size_t)>(::dlsym(handle, "tandem_cuda_probe"));
+  if (abi == nullptr || probe == nullptr || abi() != kTandemCudaModuleAbi) {
+    ::dlclose(handle);
+    return absl::FailedPreconditionError(
+        StrCat(module_path, " is not a compatible Tandem CUDA module"));
+  }
+  char message[1024] = {};
+  CudaProbe result;
+  result.devices = probe(message, sizeof(message));
+  result.description = message;
+  // The module stays loaded: unloading the CUDA runtime is not supported.
+  return result;
+}
+
+}  // namespace tandem::kernels::cuda

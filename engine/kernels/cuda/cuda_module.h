@@ -1,0 +1,23 @@
+// The C entry points of the CUDA backend module (libtandem_cuda.so).
+//
+// The daemon never links CUDA: it dlopen()s this module at start-up, so one
+// binary runs on machines with and without a GPU, and cuBLAS's large static
+// TLS never reaches threads started before (BUILD-NOTES, pitfall 1).
+#ifndef TANDEM_ENGINE_KERNELS_CUDA_CUDA_MODULE_H_
+#define TANDEM_ENGINE_KERNELS_CUDA_CUDA_MODULE_H_
+
+#include <cstddef>
+
+extern "C" {
+
+// Bumped whenever an entry point changes; the loader refuses other versions.
+inline constexpr int kTandemCudaModuleAbi = 1;
+int tandem_cuda_module_abi();
+
+// Counts usable CUDA devices. Returns the count (0 when there is no driver or
+// no device) and writes a one-line description (device names, or why there
+// are none) to `message` (NUL-terminated, truncated to `size`).
+int tandem_cuda_probe(char* message, size_t size);
+}
+
+#endif  // TANDEM_ENGINE_KERNELS_CUDA_CUDA_MODULE_H_

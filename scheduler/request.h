@@ -1,0 +1,74 @@
+// What the front end hands the scheduler, and how results flow back.
+#ifndef TANDEM_SCHEDULER_REQUEST_H_
+#define TANDEM_SCHEDULER_REQUEST_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "engine/step/step_plan.h"
+
+namespace tandem::scheduler {
+
+using step::TokenId;
+
+enum class FinishReason {
+  kStop,       // a stop token, EOS or stop string
+  kLength,     // max_tokens, the context length or the KV capacity reached
+  kCancelled,  // the client cancelled, disconnected, or its deadline passed
+  kError,      // the worker failed; `error` says why
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;
+};
+
+// The request's life, stamped by the scheduler. Unset stamps stay
+// absl::InfinitePast() (e.g. no first token for a request cancelled while
+// queued).
+struct Timeline {
+  absl::Time arrival = absl::InfinitePast();
+  absl::Time scheduled = absl::InfinitePast();    // first admitted to a batch
+  absl::Time first_token = absl::InfinitePast();
+  absl::Time finished = absl::InfinitePast();
+};
+
+struct FinishInfo {
+  FinishReason reason = FinishReason::kStop;
+  absl::Status error;  // for kError, and for kCancelled by deadline
+  Usage usage;
+  Timeline timeline;
+};
+
+// Receives one request's output. Called only on the scheduler thread, in
+// order; implementations must not block (they hand data to other threads).
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  // A generated token. `is_stop_token` is true for the EOS or stop token id
+  // that ends the request (it counts as generated; front ends usually show
+  // no text for it). Returns true to end the request after this token with
+  // FinishReason::kStop (a stop string matched).
+  virtual bool OnToken(TokenId token, bool is_stop_token) = 0;
+  // Called exactly once, after every OnToken.
+  virtual void OnFinish(const FinishInfo& info) = 0;
+};
+
+struct Request {
+  std::string id;  // for logs; the scheduler uses its own sequence ids
+  std::vector<TokenId> prompt;
+  step::SamplingParams sampling;
+  int32_t max_tokens = 1;                // generated tokens, at most
+  std::vector<TokenId> stop_token_ids;   // end generation (EOS included unless ignored)
+  absl::Time deadline = absl::InfiniteFuture();
+  std::shared_ptr<RequestSink> sink;
+};
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_REQUEST_H_

@@ -1,0 +1,76 @@
+// The scheduler thread: it owns a SchedulerCore, takes requests and
+// cancellations from any thread through a short-locked inbox, and loops
+// schedule -> worker.Execute(plan) -> update.
+//
+// Thread safety: Submit() and Cancel() may be called from any thread.
+// RequestSinks are called on the scheduler thread only.
+#ifndef TANDEM_SCHEDULER_SCHEDULER_H_
+#define TANDEM_SCHEDULER_SCHEDULER_H_
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/step/step_plan.h"
+#include "scheduler/scheduler_core.h"
+
+namespace tandem::scheduler {
+
+// A consistent snapshot for load reporting (GetLoad, metrics).
+struct SchedulerLoad {
+  int32_t waiting = 0;
+  int32_t running = 0;
+  int32_t free_blocks = 0;
+  int32_t total_blocks = 0;
+  int64_t preemptions = 0;
+};
+
+class Scheduler {
+ public:
+  // `worker` must outlive the scheduler. `max_queued` bounds requests that
+  // are submitted but not yet running.
+  Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* worker);
+  ~Scheduler();  // Stop()s
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. Returns its sequence id (for Cancel), or
+  // InvalidArgument when it can never run, ResourceExhausted when the queue
+  // is full, Unavailable once Stop() has begun. On error the sink is not
+  // called.
+  absl::StatusOr<uint64_t> Submit(Request request);
+
+  // Ends the sequence at the next step boundary (FinishReason::kCancelled).
+  void Cancel(uint64_t sequence_id);
+
+  // Cancels everything still queued or running and joins the thread.
+  void Stop();
+
+  SchedulerLoad Load() const;
+
+ private:
+  struct Command {
+    uint64_t id = 0;
+    std::optional<Request> request;  // empty: a cancellation
+  };
+  void Loop();
+
+  const int32_t max_queued_;
+  step::Worker* worker_;
+  SchedulerCore core_;  // scheduler thread only
+
+  mutable absl::Mutex mu_;
+  std::vector<Command> inbox_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in the inbox or waiting in the core
+  SchedulerLoad load_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_SCHEDULER_H_

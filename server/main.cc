@@ -1,0 +1,227 @@
+// tandemd: the Tandem serving daemon.
+//
+// Start-up: load and check the model, warm it up, start the scheduler, the
+// gRPC server (Generation, health, reflection) and the metrics exposer, then
+// report SERVING. SIGTERM/SIGINT: report NOT_SERVING, stop accepting, let
+// in-flight requests finish for up to --drain_timeout, cancel the rest,
+// exit 0.
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "engine/kernels/cuda/cuda_loader.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "scheduler/scheduler.h"
+#include "server/generation_service.h"
+#include "server/serving_model.h"
+#include "server/server_metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+std::string DefaultModelPath() {
+  const char* dir = std::getenv("TANDEM_MODEL_DIR");
+  return (std::filesystem::path(dir != nullptr && *dir ? dir : "models") /
+          "SmolLM2-135M-Instruct.Q4_1.gguf")
+      .string();
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, model, DefaultModelPath(),
+          "GGUF model file (default: $TANDEM_MODEL_DIR or models/, "
+          "SmolLM2-135M-Instruct.Q4_1.gguf, fetched by scripts/fetch-model)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
+          "Prometheus metrics address (IPv4 host:port); empty disables");
+ABSL_FLAG(std::string, backend, "auto",
+          "compute backend: cpu, or auto (CPU; the CUDA module is probed and reported)");
+ABSL_FLAG(int, threads, 2, "CPU threads of the worker");
+ABSL_FLAG(std::string, cpu_matmul, "f32",
+          "CPU matrix products: f32 (dequantized weights x float activations, the model's own "
+          "arithmetic) or q8 (8-bit activations as llama.cpp does: faster, less exact)");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
+ABSL_FLAG(int, block_size, 16, "tokens per KV block");
+ABSL_FLAG(int, context_length, 0, "tokens per sequence (0: the model's context length)");
+ABSL_FLAG(int, max_batched_tokens, 512, "tokens per scheduler step, all sequences together");
+ABSL_FLAG(int, max_running, 64, "sequences in the running batch");
+ABSL_FLAG(int, max_queued_requests, 256,
+          "requests waiting to run; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_tokens_default, 2048, "max_tokens for requests that set none");
+ABSL_FLAG(std::string, chat_template, "",
+          "chat template family (chatml, llama3); empty: detected from the model");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "on SIGTERM, how long in-flight requests may take before they are cancelled");
+
+namespace tandem {
+namespace {
+
+// Waits for SIGTERM or SIGINT on a dedicated thread (the signals are blocked
+// everywhere else), so shutdown runs as ordinary code, not in a handler.
+std::thread StartSignalThread(absl::Notification* shutdown) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return std::thread([signals, shutdown] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    spdlog::info("received {}, draining", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    shutdown->Notify();
+  });
+}
+
+// Runs one token through the worker so that weights are paged in and buffers
+// allocated before the first request.
+absl::Status WarmUp(server::ServingModel& model) {
+  step::StepPlan plan;
+  step::SequenceStep step;
+  step.sequence_id = 0;
+  step.tokens = {0};
+  step.block_table = {0};
+  step.sample = true;
+  plan.sequences.push_back(step);
+  return model.worker()->Execute(plan).status;
+}
+
+int Main() {
+  absl::Notification shutdown;
+  std::thread signal_thread = StartSignalThread(&shutdown);
+  signal_thread.detach();
+
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "auto" && backend != "cpu") {
+    spdlog::error("--backend={} is not available: the CUDA backend is not implemented yet "
+                  "(use cpu or auto)",
+                  backend);
+    return 2;
+  }
+  if (backend == "auto") {
+    absl::StatusOr<kernels::cuda::CudaProbe> probe =
+        kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath());
+    if (probe.ok()) {
+      spdlog::info("CUDA module: {} device(s): {}; serving on the CPU backend", probe->devices,
+                   probe->description);
+    } else {
+      spdlog::info("CUDA module: {}; serving on the CPU backend",
+                   std::string(probe.status().message()));
+    }
+  }
+
+  absl::StatusOr<kernels::cpu::MatMulMode> matmul_mode =
+      kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
+  if (!matmul_mode.ok()) {
+    spdlog::error("--cpu_matmul: {}", std::string(matmul_mode.status().message()));
+    return 2;
+  }
+  server::ServingModelOptions options;
+  options.matmul_mode = *matmul_mode;
+  options.model_path = absl::GetFlag(FLAGS_model);
+  options.chat_template = absl::GetFlag(FLAGS_chat_template);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  options.block_size = absl::GetFlag(FLAGS_block_size);
+  options.context_length = absl::GetFlag(FLAGS_context_length);
+  const absl::Time load_start = absl::Now();
+  absl::StatusOr<std::unique_ptr<server::ServingModel>> model =
+      server::ServingModel::Load(options);
+  if (!model.ok()) {
+    spdlog::error("cannot load the model: {}", model.status().ToString());
+    return 1;
+  }
+  if (absl::Status s = WarmUp(**model); !s.ok()) {
+    spdlog::error("warm-up failed: {}", s.ToString());
+    return 1;
+  }
+  const model::ModelConfig& config = (*model)->config();
+  spdlog::info(
+      "model '{}' ({}, {} layers, vocab {}, context {}) on {}; chat template {}; {} KV blocks of "
+      "{} tokens; ready in {:.2f}s",
+      config.name, config.architecture, config.layers, config.vocab, (*model)->context_length(),
+      (*model)->backend_name(), (*model)->chat_template().family_name(), (*model)->kv_blocks(),
+      (*model)->block_size(), absl::ToDoubleSeconds(absl::Now() - load_start));
+
+  scheduler::SchedulerOptions sched;
+  sched.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+  sched.max_running = absl::GetFlag(FLAGS_max_running);
+  sched.block_size = (*model)->block_size();
+  sched.kv_blocks = (*model)->kv_blocks();
+  sched.context_length = (*model)->context_length();
+  if (sched.max_batched_tokens < 1 || sched.max_running < 1) {
+    spdlog::error("--max_batched_tokens and --max_running must be at least 1");
+    return 2;
+  }
+  scheduler::Scheduler scheduler(sched, absl::GetFlag(FLAGS_max_queued_requests),
+                                 (*model)->worker());
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  server::ServerMetrics metrics(*registry);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(address);
+      exposer->RegisterCollectable(registry);
+    } catch (const std::exception& e) {
+      spdlog::error("cannot serve metrics on {}: {}", address, e.what());
+      return 1;
+    }
+  }
+
+  server::RequestDefaults defaults;
+  defaults.max_tokens = absl::GetFlag(FLAGS_max_tokens_default);
+  server::GenerationService service(model->get(), &scheduler, &metrics, defaults);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || bound_port == 0) {
+    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen));
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = grpc_server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  spdlog::info("serving tandem.v1.Generation on {}; metrics on {}", absl::GetFlag(FLAGS_listen),
+               absl::GetFlag(FLAGS_metrics_listen).empty() ? "(off)"
+                                                           : absl::GetFlag(FLAGS_metrics_listen));
+
+  shutdown.WaitForNotification();
+  health->SetServingStatus(false);
+  const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
+  spdlog::info("draining {} open stream(s) for up to {}", service.open_streams(),
+               absl::FormatDuration(drain));
+  // Refuses new calls at once; waits for open ones until the deadline, then
+  // cancels them (their sequences are cancelled through OnCancel).
+  grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  scheduler.Stop();
+  grpc_server->Wait();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("tandemd: LLM inference serving daemon (see docs/operations.md)");
+  absl::ParseCommandLine(argc, argv);
+  return tandem::Main();
+}

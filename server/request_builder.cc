@@ -1,0 +1,119 @@
+#include "server/request_builder.h"
+
+#include <cmath>
+
+#include "common/strings.h"
+
+namespace tandem::server {
+namespace {
+
+absl::Status Invalid(std::string_view field, std::string_view problem) {
+  return absl::InvalidArgumentError(StrCat(field, ": ", problem));
+}
+
+}  // namespace
+
+absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
+                                          const ModelLimits& model, const RequestDefaults& defaults,
+                                          uint64_t random_seed) {
+  BuiltRequest built;
+  scheduler::Request& r = built.request;
+  r.id = proto.request_id();
+  const int vocab = model.tokenizer->vocab_size();
+
+  // Input: exactly one of prompt, messages, token_ids.
+  const int inputs = (proto.prompt().empty() ? 0 : 1) + (proto.messages().empty() ? 0 : 1) +
+                     (proto.token_ids().empty() ? 0 : 1);
+  if (inputs == 0) {
+    return Invalid("prompt", "the request has no input: set one of prompt, messages or token_ids");
+  }
+  if (inputs > 1) {
+    return Invalid("prompt", "set exactly one of prompt, messages and token_ids");
+  }
+  if (!proto.prompt().empty()) {
+    r.prompt = model.tokenizer->Encode(proto.prompt(), /*parse_special=*/true);
+    if (model.tokenizer->add_bos()) r.prompt.insert(r.prompt.begin(), *model.tokenizer->special().bos);
+    if (r.prompt.empty()) return Invalid("prompt", "the text produces no tokens");
+  } else if (!proto.messages().empty()) {
+    std::vector<tokenizer::ChatMessage> messages;
+    for (const v1::ChatMessage& m : proto.messages()) messages.push_back({m.role(), m.content()});
+    if (absl::Status s = model.chat_template->Validate(messages); !s.ok()) return s;
+    r.prompt = model.chat_template->Encode(*model.tokenizer, messages);
+  } else {
+    for (int i = 0; i < proto.token_ids_size(); ++i) {
+      const uint32_t id = proto.token_ids(i);
+      if (id >= static_cast<uint32_t>(vocab)) {
+        return Invalid(StrCat("token_ids[", i, "]"),
+                       StrCat("token id ", id, " is outside the vocabulary (", vocab, " tokens)"));
+      }
+      r.prompt.push_back(static_cast<scheduler::TokenId>(id));
+    }
+  }
+  const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  if (prompt_tokens >= model.context_length) {
+    return Invalid(proto.messages().empty() ? (proto.prompt().empty() ? "token_ids" : "prompt")
+                                            : "messages",
+                   StrCat("the prompt has ", prompt_tokens, " tokens but the context holds ",
+                          model.context_length, " (including at least one generated token)"));
+  }
+
+  // Sampling.
+  const v1::SamplingParams& s = proto.sampling();
+  r.sampling.temperature = s.has_temperature() ? s.temperature() : defaults.temperature;
+  if (!std::isfinite(r.sampling.temperature) || r.sampling.temperature < 0.0f) {
+    return Invalid("sampling.temperature", "must be a finite number >= 0");
+  }
+  r.sampling.top_k = s.has_top_k() ? s.top_k() : defaults.top_k;
+  if (r.sampling.top_k < 0) return Invalid("sampling.top_k", "must be >= 0 (0 disables it)");
+  r.sampling.top_p = s.has_top_p() ? s.top_p() : defaults.top_p;
+  if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) {
+    return Invalid("sampling.top_p", "must be in (0, 1]");
+  }
+  r.sampling.seed = s.has_seed() ? s.seed() : random_seed;
+
+  // Length.
+  const int32_t room = model.context_length - prompt_tokens;
+  if (proto.has_max_tokens()) {
+    if (proto.max_tokens() < 1) return Invalid("max_tokens", "must be at least 1");
+    if (proto.max_tokens() > room) {
+      return Invalid("max_tokens", StrCat(proto.max_tokens(), " tokens do not fit: the prompt has ",
+                                          prompt_tokens, " tokens and the context holds ",
+                                          model.context_length));
+    }
+    r.max_tokens = proto.max_tokens();
+  } else {
+    r.max_tokens = std::min(room, defaults.max_tokens);
+  }
+
+  // Stops.
+  if (proto.stop_size() > kMaxStopStrings) {
+    return Invalid("stop", StrCat("at most ", kMaxStopStrings, " stop strings are allowed"));
+  }
+  for (int i = 0; i < proto.stop_size(); ++i) {
+    if (proto.stop(i).empty()) return Invalid(StrCat("stop[", i, "]"), "must not be empty");
+    if (proto.stop(i).size() > kMaxStopStringBytes) {
+      return Invalid(StrCat("stop[", i, "]"), StrCat("longer than ", kMaxStopStringBytes, " bytes"));
+    }
+    built.stop_strings.push_back(proto.stop(i));
+  }
+  if (proto.stop_token_ids_size() > kMaxStopTokenIds) {
+    return Invalid("stop_token_ids", StrCat("at most ", kMaxStopTokenIds, " are allowed"));
+  }
+  for (int i = 0; i < proto.stop_token_ids_size(); ++i) {
+    const uint32_t id = proto.stop_token_ids(i);
+    if (id >= static_cast<uint32_t>(vocab)) {
+      return Invalid(StrCat("stop_token_ids[", i, "]"),
+                     StrCat("token id ", id, " is outside the vocabulary (", vocab, " tokens)"));
+    }
+    r.stop_token_ids.push_back(static_cast<scheduler::TokenId>(id));
+  }
+  if (!proto.ignore_eos()) {
+    const tokenizer::SpecialTokens& special = model.tokenizer->special();
+    for (const auto& id : {special.eos, special.eot}) {
+      if (id.has_value()) r.stop_token_ids.push_back(*id);
+    }
+  }
+  return built;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,50 @@
+// Validates a GenerateRequest and turns it into a scheduler Request:
+// tokenization or chat templating, sampling defaults, stop conditions.
+// Every invalid value is an InvalidArgument status whose message starts with
+// the offending field's name.
+#ifndef TANDEM_SERVER_REQUEST_BUILDER_H_
+#define TANDEM_SERVER_REQUEST_BUILDER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/bpe_tokenizer.h"
+#include "engine/tokenizer/chat_template.h"
+#include "scheduler/request.h"
+#include "tandem/v1/generate.pb.h"
+
+namespace tandem::server {
+
+// Server-wide defaults for what a request leaves unset.
+struct RequestDefaults {
+  int32_t max_tokens = 2048;
+  float temperature = 0.8f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+};
+
+// What the builder needs to know about the model.
+struct ModelLimits {
+  const tokenizer::BpeTokenizer* tokenizer = nullptr;
+  const tokenizer::ChatTemplate* chat_template = nullptr;
+  int32_t context_length = 0;
+};
+
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStringBytes = 256;
+inline constexpr int kMaxStopTokenIds = 64;
+
+struct BuiltRequest {
+  scheduler::Request request;  // without sink and deadline
+  std::vector<std::string> stop_strings;
+};
+
+// `random_seed` is used when the request sets no seed.
+absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
+                                          const ModelLimits& model, const RequestDefaults& defaults,
+                                          uint64_t random_seed);
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_REQUEST_BUILDER_H_

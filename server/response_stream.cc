@@ -1,0 +1,87 @@
+#include "server/response_stream.h"
+
+namespace tandem::server {
+namespace {
+
+double Ms(absl::Time from, absl::Time to) {
+  if (from == absl::InfinitePast() || to == absl::InfinitePast()) return 0.0;
+  return absl::ToDoubleMilliseconds(to - from);
+}
+
+v1::FinishReason ToProto(scheduler::FinishReason reason) {
+  switch (reason) {
+    case scheduler::FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case scheduler::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case scheduler::FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+    case scheduler::FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+}  // namespace
+
+v1::Timeline TimelineToProto(const scheduler::Timeline& t) {
+  v1::Timeline out;
+  const absl::Time first_token = t.first_token == absl::InfinitePast() ? t.finished : t.first_token;
+  const absl::Time scheduled = t.scheduled == absl::InfinitePast() ? t.finished : t.scheduled;
+  out.set_queued_ms(Ms(t.arrival, scheduled));
+  out.set_prefill_ms(Ms(scheduled, first_token));
+  out.set_first_token_ms(Ms(t.arrival, first_token));
+  out.set_decode_ms(Ms(first_token, t.finished));
+  out.set_total_ms(Ms(t.arrival, t.finished));
+  return out;
+}
+
+ResponseStream::ResponseStream(std::string request_id, const tokenizer::BpeTokenizer& tokenizer,
+                               std::vector<std::string> stop_strings,
+                               std::shared_ptr<ResponseChannel> channel, FinishObserver observer)
+    : request_id_(std::move(request_id)),
+      detokenizer_(tokenizer),
+      stops_(std::move(stop_strings)),
+      channel_(std::move(channel)),
+      observer_(std::move(observer)) {}
+
+bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token) {
+  v1::GenerateResponse response;
+  response.set_request_id(request_id_);
+  response.add_token_ids(static_cast<uint32_t>(token));
+  if (!is_stop_token) response.set_text(stops_.Push(detokenizer_.Push(token)));
+  channel_->Send(std::move(response));
+  return stops_.stopped();
+}
+
+void ResponseStream::OnFinish(const scheduler::FinishInfo& info) {
+  v1::GenerateResponse last;
+  last.set_request_id(request_id_);
+  if (!stops_.stopped()) {
+    // Whatever was held back (an unfinished character, a partial stop string)
+    // belongs to the answer.
+    std::string rest = stops_.Push(detokenizer_.Flush());
+    last.set_text(rest + stops_.Flush());
+  }
+  last.set_finish_reason(ToProto(info.reason));
+  last.mutable_usage()->set_prompt_tokens(info.usage.prompt_tokens);
+  last.mutable_usage()->set_completion_tokens(info.usage.completion_tokens);
+  last.mutable_usage()->set_cached_prompt_tokens(info.usage.cached_prompt_tokens);
+  *last.mutable_timeline() = TimelineToProto(info.timeline);
+  if (observer_) observer_(request_id_, info);
+  channel_->Send(std::move(last));
+  switch (info.reason) {
+    case scheduler::FinishReason::kStop:
+    case scheduler::FinishReason::kLength:
+      channel_->Close(absl::OkStatus());
+      return;
+    case scheduler::FinishReason::kCancelled:
+      channel_->Close(info.error.ok() ? absl::CancelledError("cancelled") : info.error);
+      return;
+    case scheduler::FinishReason::kError:
+      channel_->Close(absl::InternalError(info.error.message()));
+      return;
+  }
+}
+
+}  // namespace tandem::server

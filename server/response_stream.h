@@ -1,0 +1,56 @@
+// Turns one request's scheduler events into GenerateResponse messages:
+// incremental detokenization, stop strings, the final message with
+// finish_reason, usage and timeline. Knows nothing of gRPC: it hands messages
+// to a ResponseChannel (the gRPC stream in production, a recorder in tests).
+#ifndef TANDEM_SERVER_RESPONSE_STREAM_H_
+#define TANDEM_SERVER_RESPONSE_STREAM_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
+#include "scheduler/request.h"
+#include "server/stop_strings.h"
+#include "tandem/v1/generate.pb.h"
+
+namespace tandem::server {
+
+// Where a request's messages go. Thread-safe; never blocks.
+class ResponseChannel {
+ public:
+  virtual ~ResponseChannel() = default;
+  virtual void Send(v1::GenerateResponse response) = 0;
+  // Ends the stream with `status`, after every message sent before.
+  virtual void Close(absl::Status status) = 0;
+};
+
+// Called once per finished request (for the log line and metrics).
+using FinishObserver =
+    std::function<void(const std::string& request_id, const scheduler::FinishInfo& info)>;
+
+class ResponseStream final : public scheduler::RequestSink {
+ public:
+  ResponseStream(std::string request_id, const tokenizer::BpeTokenizer& tokenizer,
+                 std::vector<std::string> stop_strings, std::shared_ptr<ResponseChannel> channel,
+                 FinishObserver observer);
+
+  bool OnToken(scheduler::TokenId token, bool is_stop_token) override;
+  void OnFinish(const scheduler::FinishInfo& info) override;
+
+ private:
+  std::string request_id_;
+  tokenizer::IncrementalDetokenizer detokenizer_;
+  StopStringMatcher stops_;
+  std::shared_ptr<ResponseChannel> channel_;
+  FinishObserver observer_;
+};
+
+// The timeline message of a finished request, in milliseconds.
+v1::Timeline TimelineToProto(const scheduler::Timeline& timeline);
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_RESPONSE_STREAM_H_

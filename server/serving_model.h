@@ -1,0 +1,60 @@
+// Everything the daemon serves with: the model file, its tokenizer and chat
+// template, and the worker that runs it on a backend.
+#ifndef TANDEM_SERVER_SERVING_MODEL_H_
+#define TANDEM_SERVER_SERVING_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/kernels/cpu/matmul.h"
+#include "engine/model/gguf_file.h"
+#include "engine/model/model_config.h"
+#include "engine/prefill/prefill_worker.h"
+#include "engine/tokenizer/bpe_tokenizer.h"
+#include "engine/tokenizer/chat_template.h"
+
+namespace tandem::server {
+
+struct ServingModelOptions {
+  std::string model_path;
+  std::string chat_template;  // empty: detect from the model
+  int threads = 2;            // CPU threads of the worker
+  kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
+  int64_t kv_cache_bytes = int64_t{512} << 20;
+  int block_size = 16;
+  int context_length = 0;  // 0: the model's
+};
+
+class ServingModel {
+ public:
+  // Loads and checks everything; errors name the file and what is wrong.
+  static absl::StatusOr<std::unique_ptr<ServingModel>> Load(const ServingModelOptions& options);
+
+  const model::ModelConfig& config() const { return config_; }
+  const tokenizer::BpeTokenizer& tokenizer() const { return *tokenizer_; }
+  const tokenizer::ChatTemplate& chat_template() const { return *chat_template_; }
+  int context_length() const { return context_length_; }
+  int kv_blocks() const { return kv_blocks_; }
+  int block_size() const { return block_size_; }
+  std::string backend_name() const { return backend_name_; }
+  step::Worker* worker() { return worker_.get(); }
+
+ private:
+  ServingModel() = default;
+
+  std::shared_ptr<const model::GgufFile> file_;
+  model::ModelConfig config_;
+  std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
+  std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
+  std::unique_ptr<prefill::PrefillWorker> worker_;
+  std::string backend_name_;
+  int context_length_ = 0;
+  int kv_blocks_ = 0;
+  int block_size_ = 0;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_SERVING_MODEL_H_
