@@ -1,0 +1,406 @@
+// CPU kernels: numerical correctness against float64 references, and the
+// batch-invariance contract (backend.h): a row's result is bitwise the same
+// alone, in batches of any size and order, chunked, and on any thread count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/cpu/simd.h"
+#include "engine/kernels/half.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                               DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K};
+
+// Random but valid weight bytes: random payloads with small, finite scales.
+std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+  const size_t row_bytes = RowBytes(type, cols);
+  std::vector<uint8_t> bytes(row_bytes * static_cast<size_t>(rows));
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  const int64_t elements = rows * cols;
+  auto halves = [&](size_t stride, std::initializer_list<size_t> offsets) {
+    for (size_t at = 0; at < bytes.size(); at += stride) {
+      for (size_t o : offsets) {
+        const uint16_t h = FloatToHalf(scale(rng));
+        std::memcpy(&bytes[at + o], &h, 2);
+      }
+    }
+  };
+  switch (type) {
+    case DType::kF32:
+      for (int64_t i = 0; i < elements; ++i) {
+        const float v = value(rng);
+        std::memcpy(&bytes[static_cast<size_t>(i) * 4], &v, 4);
+      }
+      break;
+    case DType::kF16:
+      for (int64_t i = 0; i < elements; ++i) {
+        const uint16_t h = FloatToHalf(value(rng));
+        std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
+      }
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < elements; ++i) {
+        const uint16_t b = static_cast<uint16_t>(Float2Bits(value(rng)) >> 16);
+        std::memcpy(&bytes[static_cast<size_t>(i) * 2], &b, 2);
+      }
+      break;
+    case DType::kQ8_0:
+      halves(sizeof(BlockQ8_0), {0});
+      break;
+    case DType::kQ4_0:
+      halves(sizeof(BlockQ4_0), {0});
+      break;
+    case DType::kQ4_1:
+      halves(sizeof(BlockQ4_1), {0, 2});
+      break;
+    case DType::kQ4_K:
+      halves(sizeof(BlockQ4_K), {0, 2});
+      break;
+    case DType::kQ6_K:
+      halves(sizeof(BlockQ6_K), {offsetof(BlockQ6_K, d)});
+      break;
+  }
+  return bytes;
+}
+
+std::vector<float> RandomRows(int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (float& v : x) v = n(rng);
+  return x;
+}
+
+Matrix View(std::vector<float>& v, int64_t rows, int64_t cols) { return {v.data(), rows, cols}; }
+
+bool SameBits(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, sizeof(float) * static_cast<size_t>(n)) == 0;
+}
+
+// out = x W^T through the backend, for a subset of rows given in order.
+std::vector<float> RunMatMul(CpuBackend& backend, const Weight& w, const std::vector<float>& x,
+                             const std::vector<int64_t>& rows) {
+  std::vector<float> in(rows.size() * static_cast<size_t>(w.cols));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(&in[i * static_cast<size_t>(w.cols)], &x[static_cast<size_t>(rows[i] * w.cols)],
+                sizeof(float) * static_cast<size_t>(w.cols));
+  }
+  std::vector<float> out(rows.size() * static_cast<size_t>(w.rows));
+  const Weight* ws[] = {&w};
+  const Matrix outs[] = {View(out, static_cast<int64_t>(rows.size()), w.rows)};
+  backend.MatMul(View(in, static_cast<int64_t>(rows.size()), w.cols), ws, {}, outs);
+  return out;
+}
+
+struct MatMulCase {
+  DType type;
+  MatMulMode mode;
+};
+
+class MatMulTest : public ::testing::TestWithParam<MatMulCase> {};
+
+TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCount) {
+  const auto [type, mode] = GetParam();
+  std::mt19937 rng(11);
+  const int64_t n = 72, k = 512, m = 37;
+  std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+  const Weight w{type, n, k, bytes.data()};
+  const std::vector<float> x = RandomRows(m, k, rng);
+
+  CpuBackend single(1, mode);
+  std::vector<std::vector<float>> alone(static_cast<size_t>(m));
+  for (int64_t r = 0; r < m; ++r) alone[static_cast<size_t>(r)] = RunMatMul(single, w, x, {r});
+
+  for (int threads : {1, 3}) {
+    CpuBackend backend(threads, mode);
+    for (int64_t batch : {2, 3, 5, 16, 37}) {
+      std::vector<int64_t> order(static_cast<size_t>(m));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int64_t start = 0; start < m; start += batch) {
+        const std::vector<int64_t> rows(order.begin() + start,
+                                        order.begin() + std::min(m, start + batch));
+        const std::vector<float> out = RunMatMul(backend, w, x, rows);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          ASSERT_TRUE(SameBits(&out[i * n], alone[static_cast<size_t>(rows[i])].data(), n))
+              << Info(type).name << " row " << rows[i] << " differs in a batch of "
+              << rows.size() << " on " << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
+  const auto [type, mode] = GetParam();
+  std::mt19937 rng(5);
+  const int64_t n = 40, k = 768, m = 6;
+  std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+  const Weight w{type, n, k, bytes.data()};
+  const std::vector<float> x = RandomRows(m, k, rng);
+  std::vector<float> wf(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r) {
+    DequantizeRow(type, bytes.data() + static_cast<size_t>(r) * RowBytes(type, k), k,
+                  &wf[static_cast<size_t>(r * k)]);
+  }
+  CpuBackend backend(2, mode);
+  std::vector<int64_t> all(static_cast<size_t>(m));
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<float> out = RunMatMul(backend, w, x, all);
+  // f32: float rounding only. q8: each activation is rounded to 1/254 of its
+  // block's largest magnitude.
+  const bool q8 = mode == MatMulMode::kQ8 &&
+                  (type == DType::kQ8_0 || type == DType::kQ4_0 || type == DType::kQ4_1);
+  const double tolerance = q8 ? 1.5e-2 : 2e-6;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) {
+      double exact = 0, magnitude = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double p = double{x[static_cast<size_t>(r * k + i)]} * wf[static_cast<size_t>(c * k + i)];
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      ASSERT_NEAR(out[static_cast<size_t>(r * n + c)], exact, tolerance * magnitude)
+          << Info(type).name << " (" << MatMulModeName(mode) << ") at [" << r << "][" << c << "]";
+    }
+  }
+}
+
+std::vector<MatMulCase> AllMatMulCases() {
+  std::vector<MatMulCase> cases;
+  for (DType t : kAllTypes) {
+    for (MatMulMode m : {MatMulMode::kF32, MatMulMode::kQ8}) cases.push_back({t, m});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(AllMatMulCases()),
+                         [](const auto& info) {
+                           return std::string(Info(info.param.type).name) + "_" +
+                                  std::string(MatMulModeName(info.param.mode));
+                         });
+
+TEST(MatMulTest, BiasIsAddedPerOutputFeature) {
+  std::mt19937 rng(3);
+  std::vector<uint8_t> bytes = RandomWeights(DType::kF32, 8, 64, rng);
+  const Weight w{DType::kF32, 8, 64, bytes.data()};
+  std::vector<float> bias_values = {1, 2, 3, 4, 5, 6, 7, 8};
+  const Weight bias{DType::kF32, 1, 8, bias_values.data()};
+  std::vector<float> x = RandomRows(2, 64, rng);
+  std::vector<float> plain(16), biased(16);
+  CpuBackend backend(1);
+  const Weight* ws[] = {&w};
+  const Weight* bs[] = {&bias};
+  const Matrix plain_out[] = {View(plain, 2, 8)};
+  const Matrix biased_out[] = {View(biased, 2, 8)};
+  backend.MatMul(View(x, 2, 64), ws, {}, plain_out);
+  backend.MatMul(View(x, 2, 64), ws, bs, biased_out);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(biased[static_cast<size_t>(i)], plain[static_cast<size_t>(i)] + bias_values[static_cast<size_t>(i % 8)]);
+}
+
+TEST(RmsNormTest, MatchesFloat64AndIsRowIndependent) {
+  std::mt19937 rng(9);
+  const int64_t rows = 9, cols = 576;
+  std::vector<float> x = RandomRows(rows, cols, rng);
+  std::vector<float> weight = RandomRows(1, cols, rng);
+  const Weight w{DType::kF32, 1, cols, weight.data()};
+  CpuBackend backend(2);
+  std::vector<float> out(x.size());
+  backend.RmsNorm(View(x, rows, cols), w, 1e-5f, View(out, rows, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t i = 0; i < cols; ++i) ms += double{x[static_cast<size_t>(r * cols + i)]} * x[static_cast<size_t>(r * cols + i)];
+    const double scale = 1.0 / std::sqrt(ms / cols + 1e-5);
+    for (int64_t i = 0; i < cols; ++i) {
+      const double expected = x[static_cast<size_t>(r * cols + i)] * scale * weight[static_cast<size_t>(i)];
+      ASSERT_NEAR(out[static_cast<size_t>(r * cols + i)], expected, 1e-5 * std::fabs(expected) + 1e-6);
+    }
+    std::vector<float> alone(static_cast<size_t>(cols));
+    std::vector<float> row(x.begin() + r * cols, x.begin() + (r + 1) * cols);
+    backend.RmsNorm(View(row, 1, cols), w, 1e-5f, View(alone, 1, cols));
+    ASSERT_TRUE(SameBits(alone.data(), &out[static_cast<size_t>(r * cols)], cols)) << "row " << r;
+  }
+}
+
+TEST(RopeTest, RotatesPairsByPositionInBothLayouts) {
+  const int heads = 2, head_dim = 8, rotary = 8, positions = 6;
+  std::vector<float> table(static_cast<size_t>(positions * rotary));
+  for (int p = 0; p < positions; ++p) {
+    for (int i = 0; i < rotary / 2; ++i) {
+      const double angle = p * std::pow(10000.0, -2.0 * i / rotary);
+      table[static_cast<size_t>((p * rotary / 2 + i) * 2)] = static_cast<float>(std::cos(angle));
+      table[static_cast<size_t>((p * rotary / 2 + i) * 2 + 1)] = static_cast<float>(std::sin(angle));
+    }
+  }
+  for (bool neox : {false, true}) {
+    RopeSpec spec{Weight{DType::kF32, positions, rotary, table.data()}, rotary, neox};
+    std::mt19937 rng(1);
+    std::vector<float> x = RandomRows(positions, heads * head_dim, rng);
+    const std::vector<float> original = x;
+    std::vector<int32_t> pos(positions);
+    std::iota(pos.begin(), pos.end(), 0);
+    CpuBackend backend(1);
+    backend.Rope(View(x, positions, heads * head_dim), heads, head_dim, pos, spec);
+    for (int p = 0; p < positions; ++p) {
+      for (int h = 0; h < heads; ++h) {
+        for (int i = 0; i < rotary / 2; ++i) {
+          const int a = neox ? i : 2 * i, b = neox ? i + rotary / 2 : 2 * i + 1;
+          const size_t base = static_cast<size_t>(p * heads * head_dim + h * head_dim);
+          const double angle = p * std::pow(10000.0, -2.0 * i / rotary);
+          const double x0 = original[base + a], x1 = original[base + b];
+          EXPECT_NEAR(x[base + a], x0 * std::cos(angle) - x1 * std::sin(angle), 1e-5);
+          EXPECT_NEAR(x[base + b], x0 * std::sin(angle) + x1 * std::cos(angle), 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST(ElementwiseTest, SiluMulMatchesFloat64) {
+  std::mt19937 rng(2);
+  std::vector<float> g = RandomRows(3, 100, rng), u = RandomRows(3, 100, rng), out(300);
+  for (float& v : g) v *= 8.0f;
+  CpuBackend backend(1);
+  backend.SiluMul(View(g, 3, 100), View(u, 3, 100), View(out, 3, 100));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double expected = g[i] / (1.0 + std::exp(-double{g[i]})) * u[i];
+    ASSERT_NEAR(out[i], expected, 1e-6 * std::fabs(expected) + 1e-7) << i;
+  }
+}
+
+TEST(SimdTest, ExpApproximationIsAccurateAndVectorMatchesScalarBitwise) {
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double exact = std::exp(double{x});
+    ASSERT_NEAR(ExpApprox(x), exact, 3e-7 * exact) << x;
+#ifdef TANDEM_CPU_AVX2
+    float lanes[8];
+    _mm256_storeu_ps(lanes, Exp8(_mm256_set1_ps(x)));
+    ASSERT_EQ(Float2Bits(lanes[3]), Float2Bits(ExpApprox(x))) << x;
+#endif
+  }
+  EXPECT_EQ(ExpApprox(-100.0f), 0.0f);
+}
+
+TEST(HalfTest, ConversionsAreExactForEveryHalf) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = HalfToFloatPortable(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(Float2Bits(f), Float2Bits(HalfToFloat(static_cast<uint16_t>(h)))) << h;
+    ASSERT_EQ(FloatToHalf(f), h) << "round trip of half " << h;
+  }
+  // Round to nearest even at the halfway point between two halves.
+  EXPECT_EQ(FloatToHalf(1.0f + 0.00048828125f), 0x3c00);  // 1 + 2^-11 -> 1.0
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);              // overflows to infinity
+}
+
+// Attention over the paged cache: a sequence's outputs are bitwise the same
+// computed in one pass, in chunks of any size, or batched with another
+// sequence; and they match a float64 softmax attention.
+class AttentionTest : public ::testing::Test {
+ protected:
+  static constexpr int kHeads = 6, kKvHeads = 2, kHeadDim = 16, kBlockSize = 4, kLength = 23;
+
+  void SetUp() override {
+    backend_ = std::make_unique<CpuBackend>(3);
+    ASSERT_TRUE(backend_->CreateKvCache({1, 32, kBlockSize, kKvHeads, kHeadDim}).ok());
+    std::mt19937 rng(4);
+    q_ = RandomRows(kLength, kHeads * kHeadDim, rng);
+    k_ = RandomRows(kLength, kKvHeads * kHeadDim, rng);
+    v_ = RandomRows(kLength, kKvHeads * kHeadDim, rng);
+    other_q_ = RandomRows(5, kHeads * kHeadDim, rng);
+    other_k_ = RandomRows(5, kKvHeads * kHeadDim, rng);
+    table_ = {9, 2, 30, 7, 14, 21};  // scattered blocks
+    other_table_ = {1, 3};
+    std::vector<int32_t> slots, other_slots;
+    for (int p = 0; p < kLength; ++p) slots.push_back(table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
+    for (int p = 0; p < 5; ++p) other_slots.push_back(other_table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
+    backend_->WriteKv(0, View(k_, kLength, kKvHeads * kHeadDim), View(v_, kLength, kKvHeads * kHeadDim), slots);
+    backend_->WriteKv(0, View(other_k_, 5, kKvHeads * kHeadDim), View(other_k_, 5, kKvHeads * kHeadDim), other_slots);
+  }
+
+  AttentionShape Shape() const { return {kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(float{kHeadDim})}; }
+
+  // Runs rows [first, first+count) of the sequence, optionally after the
+  // other sequence in the same batch.
+  std::vector<float> Run(int first, int count, bool with_other) {
+    std::vector<float> q;
+    std::vector<AttentionSpan> spans;
+    int row = 0;
+    if (with_other) {
+      q.insert(q.end(), other_q_.begin(), other_q_.end());
+      spans.push_back({0, 5, 0, other_table_});
+      row = 5;
+    }
+    q.insert(q.end(), q_.begin() + first * kHeads * kHeadDim, q_.begin() + (first + count) * kHeads * kHeadDim);
+    spans.push_back({row, count, first, table_});
+    std::vector<float> out(q.size());
+    const int64_t rows = static_cast<int64_t>(q.size()) / (kHeads * kHeadDim);
+    backend_->Attention(0, View(q, rows, kHeads * kHeadDim), Shape(), spans, View(out, rows, kHeads * kHeadDim));
+    return std::vector<float>(out.begin() + row * kHeads * kHeadDim, out.end());
+  }
+
+  std::unique_ptr<CpuBackend> backend_;
+  std::vector<float> q_, k_, v_, other_q_, other_k_;
+  std::vector<int32_t> table_, other_table_;
+};
+
+TEST_F(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
+  const std::vector<float> whole = Run(0, kLength, false);
+  for (int chunk : {1, 2, 5, 7, 16}) {
+    for (bool with_other : {false, true}) {
+      for (int first = 0; first < kLength; first += chunk) {
+        const int count = std::min(chunk, kLength - first);
+        const std::vector<float> part = Run(first, count, with_other);
+        ASSERT_TRUE(SameBits(part.data(), &whole[static_cast<size_t>(first * kHeads * kHeadDim)],
+                             count * kHeads * kHeadDim))
+            << "chunk " << chunk << " at " << first << (with_other ? " batched" : "");
+      }
+    }
+  }
+}
+
+TEST_F(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
+  const std::vector<float> out = Run(0, kLength, false);
+  auto half = [](float f) { return double{HalfToFloat(FloatToHalf(f))}; };  // the cache stores halves
+  for (int t = 0; t < kLength; ++t) {
+    for (int h = 0; h < kHeads; ++h) {
+      const int kv = h / (kHeads / kKvHeads);
+      std::vector<double> scores(static_cast<size_t>(t + 1));
+      double max = -1e300;
+      for (int j = 0; j <= t; ++j) {
+        double s = 0;
+        for (int d = 0; d < kHeadDim; ++d) {
+          s += double{q_[static_cast<size_t>((t * kHeads + h) * kHeadDim + d)]} *
+               half(k_[static_cast<size_t>((j * kKvHeads + kv) * kHeadDim + d)]);
+        }
+        scores[static_cast<size_t>(j)] = s / std::sqrt(double{kHeadDim});
+        max = std::max(max, scores[static_cast<size_t>(j)]);
+      }
+      double total = 0;
+      for (double& s : scores) total += (s = std::exp(s - max));
+      for (int d = 0; d < kHeadDim; ++d) {
+        double expected = 0;
+        for (int j = 0; j <= t; ++j) {
+          expected += scores[static_cast<size_t>(j)] / total *
+                      half(v_[static_cast<size_t>((j * kKvHeads + kv) * kHeadDim + d)]);
+        }
+        ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * kHeadDim + d)], expected, 1e-5)
+            << "token " << t << " head " << h << " dim " << d;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cpu

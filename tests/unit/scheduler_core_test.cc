@@ -1,0 +1,315 @@
+// SchedulerCore against a fake worker that keeps a token "KV cache" in the
+// scheduler's block ids: it writes each step's tokens into the slots its block
+// table names and samples a token that hashes every earlier token read back
+// through the table. So any mistake in block tables, positions, chunking or
+// recompute after preemption changes the generated tokens.
+#include "scheduler/scheduler_core.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+
+namespace tandem::scheduler {
+namespace {
+
+constexpr int32_t kBlockSize = 4;
+
+class FakeWorker {
+ public:
+  explicit FakeWorker(int32_t blocks) : slots_(static_cast<size_t>(blocks * kBlockSize), -1) {}
+
+  step::StepResult Execute(const step::StepPlan& plan) {
+    step::StepResult result;
+    for (const step::SequenceStep& s : plan.sequences) {
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const int32_t pos = s.first_position + static_cast<int32_t>(i);
+        slots_[Slot(s, pos)] = s.tokens[i];
+      }
+      step::SequenceResult r;
+      r.sequence_id = s.sequence_id;
+      if (s.sample) {
+        uint64_t h = 1469598103934665603ull ^ s.sampling.seed;
+        const int32_t end = s.first_position + static_cast<int32_t>(s.tokens.size());
+        for (int32_t pos = 0; pos < end; ++pos) {
+          h = (h ^ static_cast<uint64_t>(slots_[Slot(s, pos)] + 7)) * 1099511628211ull;
+        }
+        r.sampled = static_cast<TokenId>(10 + h % 1000);
+      }
+      result.sequences.push_back(r);
+    }
+    return result;
+  }
+
+ private:
+  size_t Slot(const step::SequenceStep& s, int32_t pos) const {
+    return static_cast<size_t>(s.block_table.at(static_cast<size_t>(pos / kBlockSize)) * kBlockSize +
+                               pos % kBlockSize);
+  }
+  std::vector<TokenId> slots_;
+};
+
+struct Record : RequestSink {
+  std::vector<TokenId> tokens;
+  std::optional<FinishInfo> finish;
+  int stop_after = -1;  // ask to stop after this many tokens (a stop string)
+  bool OnToken(TokenId token, bool) override {
+    tokens.push_back(token);
+    return stop_after >= 0 && static_cast<int>(tokens.size()) >= stop_after;
+  }
+  void OnFinish(const FinishInfo& info) override {
+    ASSERT_FALSE(finish.has_value()) << "OnFinish called twice";
+    finish = info;
+  }
+};
+
+Request MakeRequest(int32_t prompt_tokens, int32_t max_tokens, std::shared_ptr<Record> sink,
+                    uint64_t seed = 1) {
+  Request r;
+  for (int32_t i = 0; i < prompt_tokens; ++i) r.prompt.push_back(1000 + i * 3 % 97);
+  r.max_tokens = max_tokens;
+  r.sampling.seed = seed;
+  r.sink = std::move(sink);
+  return r;
+}
+
+SchedulerOptions Options(int32_t budget, int32_t blocks, int32_t max_running = 64) {
+  SchedulerOptions o;
+  o.max_batched_tokens = budget;
+  o.max_running = max_running;
+  o.block_size = kBlockSize;
+  o.kv_blocks = blocks;
+  o.context_length = 256;
+  return o;
+}
+
+// Runs steps until idle, checking per-step invariants; returns step count.
+int RunToCompletion(SchedulerCore& core, FakeWorker& worker, int32_t budget, int max_steps = 10000) {
+  int steps = 0;
+  while (core.HasWork() && steps < max_steps) {
+    step::StepPlan plan = core.Schedule();
+    EXPECT_LE(plan.TokenCount(), budget) << "the token budget was exceeded";
+    core.Update(plan, worker.Execute(plan));
+    ++steps;
+  }
+  EXPECT_FALSE(core.HasWork()) << "did not finish in " << max_steps << " steps";
+  return steps;
+}
+
+// The tokens a request generates when it runs alone with a roomy cache.
+std::vector<TokenId> Alone(int32_t prompt, int32_t max_tokens, uint64_t seed) {
+  SchedulerCore core(Options(64, 256));
+  FakeWorker worker(256);
+  auto sink = std::make_shared<Record>();
+  core.Add(1, MakeRequest(prompt, max_tokens, sink, seed));
+  RunToCompletion(core, worker, 64);
+  return sink->tokens;
+}
+
+TEST(SchedulerCoreTest, ChunksAPromptToTheBudgetThenDecodes) {
+  SchedulerCore core(Options(16, 64));
+  FakeWorker worker(64);
+  auto sink = std::make_shared<Record>();
+  core.Add(1, MakeRequest(40, 5, sink));
+  std::vector<int64_t> step_tokens;
+  while (core.HasWork()) {
+    step::StepPlan plan = core.Schedule();
+    step_tokens.push_back(plan.TokenCount());
+    core.Update(plan, worker.Execute(plan));
+  }
+  // 16 + 16 + 8 prompt tokens (the last chunk samples token 1), then 4 decodes.
+  EXPECT_EQ(step_tokens, (std::vector<int64_t>{16, 16, 8, 1, 1, 1, 1}));
+  ASSERT_TRUE(sink->finish.has_value());
+  EXPECT_EQ(sink->finish->reason, FinishReason::kLength);
+  EXPECT_EQ(sink->finish->usage.prompt_tokens, 40);
+  EXPECT_EQ(sink->finish->usage.completion_tokens, 5);
+  EXPECT_EQ(sink->tokens, Alone(40, 5, 1));
+  EXPECT_EQ(core.free_blocks(), 64);
+}
+
+TEST(SchedulerCoreTest, OutputDoesNotDependOnTheBudget) {
+  const std::vector<TokenId> reference = Alone(37, 12, 5);
+  for (int32_t budget : {1, 3, 8, 37, 100}) {
+    SchedulerCore core(Options(budget, 64));
+    FakeWorker worker(64);
+    auto sink = std::make_shared<Record>();
+    core.Add(1, MakeRequest(37, 12, sink, 5));
+    RunToCompletion(core, worker, budget);
+    EXPECT_EQ(sink->tokens, reference) << "budget " << budget;
+  }
+}
+
+TEST(SchedulerCoreTest, DecodesAreScheduledBeforeANewLongPrompt) {
+  SchedulerCore core(Options(8, 128));
+  FakeWorker worker(128);
+  std::vector<std::shared_ptr<Record>> sinks;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    sinks.push_back(std::make_shared<Record>());
+    core.Add(id, MakeRequest(2, 30, sinks.back(), id));
+  }
+  // Let the three short requests reach decoding.
+  for (int i = 0; i < 2; ++i) {
+    step::StepPlan plan = core.Schedule();
+    core.Update(plan, worker.Execute(plan));
+  }
+  auto long_prompt = std::make_shared<Record>();
+  core.Add(9, MakeRequest(100, 2, long_prompt, 9));
+  for (int step = 0; step < 10; ++step) {
+    step::StepPlan plan = core.Schedule();
+    ASSERT_GE(plan.sequences.size(), 3u);
+    // The three decodes come first, one token each; the prompt gets the rest.
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(plan.sequences[static_cast<size_t>(i)].tokens.size(), 1u);
+      EXPECT_LE(plan.sequences[static_cast<size_t>(i)].sequence_id, 3u);
+    }
+    EXPECT_EQ(plan.sequences.back().sequence_id, 9u);
+    EXPECT_EQ(plan.TokenCount(), 8);
+    core.Update(plan, worker.Execute(plan));
+  }
+}
+
+TEST(SchedulerCoreTest, StopTokenAndSinkStopFinishWithStop) {
+  const std::vector<TokenId> tokens = Alone(5, 10, 3);
+  SchedulerCore core(Options(16, 64));
+  FakeWorker worker(64);
+  auto by_token = std::make_shared<Record>();
+  Request r = MakeRequest(5, 10, by_token, 3);
+  r.stop_token_ids = {tokens[3]};
+  core.Add(1, std::move(r));
+  auto by_sink = std::make_shared<Record>();
+  by_sink->stop_after = 2;
+  core.Add(2, MakeRequest(5, 10, by_sink, 3));
+  RunToCompletion(core, worker, 16);
+  EXPECT_EQ(by_token->finish->reason, FinishReason::kStop);
+  EXPECT_EQ(by_token->tokens.size(), 4u);  // the stop token itself is reported
+  EXPECT_EQ(by_sink->finish->reason, FinishReason::kStop);
+  EXPECT_EQ(by_sink->tokens.size(), 2u);
+  EXPECT_EQ(core.free_blocks(), 64);
+}
+
+TEST(SchedulerCoreTest, PreemptionUnderAFullPoolIsInvisibleInTheOutput) {
+  // 12 blocks of 4 tokens: two requests of 10 + 30 tokens cannot both fit.
+  const std::vector<TokenId> a = Alone(10, 30, 1), b = Alone(10, 30, 2);
+  SchedulerCore core(Options(32, 12));
+  FakeWorker worker(12);
+  auto sa = std::make_shared<Record>(), sb = std::make_shared<Record>();
+  core.Add(1, MakeRequest(10, 30, sa, 1));
+  core.Add(2, MakeRequest(10, 30, sb, 2));
+  RunToCompletion(core, worker, 32);
+  EXPECT_GT(core.preemptions(), 0);
+  EXPECT_EQ(sa->tokens, a);
+  EXPECT_EQ(sb->tokens, b);
+  EXPECT_EQ(sa->finish->reason, FinishReason::kLength);
+  EXPECT_EQ(sb->finish->reason, FinishReason::kLength);
+  EXPECT_EQ(core.free_blocks(), 12);
+}
+
+TEST(SchedulerCoreTest, ASequenceTooLongForThePoolEndsWithLength) {
+  SchedulerCore core(Options(16, 3));  // 12 token slots in all
+  FakeWorker worker(3);
+  auto sink = std::make_shared<Record>();
+  core.Add(1, MakeRequest(6, 50, sink));
+  RunToCompletion(core, worker, 16);
+  EXPECT_EQ(sink->finish->reason, FinishReason::kLength);
+  EXPECT_EQ(sink->tokens.size(), 7u);  // positions 0..11 hold 6 prompt + 6 generated; 7th sampled
+  EXPECT_EQ(core.free_blocks(), 3);
+}
+
+TEST(SchedulerCoreTest, RunningCapLimitsTheBatch) {
+  SchedulerCore core(Options(64, 64, /*max_running=*/2));
+  FakeWorker worker(64);
+  std::vector<std::shared_ptr<Record>> sinks;
+  for (uint64_t id = 1; id <= 5; ++id) {
+    sinks.push_back(std::make_shared<Record>());
+    core.Add(id, MakeRequest(3, 4, sinks.back(), id));
+  }
+  while (core.HasWork()) {
+    step::StepPlan plan = core.Schedule();
+    EXPECT_LE(plan.sequences.size(), 2u);
+    EXPECT_LE(core.running(), 2);
+    core.Update(plan, worker.Execute(plan));
+  }
+  for (uint64_t id = 1; id <= 5; ++id) EXPECT_EQ(sinks[id - 1]->tokens, Alone(3, 4, id));
+}
+
+TEST(SchedulerCoreTest, CancelInEveryStateFreesEverything) {
+  SchedulerCore core(Options(8, 64, /*max_running=*/1));
+  FakeWorker worker(64);
+  auto running = std::make_shared<Record>(), waiting = std::make_shared<Record>(),
+       mid_prompt = std::make_shared<Record>();
+  core.Add(1, MakeRequest(3, 100, running));
+  core.Add(2, MakeRequest(3, 100, waiting));
+  for (int i = 0; i < 3; ++i) {
+    step::StepPlan plan = core.Schedule();
+    core.Update(plan, worker.Execute(plan));
+  }
+  EXPECT_EQ(core.running(), 1);
+  EXPECT_EQ(core.waiting(), 1);
+  core.Cancel(2, FinishReason::kCancelled, absl::CancelledError("client left"));
+  core.Cancel(1, FinishReason::kCancelled, absl::CancelledError("client left"));
+  EXPECT_EQ(waiting->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(waiting->tokens.size(), 0u);
+  EXPECT_EQ(running->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(running->finish->usage.completion_tokens, static_cast<int32_t>(running->tokens.size()));
+  // A prompt cancelled between two of its chunks.
+  core.Add(3, MakeRequest(30, 5, mid_prompt));
+  step::StepPlan plan = core.Schedule();
+  core.Update(plan, worker.Execute(plan));
+  core.Cancel(3, FinishReason::kCancelled, absl::CancelledError("client left"));
+  EXPECT_EQ(mid_prompt->finish->reason, FinishReason::kCancelled);
+  core.Cancel(3, FinishReason::kCancelled, absl::OkStatus());  // unknown by now: ignored
+  EXPECT_FALSE(core.HasWork());
+  EXPECT_EQ(core.free_blocks(), 64);
+}
+
+TEST(SchedulerCoreTest, ExpiredDeadlinesCancelWithDeadlineExceeded) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  SchedulerOptions options = Options(8, 64);
+  options.clock = [&now] { return now; };
+  SchedulerCore core(options);
+  FakeWorker worker(64);
+  auto sink = std::make_shared<Record>();
+  Request r = MakeRequest(3, 100, sink);
+  r.deadline = now + absl::Seconds(5);
+  core.Add(1, std::move(r));
+  EXPECT_EQ(core.NextDeadline(), now + absl::Seconds(5));
+  step::StepPlan plan = core.Schedule();
+  core.Update(plan, worker.Execute(plan));
+  core.ExpireDeadlines(now + absl::Seconds(4));
+  EXPECT_FALSE(sink->finish.has_value());
+  now += absl::Seconds(6);
+  core.ExpireDeadlines(now);
+  ASSERT_TRUE(sink->finish.has_value());
+  EXPECT_EQ(sink->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(sink->finish->error.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(sink->finish->timeline.finished, now);
+  EXPECT_EQ(core.free_blocks(), 64);
+}
+
+TEST(SchedulerCoreTest, AWorkerErrorEndsThePlannedSequencesWithError) {
+  SchedulerCore core(Options(8, 64));
+  auto sink = std::make_shared<Record>();
+  core.Add(1, MakeRequest(3, 10, sink));
+  step::StepPlan plan = core.Schedule();
+  step::StepResult failed;
+  failed.status = absl::InternalError("device lost");
+  core.Update(plan, failed);
+  ASSERT_TRUE(sink->finish.has_value());
+  EXPECT_EQ(sink->finish->reason, FinishReason::kError);
+  EXPECT_EQ(sink->finish->error.message(), "device lost");
+  EXPECT_EQ(core.free_blocks(), 64);
+}
+
+TEST(SchedulerCoreTest, AdmissibleRejectsWhatCanNeverRun) {
+  SchedulerCore core(Options(8, 4));  // 16 token slots, context 256
+  auto sink = std::make_shared<Record>();
+  EXPECT_FALSE(core.Admissible(MakeRequest(0, 5, sink)).ok());
+  EXPECT_FALSE(core.Admissible(MakeRequest(16, 5, sink)).ok());  // needs 5 blocks with one more
+  EXPECT_TRUE(core.Admissible(MakeRequest(15, 5, sink)).ok());
+  SchedulerCore small_context(Options(8, 1000));
+  EXPECT_FALSE(small_context.Admissible(MakeRequest(256, 1, sink)).ok());
+  EXPECT_FALSE(core.Admissible(MakeRequest(3, 0, sink)).ok());
+}
+
+}  // namespace
+}  // namespace tandem::scheduler

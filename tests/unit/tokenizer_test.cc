@@ -1,0 +1,114 @@
+// Tokenizer pieces that need no model file: pre-tokenizer rules, UTF-8
+// helpers, the incremental detokenizer and stop strings. The full tokenizer
+// is checked against Hugging Face's on the real vocabulary in
+// tests/reference/test_tokenizer.py.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "engine/tokenizer/pretokenizer.h"
+#include "engine/tokenizer/unicode.h"
+#include "server/stop_strings.h"
+
+namespace tandem::tokenizer {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::vector<std::string> Pieces(PretokenizerKind kind, std::string_view text) {
+  std::vector<std::string> out;
+  for (std::string_view p : Pretokenize(kind, text)) out.emplace_back(p);
+  return out;
+}
+
+TEST(PretokenizerTest, Gpt2SplitsWordsNumbersPunctuationAndSpaces) {
+  EXPECT_THAT(Pieces(PretokenizerKind::kGpt2, "Hello world, it's 2024!"),
+              ElementsAre("Hello", " world", ",", " it", "'s", " 2024", "!"));
+  // A run of spaces leaves its last space to the following word.
+  EXPECT_THAT(Pieces(PretokenizerKind::kGpt2, "a   b"), ElementsAre("a", "  ", " b"));
+  EXPECT_THAT(Pieces(PretokenizerKind::kGpt2, "x\n\ny"), ElementsAre("x", "\n", "\n", "y"));
+  EXPECT_THAT(Pieces(PretokenizerKind::kGpt2, "end  "), ElementsAre("end", "  "));
+}
+
+TEST(PretokenizerTest, SmolLmIsolatesEveryDigit) {
+  EXPECT_THAT(Pieces(PretokenizerKind::kDigitsThenGpt2, "in 2024 x"),
+              ElementsAre("in", " ", "2", "0", "2", "4", " x"));
+}
+
+TEST(PretokenizerTest, Llama3GroupsDigitsByThreeAndKeepsNewlines) {
+  EXPECT_THAT(Pieces(PretokenizerKind::kLlama3, "12345 I'M ok\n\n  next"),
+              ElementsAre("123", "45", " I", "'M", " ok", "\n\n", " ", " next"));
+  EXPECT_THAT(Pieces(PretokenizerKind::kQwen2, "123"), ElementsAre("1", "2", "3"));
+}
+
+TEST(PretokenizerTest, PiecesAlwaysConcatenateToTheInput) {
+  const std::string text = "naïve café — 東京 🙂\t\tx\r\n  ,,, \xff\xfe end";
+  for (auto kind : {PretokenizerKind::kGpt2, PretokenizerKind::kDigitsThenGpt2,
+                    PretokenizerKind::kLlama3, PretokenizerKind::kQwen2}) {
+    std::string joined;
+    for (std::string_view p : Pretokenize(kind, text)) joined += p;
+    EXPECT_EQ(joined, text);
+  }
+}
+
+TEST(PretokenizerTest, UnknownGgufNameIsAnError) {
+  auto kind = PretokenizerFromGgufName("mystery");
+  EXPECT_FALSE(kind.ok());
+  EXPECT_THAT(std::string(kind.status().message()), ::testing::HasSubstr("'mystery'"));
+}
+
+TEST(UnicodeTest, ClassifiesLettersNumbersAndWhitespace) {
+  EXPECT_EQ(Classify(U'é'), CharClass::kLetter);
+  EXPECT_EQ(Classify(U'東'), CharClass::kLetter);
+  EXPECT_EQ(Classify(U'٣'), CharClass::kNumber);  // Arabic-Indic digit three
+  EXPECT_EQ(Classify(U'\u3000'), CharClass::kWhitespace);
+  EXPECT_EQ(Classify(U'🙂'), CharClass::kOther);
+}
+
+TEST(UnicodeTest, CompleteUtf8PrefixHoldsBackAnUnfinishedCharacter) {
+  const std::string smile = "\xf0\x9f\x99\x82";  // U+1F642
+  EXPECT_EQ(CompleteUtf8Prefix("ab" + smile.substr(0, 1)), 2u);
+  EXPECT_EQ(CompleteUtf8Prefix("ab" + smile.substr(0, 3)), 2u);
+  EXPECT_EQ(CompleteUtf8Prefix("ab" + smile), 6u);
+  EXPECT_EQ(CompleteUtf8Prefix("ab\xff"), 3u);      // invalid: nothing to wait for
+  EXPECT_EQ(CompleteUtf8Prefix("ab\xe0\x41"), 4u);  // broken sequence
+}
+
+TEST(UnicodeTest, InvalidBytesDecodeToReplacementCharacters) {
+  const std::vector<CodePoint> cps = DecodeUtf8("a\xc3\x28");
+  ASSERT_EQ(cps.size(), 3u);
+  EXPECT_EQ(cps[1].value, 0xFFFDu);
+  EXPECT_EQ(cps[2].value, U'(');
+}
+
+}  // namespace
+}  // namespace tandem::tokenizer
+
+namespace tandem::server {
+namespace {
+
+TEST(StopStringMatcherTest, HoldsBackPossiblePrefixesAndCutsAtTheStop) {
+  StopStringMatcher m({"END", "\n\n"});
+  EXPECT_EQ(m.Push("Hello E"), "Hello ");
+  EXPECT_EQ(m.Push("N"), "");
+  EXPECT_EQ(m.Push("ough"), "ENough");
+  EXPECT_EQ(m.Push(" text\n"), " text");
+  EXPECT_EQ(m.Push("\nmore"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.Push("after"), "");
+}
+
+TEST(StopStringMatcherTest, FlushReturnsWhatWasHeldWhenNoStopCame) {
+  StopStringMatcher m({"STOP"});
+  EXPECT_EQ(m.Push("ab ST"), "ab ");
+  EXPECT_EQ(m.Flush(), "ST");
+  EXPECT_FALSE(m.stopped());
+}
+
+TEST(StopStringMatcherTest, EarliestStopWins) {
+  StopStringMatcher m({"cd", "b"});
+  EXPECT_EQ(m.Push("abcd"), "a");
+  EXPECT_TRUE(m.stopped());
+}
+
+}  // namespace
+}  // namespace tandem::server
