@@ -35,8 +35,8 @@ std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<f
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     std::shared_ptr<const GgufFile> file, kernels::Backend* backend, int kv_blocks,
-    int block_size) {
-  absl::StatusOr<ModelConfig> config = ReadModelConfig(*file);
+    int block_size, const ModelOverrides& overrides) {
+  absl::StatusOr<ModelConfig> config = ReadModelConfig(*file, overrides);
   if (!config.ok()) return config.status();
   if (kv_blocks < 1 || block_size < 1) {
     return absl::InvalidArgumentError(StrCat("the KV cache needs at least one block (got ",

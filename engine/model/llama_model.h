@@ -35,7 +35,8 @@ class LlamaModel {
   // with `kv_blocks` blocks of `block_size` tokens.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(std::shared_ptr<const GgufFile> file,
                                                             kernels::Backend* backend,
-                                                            int kv_blocks, int block_size);
+                                                            int kv_blocks, int block_size,
+                                                            const ModelOverrides& overrides = {});
 
   const ModelConfig& config() const { return config_; }
   int block_size() const { return block_size_; }

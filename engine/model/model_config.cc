@@ -27,7 +27,8 @@ absl::Status ReadOptionalInt(const GgufFile& file, const std::string& key, int* 
 
 }  // namespace
 
-absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
+absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
+                                            const ModelOverrides& overrides) {
   ModelConfig config;
   absl::StatusOr<std::string_view> arch = file.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
@@ -104,6 +105,15 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
     return absl::InvalidArgumentError("tensor 'token_embd.weight' is missing or not a matrix");
   }
   config.vocab = static_cast<int>(embeddings->dims[1]);
+  if (overrides.rope_base) config.rope_base = *overrides.rope_base;
+  if (overrides.norm_eps) config.norm_eps = *overrides.norm_eps;
+  if (overrides.rope_neox) config.rope_neox = *overrides.rope_neox;
+  if (overrides.context_length) {
+    if (*overrides.context_length < 1) {
+      return absl::InvalidArgumentError("the context length override must be at least 1");
+    }
+    config.context_length = *overrides.context_length;
+  }
   return config;
 }
 

@@ -3,6 +3,7 @@
 #define TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,8 +31,19 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
 };
 
+// Values that replace what the file says (like llama.cpp's --rope-freq-base),
+// for models whose metadata is wrong, and for tests that show a wrong value
+// is caught.
+struct ModelOverrides {
+  std::optional<float> rope_base;
+  std::optional<float> norm_eps;
+  std::optional<bool> rope_neox;
+  std::optional<int> context_length;
+};
+
 // Reads and checks the configuration. Errors name the missing or bad key.
-absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file);
+absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
+                                            const ModelOverrides& overrides = {});
 
 }  // namespace tandem::model
 

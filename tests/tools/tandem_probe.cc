@@ -9,9 +9,10 @@
 //   pretokenize  stdin: hex text per line     stdout: hex pieces per line
 //   chat         stdin: role_hex:content_hex,... per line
 //                stdout: hex rendering, a tab, then the token ids
-//   logits       stdin: token ids per line    --out: float32 [lines][vocab]
+//   logits       stdin: token ids per line    --out: float32 [lines][positions][vocab]
 //   generate     stdin: token ids per line    stdout: greedy token ids per line
 //   dequantize   --tensor NAME                --out: float32 elements
+//   config                                    stdout: the parsed model config
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -39,7 +40,12 @@ ABSL_FLAG(int, threads, 2, "CPU threads");
 ABSL_FLAG(std::string, matmul, "f32", "CPU matmul mode (f32 or q8)");
 ABSL_FLAG(int, max_tokens, 48, "tokens to generate (generate)");
 ABSL_FLAG(int, chunk, 0, "prompt chunk size for logits/generate (0: whole prompt)");
+ABSL_FLAG(int, positions, 1, "logits: rows for the last N positions of each prompt");
 ABSL_FLAG(bool, parse_special, true, "match special tokens in text (tokenize)");
+ABSL_FLAG(std::string, chat_template, "", "chat template override (chat)");
+ABSL_FLAG(double, override_rope_base, 0, "replace the model's RoPE base (0: keep)");
+ABSL_FLAG(double, override_norm_eps, 0, "replace the model's RMSNorm epsilon (0: keep)");
+ABSL_FLAG(std::string, override_rope_layout, "", "replace the RoPE pairing: neox or adjacent");
 
 namespace tandem {
 namespace {
@@ -115,7 +121,18 @@ LoadedModel LoadModel(std::shared_ptr<const model::GgufFile> file) {
   auto config = model::ReadModelConfig(*file);
   if (!config.ok()) std::exit(Fail(config.status()));
   const int blocks = (config->context_length + kBlockSize - 1) / kBlockSize;
-  auto model = model::LlamaModel::Create(std::move(file), m.backend.get(), blocks, kBlockSize);
+  model::ModelOverrides overrides;
+  if (absl::GetFlag(FLAGS_override_rope_base) > 0) {
+    overrides.rope_base = static_cast<float>(absl::GetFlag(FLAGS_override_rope_base));
+  }
+  if (absl::GetFlag(FLAGS_override_norm_eps) > 0) {
+    overrides.norm_eps = static_cast<float>(absl::GetFlag(FLAGS_override_norm_eps));
+  }
+  if (!absl::GetFlag(FLAGS_override_rope_layout).empty()) {
+    overrides.rope_neox = absl::GetFlag(FLAGS_override_rope_layout) == "neox";
+  }
+  auto model =
+      model::LlamaModel::Create(std::move(file), m.backend.get(), blocks, kBlockSize, overrides);
   if (!model.ok()) std::exit(Fail(model.status()));
   m.model = *std::move(model);
   // Blocks in reverse order, so that tests exercise a non-trivial table.
@@ -123,8 +140,10 @@ LoadedModel LoadModel(std::shared_ptr<const model::GgufFile> file) {
   return m;
 }
 
-// Runs `tokens` from position `start` in chunks; returns the last logits.
-std::vector<float> RunPrompt(LoadedModel& m, const std::vector<int32_t>& tokens, int start) {
+// Runs `tokens` from position `start` in chunks; returns the logits of the
+// last `positions` tokens (which must all fall in the last chunk).
+std::vector<float> RunPrompt(LoadedModel& m, const std::vector<int32_t>& tokens, int start,
+                             int positions = 1) {
   const int chunk = absl::GetFlag(FLAGS_chunk) > 0 ? absl::GetFlag(FLAGS_chunk)
                                                    : static_cast<int>(tokens.size());
   std::vector<float> logits;
@@ -134,7 +153,7 @@ std::vector<float> RunPrompt(LoadedModel& m, const std::vector<int32_t>& tokens,
     in.tokens = std::span<const int32_t>(tokens.data() + pos, static_cast<size_t>(n));
     in.first_position = pos;
     in.block_table = m.blocks;
-    in.logits = pos + n == static_cast<int>(tokens.size()) ? 1 : 0;
+    in.logits = pos + n == static_cast<int>(tokens.size()) ? std::min(positions, n) : 0;
     if (absl::Status s = m.model->Forward({&in, 1}, &logits); !s.ok()) std::exit(Fail(s));
   }
   return logits;
@@ -173,7 +192,7 @@ int Run(const std::string& command) {
     auto tmpl_text = file->GetString("tokenizer.chat_template");
     std::optional<std::string_view> tmpl;
     if (tmpl_text.ok()) tmpl = *tmpl_text;
-    auto chat = tokenizer::ChatTemplate::Create(tmpl, "");
+    auto chat = tokenizer::ChatTemplate::Create(tmpl, absl::GetFlag(FLAGS_chat_template));
     if (!chat.ok()) return Fail(chat.status());
     while (std::getline(std::cin, line)) {
       std::vector<tokenizer::ChatMessage> messages;
@@ -187,6 +206,18 @@ int Run(const std::string& command) {
       std::cout << ToHex(chat->Render(messages)) << "\t";
       PrintIds(chat->Encode(*tok, messages));
     }
+    return 0;
+  }
+  if (command == "config") {
+    auto config = model::ReadModelConfig(*file);
+    if (!config.ok()) return Fail(config.status());
+    std::cout << "architecture=" << config->architecture << "\nlayers=" << config->layers
+              << "\nembedding=" << config->embedding << "\nffn=" << config->ffn
+              << "\nheads=" << config->heads << "\nkv_heads=" << config->kv_heads
+              << "\nhead_dim=" << config->head_dim << "\nvocab=" << config->vocab
+              << "\ncontext_length=" << config->context_length
+              << "\nrotary_dims=" << config->rotary_dims << "\nrope_base=" << config->rope_base
+              << "\nrope_neox=" << config->rope_neox << "\nnorm_eps=" << config->norm_eps << "\n";
     return 0;
   }
   if (command == "dequantize") {
@@ -203,7 +234,8 @@ int Run(const std::string& command) {
     LoadedModel m = LoadModel(file);
     std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::binary);
     while (std::getline(std::cin, line)) {
-      const std::vector<float> logits = RunPrompt(m, ParseIds(line), 0);
+      const std::vector<float> logits =
+          RunPrompt(m, ParseIds(line), 0, absl::GetFlag(FLAGS_positions));
       out.write(reinterpret_cast<const char*>(logits.data()),
                 static_cast<std::streamsize>(logits.size() * sizeof(float)));
     }

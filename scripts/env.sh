@@ -1,0 +1,15 @@
+# Shared settings for the scripts (sourced, not run).
+# TANDEM_CACHE      downloads, the Python virtual environment (default ~/.cache/tandem)
+# TANDEM_MODEL_DIR  where the default model is cached (default models/ in the checkout)
+# TANDEM_BUILD_DIR  the CMake build directory (default build/ in the checkout)
+TANDEM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TANDEM_CACHE="${TANDEM_CACHE:-$HOME/.cache/tandem}"
+TANDEM_MODEL_DIR="${TANDEM_MODEL_DIR:-$TANDEM_ROOT/models}"
+TANDEM_BUILD_DIR="${TANDEM_BUILD_DIR:-$TANDEM_ROOT/build}"
+TANDEM_VENV="$TANDEM_CACHE/venv"
+TANDEM_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+export TANDEM_CACHE TANDEM_MODEL_DIR TANDEM_BUILD_DIR
+# ccache keeps rebuilds of a fresh clone fast.
+export CCACHE_DIR="${CCACHE_DIR:-$TANDEM_CACHE/ccache}"
+
+tandem_log() { printf '\033[1m[tandem]\033[0m %s\n' "$*" >&2; }

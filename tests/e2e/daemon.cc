@@ -1,0 +1,179 @@
+#include "tests/e2e/daemon.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+
+extern char** environ;
+
+namespace tandem::testing {
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::optional<std::string> HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (::write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  std::string response;
+  char buffer[8192];
+  ssize_t n;
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (body == std::string::npos) return std::nullopt;
+  return response.substr(body + 4);
+}
+
+Daemon::Daemon(std::vector<std::string> extra) {
+  const char* binary = std::getenv("TANDEM_DAEMON");
+  const char* model = std::getenv("TANDEM_TEST_MODEL");
+  port_ = FreePort();
+  metrics_port_ = FreePort();
+  log_path_ = ::testing::TempDir() + "/tandemd_" + std::to_string(::getpid()) + "_" +
+              std::to_string(port_) + ".log";
+  std::vector<std::string> args = {binary ? binary : "build/bin/tandemd",
+                                   "--listen=" + address(),
+                                   "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_)};
+  bool has_model = false;
+  for (const std::string& e : extra) has_model |= e.rfind("--model=", 0) == 0;
+  if (!has_model) args.push_back(std::string("--model=") + (model ? model : ""));
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+}
+
+Daemon::~Daemon() {
+  if (pid_ > 0 && !exit_code_.has_value()) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+std::string Daemon::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::unique_ptr<v1::Generation::Stub> Daemon::Stub() const {
+  return v1::Generation::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+}
+
+std::string Daemon::Health() {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return "error " + std::to_string(status.error_code());
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+}
+
+bool Daemon::WaitServing(std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    if (Health() == "SERVING") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+int Daemon::WaitExit(std::chrono::seconds timeout) {
+  if (exit_code_.has_value()) return *exit_code_;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return *exit_code_;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+int Daemon::Stop(int signal, std::chrono::seconds timeout) {
+  if (!exit_code_.has_value()) ::kill(pid_, signal);
+  return WaitExit(timeout);
+}
+
+Generation Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                    std::chrono::milliseconds timeout) {
+  Generation g;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    g.text += response.text();
+    g.token_ids.insert(g.token_ids.end(), response.token_ids().begin(), response.token_ids().end());
+    g.messages.push_back(response);
+  }
+  g.status = reader->Finish();
+  if (!g.messages.empty()) g.last = g.messages.back();
+  return g;
+}
+
+v1::GenerateRequest Chat(const std::string& user_message, std::optional<float> temperature,
+                         int max_tokens) {
+  v1::GenerateRequest r;
+  auto* m = r.add_messages();
+  m->set_role("user");
+  m->set_content(user_message);
+  if (temperature.has_value()) r.mutable_sampling()->set_temperature(*temperature);
+  r.set_max_tokens(max_tokens);
+  return r;
+}
+
+}  // namespace tandem::testing

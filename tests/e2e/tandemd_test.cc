@@ -1,0 +1,286 @@
+// tandemd end to end, over real gRPC: a chat answer, concurrency without
+// interference, every validation error, stops, cancellation, deadlines,
+// health, metrics and shutdown.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "tests/e2e/daemon.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One daemon for the tests that only send requests.
+class TandemdTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new Daemon({"--max_queued_requests=64"});
+    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->Log();
+    delete daemon_;
+  }
+  static Daemon* daemon_;
+};
+Daemon* TandemdTest::daemon_ = nullptr;
+
+TEST_F(TandemdTest, AnswersTheCapitalOfFranceWithParis) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request = Chat("What is the capital of France?", 0.0f, 64);
+  request.set_request_id("e2e-paris");
+  Generation g = Generate(*stub, request);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_THAT(g.text, HasSubstr("Paris"));
+  EXPECT_GT(g.messages.size(), 2u) << "the answer should stream in several messages";
+  for (const auto& m : g.messages) EXPECT_EQ(m.request_id(), "e2e-paris");
+  EXPECT_EQ(g.last.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(g.last.usage().completion_tokens(), static_cast<int>(g.token_ids.size()));
+  EXPECT_GT(g.last.usage().prompt_tokens(), 10);
+  const v1::Timeline& t = g.last.timeline();
+  EXPECT_GT(t.total_ms(), 0.0);
+  EXPECT_NEAR(t.queued_ms() + t.prefill_ms() + t.decode_ms(), t.total_ms(), 0.01);
+  EXPECT_NEAR(t.first_token_ms(), t.queued_ms() + t.prefill_ms(), 0.01);
+}
+
+TEST_F(TandemdTest, EightConcurrentRequestsGetExactlyTheirSoloTokens) {
+  auto stub = daemon_->Stub();
+  std::vector<v1::GenerateRequest> requests;
+  const char* questions[] = {"Name a fruit.",        "What is 2+2?",          "Say hello in Spanish.",
+                             "Describe the sky.",    "What is a computer?",   "Name a color.",
+                             "Write a short poem.",  "Why is water wet?"};
+  for (int i = 0; i < 8; ++i) {
+    // Half greedy, half seeded sampling; lengths differ so batches churn.
+    v1::GenerateRequest r = Chat(questions[i], i % 2 == 0 ? 0.0f : 0.9f, 24 + 4 * i);
+    r.mutable_sampling()->set_seed(1000 + static_cast<uint64_t>(i));
+    requests.push_back(r);
+  }
+  std::vector<std::vector<uint32_t>> alone;
+  for (const auto& r : requests) {
+    Generation g = Generate(*stub, r);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    alone.push_back(g.token_ids);
+  }
+  std::vector<std::future<Generation>> together;
+  for (const auto& r : requests) {
+    together.push_back(std::async(std::launch::async, [&r] {
+      auto own_stub = daemon_->Stub();
+      return Generate(*own_stub, r);
+    }));
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Generation g = together[i].get();
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.token_ids, alone[i]) << "request " << i << " changed when run concurrently";
+  }
+}
+
+TEST_F(TandemdTest, InvalidRequestsAreRejectedWithTheFieldNamed) {
+  auto stub = daemon_->Stub();
+  struct Case {
+    std::string what;
+    v1::GenerateRequest request;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"empty input", v1::GenerateRequest(), "prompt"});
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.set_prompt("also a prompt");
+    cases.push_back({"two inputs", r, "exactly one of"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.set_max_tokens(-3);
+    cases.push_back({"negative max_tokens", r, "max_tokens"});
+  }
+  cases.push_back({"max_tokens beyond the context", Chat("hi", 0.0f, 100000), "max_tokens"});
+  cases.push_back({"NaN temperature", Chat("hi", std::nanf(""), 5), "sampling.temperature"});
+  cases.push_back({"negative temperature", Chat("hi", -1.0f, 5), "sampling.temperature"});
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.mutable_sampling()->set_top_p(1.5f);
+    cases.push_back({"top_p above 1", r, "sampling.top_p"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.mutable_messages(0)->set_role("wizard");
+    cases.push_back({"unknown role", r, "messages[0].role"});
+  }
+  {
+    v1::GenerateRequest r;
+    r.add_token_ids(5);
+    r.add_token_ids(49152);
+    cases.push_back({"token id outside the vocabulary", r, "token_ids[1]"});
+  }
+  {
+    v1::GenerateRequest r;
+    for (int i = 0; i < 9000; ++i) r.add_token_ids(100);
+    cases.push_back({"prompt longer than the context", r, "token_ids"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    for (int i = 0; i < 17; ++i) r.add_stop(std::to_string(i * 7919));
+    cases.push_back({"too many stop strings", r, "stop"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.add_stop("");
+    cases.push_back({"empty stop string", r, "stop[0]"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.add_stop_token_ids(70000);
+    cases.push_back({"stop token outside the vocabulary", r, "stop_token_ids[0]"});
+  }
+  for (const Case& c : cases) {
+    Generation g = Generate(*stub, c.request);
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+    EXPECT_THAT(g.status.error_message(), HasSubstr(c.field)) << c.what;
+    EXPECT_TRUE(g.messages.empty()) << c.what;
+  }
+  // Bad requests do not disturb the daemon.
+  Generation ok = Generate(*stub, Chat("Say yes.", 0.0f, 4));
+  EXPECT_TRUE(ok.status.ok());
+  EXPECT_EQ(daemon_->Health(), "SERVING");
+}
+
+TEST_F(TandemdTest, StopStringsEndTheAnswerBeforeTheStopString) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request = Chat("What is the capital of France?", 0.0f, 64);
+  Generation full = Generate(*stub, request);
+  ASSERT_THAT(full.text, HasSubstr(" is Paris"));
+  request.add_stop(" is Paris");
+  Generation cut = Generate(*stub, request);
+  ASSERT_TRUE(cut.status.ok());
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(" is Paris")));
+  EXPECT_EQ(cut.last.finish_reason(), v1::FINISH_REASON_STOP);
+}
+
+TEST_F(TandemdTest, MaxTokensEndsWithLengthAndTokenIdsWork) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request;
+  for (uint32_t id : {504u, 3575u, 282u, 4649u}) request.add_token_ids(id);  // "The capital of France"
+  request.set_max_tokens(7);
+  request.mutable_sampling()->set_temperature(0.0f);
+  request.set_ignore_eos(true);
+  Generation g = Generate(*stub, request);
+  ASSERT_TRUE(g.status.ok());
+  EXPECT_EQ(g.token_ids.size(), 7u);
+  EXPECT_EQ(g.last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(g.last.usage().prompt_tokens(), 4);
+}
+
+TEST_F(TandemdTest, SeededSamplingRepeatsAndGreedyIsTheDefaultForTemperatureZero) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest r = Chat("Tell me a story.", 1.0f, 20);
+  r.mutable_sampling()->set_seed(77);
+  Generation a = Generate(*stub, r), b = Generate(*stub, r);
+  EXPECT_EQ(a.token_ids, b.token_ids);
+  r.mutable_sampling()->set_seed(78);
+  Generation c = Generate(*stub, r);
+  EXPECT_NE(a.token_ids, c.token_ids);
+}
+
+TEST_F(TandemdTest, ClientCancellationMidStreamLeavesTheDaemonHealthy) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request = Chat("Write a very long essay about the ocean.", 0.0f, 2000);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  int received = 0;
+  while (received < 3 && reader->Read(&response)) ++received;
+  EXPECT_EQ(received, 3);
+  context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  Generation after = Generate(*stub, Chat("Say yes.", 0.0f, 4));
+  EXPECT_TRUE(after.status.ok());
+}
+
+TEST_F(TandemdTest, DeadlinesAreHonouredMidStream) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request = Chat("Write a very long essay about mountains.", 0.0f, 4000);
+  request.set_ignore_eos(true);
+  const auto start = std::chrono::steady_clock::now();
+  Generation g = Generate(*stub, request, std::chrono::milliseconds(500));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(Generate(*stub, Chat("Say yes.", 0.0f, 4)).status.ok());
+}
+
+TEST_F(TandemdTest, MetricsAreServedAndPassPromtool) {
+  auto stub = daemon_->Stub();
+  ASSERT_TRUE(Generate(*stub, Chat("Say yes.", 0.0f, 4)).status.ok());
+  std::optional<std::string> metrics = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_THAT(*metrics, HasSubstr("tandem_requests_total{finish_reason=\"stop\"}"));
+  EXPECT_THAT(*metrics, HasSubstr("tandem_time_to_first_token_seconds_bucket"));
+  const std::string path = ::testing::TempDir() + "/metrics_" + std::to_string(daemon_->metrics_port());
+  std::ofstream(path) << *metrics;
+  const int rc = std::system(("promtool check metrics < " + path + " > " + path + ".out 2>&1").c_str());
+  std::ifstream out(path + ".out");
+  std::string report((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rc, 0) << "promtool: " << report;
+}
+
+// Daemons with their own lifetimes.
+
+TEST(TandemdLifecycleTest, SigtermDuringStreamsLetsThemFinishAndExitsZero) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  std::vector<std::future<Generation>> streams;
+  for (int i = 0; i < 4; ++i) {
+    streams.push_back(std::async(std::launch::async, [&daemon, i] {
+      auto own = daemon.Stub();
+      v1::GenerateRequest r = Chat("Count to twenty.", 0.0f, 40);
+      r.set_ignore_eos(true);
+      r.mutable_sampling()->set_seed(static_cast<uint64_t>(i));
+      return Generate(*own, r);
+    }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0) << daemon.Log();
+  for (auto& s : streams) {
+    Generation g = s.get();
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.token_ids.size(), 40u);
+  }
+}
+
+TEST(TandemdLifecycleTest, ACorruptModelFileIsAClearStartupError) {
+  const std::string path = ::testing::TempDir() + "/corrupt_" + std::to_string(FreePort()) + ".gguf";
+  {
+    std::ifstream in(std::getenv("TANDEM_TEST_MODEL"), std::ios::binary);
+    std::vector<char> head(10 << 20);  // the metadata, and part of the tensors
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(path, std::ios::binary).write(head.data(), in.gcount());  // truncated copy
+  }
+  Daemon daemon({"--model=" + path});
+  EXPECT_EQ(daemon.WaitExit(std::chrono::seconds(30)), 1);
+  EXPECT_THAT(daemon.Log(), HasSubstr("invalid GGUF file"));
+  EXPECT_THAT(daemon.Log(), HasSubstr("extends past the end of the file"));
+}
+
+TEST(TandemdLifecycleTest, AMissingModelAndAnUnknownTemplateAreClearStartupErrors) {
+  Daemon missing({"--model=/nonexistent/model.gguf"});
+  EXPECT_EQ(missing.WaitExit(std::chrono::seconds(30)), 1);
+  EXPECT_THAT(missing.Log(), HasSubstr("cannot open model file '/nonexistent/model.gguf'"));
+  Daemon bad_template({"--chat_template=alpaca"});
+  EXPECT_EQ(bad_template.WaitExit(std::chrono::seconds(30)), 1);
+  EXPECT_THAT(bad_template.Log(), HasSubstr("--chat_template='alpaca' is not a known template"));
+}
+
+}  // namespace
+}  // namespace tandem::testing
