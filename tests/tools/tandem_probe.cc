@@ -13,7 +13,6 @@
 //   generate     stdin: token ids per line    stdout: greedy token ids per line
 //   dequantize   --tensor NAME                --out: float32 elements
 //   config                                    stdout: the parsed model config
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -256,22 +255,6 @@ int Run(const std::string& command) {
       }
       PrintIds(generated);
     }
-    return 0;
-  }
-  if (command == "bench") {
-    LoadedModel m = LoadModel(file);
-    std::vector<int32_t> tokens;
-    for (int i = 0; i < 512; ++i) tokens.push_back(100 + (i * 7919) % 40000);
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> logits = RunPrompt(m, tokens, 0);
-    auto t1 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 64; ++i) {
-      tokens.push_back(decode::Sample(logits, step::SamplingParams{}, 0));
-      logits = RunPrompt(m, tokens, static_cast<int>(tokens.size()) - 1);
-    }
-    auto t2 = std::chrono::steady_clock::now();
-    std::cout << "prefill tok/s " << 512 / std::chrono::duration<double>(t1 - t0).count()
-              << " decode tok/s " << 64 / std::chrono::duration<double>(t2 - t1).count() << "\n";
     return 0;
   }
   std::cerr << "unknown command '" << command << "'\n";

@@ -11,6 +11,71 @@ namespace {
 
 // Activation rows that share one decoding of a weight block.
 constexpr int kTileRows = 4;
+// Weight rows per panel (see the loops below).
+constexpr int64_t kPanelRows = 16;
+
+#ifdef TANDEM_CPU_AVX512
+
+// AVX-512: a block decodes to its 32 dequantized weights (exactly the values
+// DequantizeRow gives) through a 16-entry table lookup per nibble, and the
+// dot product is a plain float product with the activations.
+constexpr bool kNeedsBlockSums = false;
+
+struct DecodedBlock {
+  __m512 w[2];  // elements 0..15 and 16..31
+};
+
+inline void DecodeNibbleTable(const uint8_t* qs, __m512 table, DecodedBlock* out) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(packed, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+  out->w[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(lo), table);
+  out->w[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(hi), table);
+}
+
+inline __m512 Iota16() {
+  return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+inline void Decode(const BlockQ4_1& b, DecodedBlock* out) {
+  // table[q] = d * q + m, rounded as the dequantizer rounds (no fused add).
+  const __m512 table = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b.d)), Iota16()),
+                                     _mm512_set1_ps(HalfToFloat(b.m)));
+  DecodeNibbleTable(b.qs, table, out);
+}
+
+inline void Decode(const BlockQ4_0& b, DecodedBlock* out) {
+  const __m512 table = _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b.d)),
+                                     _mm512_sub_ps(Iota16(), _mm512_set1_ps(8.0f)));
+  DecodeNibbleTable(b.qs, table, out);
+}
+
+inline void Decode(const BlockQ8_0& b, DecodedBlock* out) {
+  const __m512 d = _mm512_set1_ps(HalfToFloat(b.d));
+  for (int i = 0; i < 2; ++i) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * i));
+    out->w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+  }
+}
+
+// Two independent sums (one per half-block), so that a single row's products
+// are not serialised on one chain of FMA latencies.
+struct Accumulator {
+  __m512 low = _mm512_setzero_ps();
+  __m512 high = _mm512_setzero_ps();
+
+  inline void Add(int64_t /*block*/, const DecodedBlock& w, const float* x, float /*x_sum*/) {
+    low = _mm512_fmadd_ps(w.w[0], _mm512_loadu_ps(x), low);
+    high = _mm512_fmadd_ps(w.w[1], _mm512_loadu_ps(x + 16), high);
+  }
+
+  inline float Total() const { return _mm512_reduce_add_ps(_mm512_add_ps(low, high)); }
+};
+
+#else  // AVX2 and portable: integer values times activations, scaled per block
+
+constexpr bool kNeedsBlockSums = true;
 
 // A weight block decoded to integer values as floats, with its scale and the
 // multiplier of the activation block sum (m for Q4_1, -8d for Q4_0, 0 for Q8_0).
@@ -79,7 +144,7 @@ struct Accumulator {
   float sums = 0.0f;
 
   // Adds block `w` times the 32 activations at x (whose sum is x_sum).
-  inline void Add(const DecodedBlock& w, const float* x, float x_sum) {
+  inline void Add(int64_t /*block*/, const DecodedBlock& w, const float* x, float x_sum) {
 #ifdef TANDEM_CPU_AVX2
     __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), w.q[0]);
     t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), w.q[1], t);
@@ -103,6 +168,8 @@ struct Accumulator {
   }
 };
 
+#endif  // TANDEM_CPU_AVX512
+
 template <typename Block, int R>
 inline void DotTile(const Block* w, const float* const* x, const float* const* x_sums,
                     int64_t blocks, float* out) {
@@ -110,7 +177,9 @@ inline void DotTile(const Block* w, const float* const* x, const float* const* x
   DecodedBlock decoded;
   for (int64_t b = 0; b < blocks; ++b) {
     Decode(w[b], &decoded);
-    for (int r = 0; r < R; ++r) acc[r].Add(decoded, x[r] + b * 32, x_sums[r][b]);
+    for (int r = 0; r < R; ++r) {
+      acc[r].Add(b, decoded, x[r] + b * 32, kNeedsBlockSums ? x_sums[r][b] : 0.0f);
+    }
   }
   for (int r = 0; r < R; ++r) out[r] = acc[r].Total();
 }
@@ -120,30 +189,37 @@ void FusedRows(const Weight& weight, const Matrix& x, const float* block_sums, i
                int64_t n1, const float* bias, const Matrix& out) {
   const int64_t blocks = weight.cols / 32;
   const auto* base = static_cast<const Block*>(weight.data);
-  for (int64_t r0 = 0; r0 < x.rows; r0 += kTileRows) {
-    const int tile = static_cast<int>(std::min<int64_t>(kTileRows, x.rows - r0));
-    const float* rows[kTileRows];
-    const float* sums[kTileRows];
-    for (int r = 0; r < tile; ++r) {
-      rows[r] = x.Row(r0 + r);
-      sums[r] = block_sums + (r0 + r) * blocks;
-    }
-    for (int64_t n = n0; n < n1; ++n) {
-      const Block* w = base + n * blocks;
-      float dots[kTileRows];
-      if (tile == kTileRows) {
-        DotTile<Block, kTileRows>(w, rows, sums, blocks, dots);
-      } else {
-        for (int r = 0; r < tile; ++r) DotTile<Block, 1>(w, &rows[r], &sums[r], blocks, &dots[r]);
-      }
+  // Weight rows in panels that stay in L1 while every activation tile
+  // passes over them.
+  for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
+    const int64_t p1 = std::min(n1, p0 + kPanelRows);
+    for (int64_t r0 = 0; r0 < x.rows; r0 += kTileRows) {
+      const int tile = static_cast<int>(std::min<int64_t>(kTileRows, x.rows - r0));
+      const float* rows[kTileRows];
+      const float* sums[kTileRows];
       for (int r = 0; r < tile; ++r) {
-        out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
+        rows[r] = x.Row(r0 + r);
+        sums[r] = block_sums + (r0 + r) * blocks;
+      }
+      for (int64_t n = p0; n < p1; ++n) {
+        const Block* w = base + n * blocks;
+        float dots[kTileRows];
+        if (tile == kTileRows) {
+          DotTile<Block, kTileRows>(w, rows, sums, blocks, dots);
+        } else {
+          for (int r = 0; r < tile; ++r) DotTile<Block, 1>(w, &rows[r], &sums[r], blocks, &dots[r]);
+        }
+        for (int r = 0; r < tile; ++r) {
+          out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
+        }
       }
     }
   }
 }
 
 }  // namespace
+
+bool FusedF32KernelNeedsBlockSums() { return kNeedsBlockSums; }
 
 bool HasFusedF32Kernel(DType dtype) {
   return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
@@ -157,8 +233,8 @@ void BlockSums(const float* x, int64_t elements, float* sums) {
   }
 }
 
-void MatMulF32FusedRows(const Weight& weight, const Matrix& x, const float* block_sums,
-                        int64_t n0, int64_t n1, const float* bias, const Matrix& out) {
+void MatMulF32FusedRows(const Weight& weight, const Matrix& x, const float* block_sums, int64_t n0,
+                        int64_t n1, const float* bias, const Matrix& out) {
   switch (weight.dtype) {
     case DType::kQ8_0:
       return FusedRows<BlockQ8_0>(weight, x, block_sums, n0, n1, bias, out);

@@ -11,6 +11,8 @@ namespace {
 
 // Activation rows that share one unpacking of a weight block.
 constexpr int kTileRows = 4;
+// Weight rows per panel (see the loops below).
+constexpr int64_t kPanelRows = 16;
 
 inline float RoundThroughHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
@@ -43,8 +45,7 @@ inline __m256i LoadActivation(const ActivationBlock& a) {
 }
 
 template <int R>
-void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t blocks,
-                 float* out) {
+void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -60,8 +61,7 @@ void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t bloc
 }
 
 template <int R>
-void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t blocks,
-                 float* out) {
+void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i eight = _mm256_set1_epi8(8);
@@ -78,8 +78,7 @@ void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t bloc
 }
 
 template <int R>
-void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t blocks,
-                 float* out) {
+void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   __m256 acc[R];
   float mins[R];
   for (int r = 0; r < R; ++r) {
@@ -103,8 +102,7 @@ void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t bloc
 #else  // portable versions: exact integer block sums, float accumulation in block order
 
 template <int R>
-void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t blocks,
-                 float* out) {
+void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   for (int r = 0; r < R; ++r) {
     float acc = 0.0f;
     for (int64_t b = 0; b < blocks; ++b) {
@@ -117,8 +115,7 @@ void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t bloc
 }
 
 template <int R>
-void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t blocks,
-                 float* out) {
+void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   for (int r = 0; r < R; ++r) {
     float acc = 0.0f;
     for (int64_t b = 0; b < blocks; ++b) {
@@ -134,8 +131,7 @@ void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t bloc
 }
 
 template <int R>
-void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t blocks,
-                 float* out) {
+void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   for (int r = 0; r < R; ++r) {
     float acc = 0.0f;
     float mins = 0.0f;
@@ -160,20 +156,25 @@ void Rows(const Weight& weight, const ActivationBlock* activations, int64_t rows
           int64_t n1, const float* bias, const Matrix& out) {
   const int64_t blocks = weight.cols / 32;
   const auto* base = static_cast<const Block*>(weight.data);
-  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
-    const int tile = static_cast<int>(std::min<int64_t>(kTileRows, rows - r0));
-    const ActivationBlock* act[kTileRows];
-    for (int r = 0; r < tile; ++r) act[r] = activations + (r0 + r) * blocks;
-    for (int64_t n = n0; n < n1; ++n) {
-      const Block* w = base + n * blocks;
-      float dots[kTileRows];
-      if (tile == kTileRows) {
-        DotTile<kTileRows>(w, act, blocks, dots);
-      } else {
-        for (int r = 0; r < tile; ++r) DotTile<1>(w, &act[r], blocks, &dots[r]);
-      }
-      for (int r = 0; r < tile; ++r) {
-        out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
+  // Weight rows in panels that stay in L1 while every activation tile
+  // passes over them.
+  for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
+    const int64_t p1 = std::min(n1, p0 + kPanelRows);
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      const int tile = static_cast<int>(std::min<int64_t>(kTileRows, rows - r0));
+      const ActivationBlock* act[kTileRows];
+      for (int r = 0; r < tile; ++r) act[r] = activations + (r0 + r) * blocks;
+      for (int64_t n = p0; n < p1; ++n) {
+        const Block* w = base + n * blocks;
+        float dots[kTileRows];
+        if (tile == kTileRows) {
+          DotTile<kTileRows>(w, act, blocks, dots);
+        } else {
+          for (int r = 0; r < tile; ++r) DotTile<1>(w, &act[r], blocks, &dots[r]);
+        }
+        for (int r = 0; r < tile; ++r) {
+          out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
+        }
       }
     }
   }

@@ -10,6 +10,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TANDEM_CPU_AVX2 1
 #include <immintrin.h>
+#if defined(__AVX512F__)
+#define TANDEM_CPU_AVX512 1
+#endif
 #endif
 
 #include "engine/kernels/half.h"

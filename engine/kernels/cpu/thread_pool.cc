@@ -13,7 +13,10 @@ inline void CpuRelax() {
 #endif
 }
 
-constexpr int kSpinIterations = 20000;
+// Spin this long (tens of microseconds) for the next kernel before sleeping:
+// long enough to bridge the gap between two kernels of a forward pass, short
+// enough not to steal a shared core from other work for long.
+constexpr int kSpinIterations = 4000;
 
 }  // namespace
 
@@ -49,7 +52,16 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int)>&
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
   RunTasks(0);
-  while (busy_.load(std::memory_order_acquire) != 0) CpuRelax();
+  // Wait for the workers: spin briefly, then sleep until the last one
+  // finishing wakes us (a descheduled worker must not cost a busy core).
+  for (int spin = 0; busy_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < kSpinIterations) {
+      CpuRelax();
+    } else {
+      const int busy = busy_.load(std::memory_order_acquire);
+      if (busy != 0) busy_.wait(busy, std::memory_order_acquire);
+    }
+  }
   fn_ = nullptr;
 }
 
@@ -68,7 +80,7 @@ void ThreadPool::WorkerLoop(int thread) {
     seen = current;
     if (stop_.load()) return;
     RunTasks(thread);
-    busy_.fetch_sub(1, std::memory_order_release);
+    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_.notify_one();
   }
 }
 

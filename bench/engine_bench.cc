@@ -1,0 +1,102 @@
+// tandem-bench: measures the engine's prefill and decode speed at batch 1.
+//
+//   tandem-bench --model=FILE --threads=2 [--prompt_tokens=512]
+//                [--decode_tokens=128] [--repeats=3] [--cpu_matmul=f32|q8]
+//
+// Prefill: one prompt of --prompt_tokens tokens, in one forward pass.
+// Decode: --decode_tokens greedy steps after it, one token per step (the
+// sampler included). Each is repeated --repeats times on a fresh KV cache;
+// the median is printed, as "key value" lines for scripts to read.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "engine/decode/sampler.h"
+#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/model/llama_model.h"
+
+ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF model");
+ABSL_FLAG(int, threads, 2, "CPU threads");
+ABSL_FLAG(int, prompt_tokens, 512, "prompt length for prefill");
+ABSL_FLAG(int, decode_tokens, 128, "tokens generated for decode");
+ABSL_FLAG(int, repeats, 3, "repetitions (the median is reported)");
+ABSL_FLAG(std::string, cpu_matmul, "f32", "CPU matmul mode: f32 or q8");
+
+namespace tandem {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Run() {
+  auto file = model::GgufFile::Open(absl::GetFlag(FLAGS_model));
+  if (!file.ok()) {
+    std::cerr << file.status() << "\n";
+    return 1;
+  }
+  std::shared_ptr<const model::GgufFile> shared(std::move(*file));
+  auto mode = kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
+  if (!mode.ok()) {
+    std::cerr << mode.status() << "\n";
+    return 2;
+  }
+  const int prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  const int decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
+  constexpr int kBlockSize = 16;
+  const int blocks = (prompt_tokens + decode_tokens) / kBlockSize + 2;
+  kernels::cpu::CpuBackend backend(absl::GetFlag(FLAGS_threads), *mode);
+  auto model = model::LlamaModel::Create(shared, &backend, blocks, kBlockSize);
+  if (!model.ok()) {
+    std::cerr << model.status() << "\n";
+    return 1;
+  }
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = b;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < prompt_tokens; ++i) prompt.push_back(100 + (i * 7919) % 40000);
+
+  std::vector<double> prefill, decode;
+  std::vector<float> logits;
+  for (int rep = 0; rep < absl::GetFlag(FLAGS_repeats) + 1; ++rep) {  // +1: warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    model::SequenceInput in{prompt, 0, table, 1};
+    if (auto s = (*model)->Forward({&in, 1}, &logits); !s.ok()) {
+      std::cerr << s << "\n";
+      return 1;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    std::vector<int32_t> token(1);
+    for (int i = 0; i < decode_tokens; ++i) {
+      token[0] = decode::Sample(logits, step::SamplingParams{}, 0);
+      model::SequenceInput step{token, prompt_tokens + i, table, 1};
+      if (auto s = (*model)->Forward({&step, 1}, &logits); !s.ok()) {
+        std::cerr << s << "\n";
+        return 1;
+      }
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (rep == 0) continue;
+    prefill.push_back(prompt_tokens / std::chrono::duration<double>(t1 - t0).count());
+    decode.push_back(decode_tokens / std::chrono::duration<double>(t2 - t1).count());
+  }
+  std::cout << "backend " << backend.name() << "\n"
+            << "prompt_tokens " << prompt_tokens << "\n"
+            << "decode_tokens " << decode_tokens << "\n"
+            << "prefill_tokens_per_second " << Median(prefill) << "\n"
+            << "decode_tokens_per_second " << Median(decode) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::Run();
+}
