@@ -1,5 +1,7 @@
 #include "engine/kernels/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -21,7 +23,9 @@ CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode)
     : pool_(threads < 1 ? 1 : threads), matmul_mode_(matmul_mode) {}
 
 std::string CpuBackend::name() const {
-#ifdef TANDEM_CPU_AVX2
+#if defined(TANDEM_CPU_AVX512)
+  constexpr std::string_view kIsa = "avx512";
+#elif defined(TANDEM_CPU_AVX2)
   constexpr std::string_view kIsa = "avx2";
 #else
   constexpr std::string_view kIsa = "portable";
@@ -46,13 +50,15 @@ absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64
 
 absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
   kv_storage_.reset();
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> storage =
-      Allocate(shape.BytesPerBlock() * static_cast<size_t>(shape.blocks));
-  if (!storage.ok()) return storage.status();
-  // Zero the pools so that no uninitialised memory is ever read, even by a
-  // buggy caller (attention only reads slots that were written).
-  std::memset((*storage)->data(), 0, (*storage)->bytes());
-  kv_storage_ = *std::move(storage);
+  // Anonymous pages read as zeros and become resident only when written, so
+  // the process's memory grows with the KV actually used (docs/operations.md)
+  // and no uninitialised memory is ever read.
+  const size_t bytes = shape.BytesPerBlock() * static_cast<size_t>(shape.blocks);
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) {
+    return absl::ResourceExhaustedError(StrCat("cannot map ", bytes, " bytes of KV cache"));
+  }
+  kv_storage_ = std::make_unique<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
   kv_shape_ = shape;
   return absl::OkStatus();
 }
