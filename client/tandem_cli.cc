@@ -5,12 +5,12 @@
 //
 // The answer streams to stdout as it is generated; a summary (finish reason,
 // tokens, timings) goes to stderr.
+#include <grpcpp/grpcpp.h>
+
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -79,9 +79,9 @@ int Run(const std::string& command, const std::string& text) {
       grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
   auto stub = tandem::v1::Generation::NewStub(channel);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(
-                           static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
   std::unique_ptr<grpc::ClientReader<tandem::v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
   tandem::v1::GenerateResponse response;

@@ -17,10 +17,10 @@ function(tandem_library name)
   tandem_warnings(${name})
 endfunction()
 
-# tandem_test(NAME SOURCES ... DEPS ... [LABELS ...] [ENVIRONMENT ...]): a GoogleTest binary
+# tandem_test(NAME SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary
 # whose tests are registered with ctest one by one.
 function(tandem_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS;ENVIRONMENT" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   tandem_warnings(${name})
@@ -30,6 +30,6 @@ function(tandem_test name)
   endif()
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${labels}" ENVIRONMENT "${ARG_ENVIRONMENT}"
+    PROPERTIES LABELS "${labels}"
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define TANDEM_CHECK(condition, message)                                               \
-  do {                                                                                 \
-    if (!(condition)) {                                                                \
+#define TANDEM_CHECK(condition, message)                                                    \
+  do {                                                                                      \
+    if (!(condition)) {                                                                     \
       std::fprintf(stderr, "%s:%d: check failed: %s: %s\n", __FILE__, __LINE__, #condition, \
-                   (message));                                                         \
-      std::abort();                                                                    \
-    }                                                                                  \
+                   (message));                                                              \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (false)
 
 #endif  // TANDEM_COMMON_CHECK_H_

@@ -33,7 +33,7 @@ struct Usage {
 // queued).
 struct Timeline {
   absl::Time arrival = absl::InfinitePast();
-  absl::Time scheduled = absl::InfinitePast();    // first admitted to a batch
+  absl::Time scheduled = absl::InfinitePast();  // first admitted to a batch
   absl::Time first_token = absl::InfinitePast();
   absl::Time finished = absl::InfinitePast();
 };
@@ -63,8 +63,8 @@ struct Request {
   std::string id;  // for logs; the scheduler uses its own sequence ids
   std::vector<TokenId> prompt;
   step::SamplingParams sampling;
-  int32_t max_tokens = 1;                // generated tokens, at most
-  std::vector<TokenId> stop_token_ids;   // end generation (EOS included unless ignored)
+  int32_t max_tokens = 1;               // generated tokens, at most
+  std::vector<TokenId> stop_token_ids;  // end generation (EOS included unless ignored)
   absl::Time deadline = absl::InfiniteFuture();
   std::shared_ptr<RequestSink> sink;
 };

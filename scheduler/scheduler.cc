@@ -54,9 +54,8 @@ void Scheduler::Loop() {
     bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !inbox_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !inbox_.empty(); };
       if (!core_.HasWork()) {
         mu_.AwaitWithDeadline(absl::Condition(&ready), core_.NextDeadline());
       }

@@ -96,8 +96,7 @@ step::StepPlan SchedulerCore::Schedule() {
         fits = Reserve(seq, seq.computed + count);
       }
       if (!fits) {
-        if (static_cast<int32_t>(seq.blocks.size()) + pool_.free_blocks() ==
-            pool_.total_blocks()) {
+        if (static_cast<int32_t>(seq.blocks.size()) + pool_.free_blocks() == pool_.total_blocks()) {
           // Alone in the pool and still short: it can never grow.
           SequencePtr owned = std::move(*it);
           it = running_.erase(it);

@@ -177,8 +177,8 @@ GenerationService::GenerationService(ServingModel* model, scheduler::Scheduler* 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(scheduler_, &open_streams_);
-  const std::string request_id = request->request_id().empty() ? NewRequestId()
-                                                               : request->request_id();
+  const std::string request_id =
+      request->request_id().empty() ? NewRequestId() : request->request_id();
   ModelLimits limits{&model_->tokenizer(), &model_->chat_template(), model_->context_length()};
   absl::StatusOr<BuiltRequest> built = BuildRequest(*request, limits, defaults_, RandomU64());
   if (!built.ok()) {
@@ -201,8 +201,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
             "request {} finished: reason={} prompt_tokens={} completion_tokens={} "
             "queued_ms={:.1f} prefill_ms={:.1f} first_token_ms={:.1f} decode_ms={:.1f} "
             "total_ms={:.1f}{}",
-            id, ReasonName(info.reason), prompt_tokens, info.usage.completion_tokens,
-            t.queued_ms(), t.prefill_ms(), t.first_token_ms(), t.decode_ms(), t.total_ms(),
+            id, ReasonName(info.reason), prompt_tokens, info.usage.completion_tokens, t.queued_ms(),
+            t.prefill_ms(), t.first_token_ms(), t.decode_ms(), t.total_ms(),
             info.error.ok() ? "" : " error=" + info.error.ToString());
       });
   absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));

@@ -13,8 +13,8 @@
 #include "scheduler/scheduler.h"
 #include "server/request_builder.h"
 #include "server/response_stream.h"
-#include "server/serving_model.h"
 #include "server/server_metrics.h"
+#include "server/serving_model.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 namespace tandem::server {

@@ -5,16 +5,16 @@
 // report SERVING. SIGTERM/SIGINT: report NOT_SERVING, stop accepting, let
 // in-flight requests finish for up to --drain_timeout, cancel the rest,
 // exit 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -26,8 +26,8 @@
 #include "prometheus/registry.h"
 #include "scheduler/scheduler.h"
 #include "server/generation_service.h"
-#include "server/serving_model.h"
 #include "server/server_metrics.h"
+#include "server/serving_model.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -105,9 +105,10 @@ int Main() {
 
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "auto" && backend != "cpu") {
-    spdlog::error("--backend={} is not available: the CUDA backend is not implemented yet "
-                  "(use cpu or auto)",
-                  backend);
+    spdlog::error(
+        "--backend={} is not available: the CUDA backend is not implemented yet "
+        "(use cpu or auto)",
+        backend);
     return 2;
   }
   if (backend == "auto") {
@@ -137,8 +138,7 @@ int Main() {
   options.block_size = absl::GetFlag(FLAGS_block_size);
   options.context_length = absl::GetFlag(FLAGS_context_length);
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<server::ServingModel>> model =
-      server::ServingModel::Load(options);
+  absl::StatusOr<std::unique_ptr<server::ServingModel>> model = server::ServingModel::Load(options);
   if (!model.ok()) {
     spdlog::error("cannot load the model: {}", model.status().ToString());
     return 1;
@@ -199,9 +199,9 @@ int Main() {
   }
   grpc::HealthCheckServiceInterface* health = grpc_server->GetHealthCheckService();
   health->SetServingStatus(true);
-  spdlog::info("serving tandem.v1.Generation on {}; metrics on {}", absl::GetFlag(FLAGS_listen),
-               absl::GetFlag(FLAGS_metrics_listen).empty() ? "(off)"
-                                                           : absl::GetFlag(FLAGS_metrics_listen));
+  spdlog::info(
+      "serving tandem.v1.Generation on {}; metrics on {}", absl::GetFlag(FLAGS_listen),
+      absl::GetFlag(FLAGS_metrics_listen).empty() ? "(off)" : absl::GetFlag(FLAGS_metrics_listen));
 
   shutdown.WaitForNotification();
   health->SetServingStatus(false);

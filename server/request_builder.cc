@@ -32,7 +32,8 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   }
   if (!proto.prompt().empty()) {
     r.prompt = model.tokenizer->Encode(proto.prompt(), /*parse_special=*/true);
-    if (model.tokenizer->add_bos()) r.prompt.insert(r.prompt.begin(), *model.tokenizer->special().bos);
+    if (model.tokenizer->add_bos())
+      r.prompt.insert(r.prompt.begin(), *model.tokenizer->special().bos);
     if (r.prompt.empty()) return Invalid("prompt", "the text produces no tokens");
   } else if (!proto.messages().empty()) {
     std::vector<tokenizer::ChatMessage> messages;
@@ -51,10 +52,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   }
   const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
   if (prompt_tokens >= model.context_length) {
-    return Invalid(proto.messages().empty() ? (proto.prompt().empty() ? "token_ids" : "prompt")
-                                            : "messages",
-                   StrCat("the prompt has ", prompt_tokens, " tokens but the context holds ",
-                          model.context_length, " (including at least one generated token)"));
+    return Invalid(
+        proto.messages().empty() ? (proto.prompt().empty() ? "token_ids" : "prompt") : "messages",
+        StrCat("the prompt has ", prompt_tokens, " tokens but the context holds ",
+               model.context_length, " (including at least one generated token)"));
   }
 
   // Sampling.
@@ -76,9 +77,9 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   if (proto.has_max_tokens()) {
     if (proto.max_tokens() < 1) return Invalid("max_tokens", "must be at least 1");
     if (proto.max_tokens() > room) {
-      return Invalid("max_tokens", StrCat(proto.max_tokens(), " tokens do not fit: the prompt has ",
-                                          prompt_tokens, " tokens and the context holds ",
-                                          model.context_length));
+      return Invalid("max_tokens",
+                     StrCat(proto.max_tokens(), " tokens do not fit: the prompt has ",
+                            prompt_tokens, " tokens and the context holds ", model.context_length));
     }
     r.max_tokens = proto.max_tokens();
   } else {
@@ -92,7 +93,8 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   for (int i = 0; i < proto.stop_size(); ++i) {
     if (proto.stop(i).empty()) return Invalid(StrCat("stop[", i, "]"), "must not be empty");
     if (proto.stop(i).size() > kMaxStopStringBytes) {
-      return Invalid(StrCat("stop[", i, "]"), StrCat("longer than ", kMaxStopStringBytes, " bytes"));
+      return Invalid(StrCat("stop[", i, "]"),
+                     StrCat("longer than ", kMaxStopStringBytes, " bytes"));
     }
     built.stop_strings.push_back(proto.stop(i));
   }

@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   shape.block_size = options.block_size;
   shape.kv_heads = m->config_.kv_heads;
   shape.head_dim = m->config_.head_dim;
-  m->kv_blocks_ = static_cast<int>(options.kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock()));
+  m->kv_blocks_ =
+      static_cast<int>(options.kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock()));
   const int min_blocks = (m->context_length_ + options.block_size - 1) / options.block_size;
   if (m->kv_blocks_ < min_blocks) {
     return absl::InvalidArgumentError(

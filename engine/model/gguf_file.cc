@@ -47,8 +47,8 @@ absl::StatusOr<DType> DTypeFromGgml(uint32_t id) {
     default:
       return absl::UnimplementedError(
           StrCat("tensor type ", id,
-                       " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, "
-                       "Q6_K)"));
+                 " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, "
+                 "Q6_K)"));
   }
 }
 
@@ -73,9 +73,8 @@ class Cursor {
     uint64_t length = 0;
     if (auto s = Read(&length, what); !s.ok()) return s;
     if (length > remaining()) {
-      return absl::DataLossError(StrCat("at byte ", pos_ - 8, ": ", what, " has length ",
-                                              length, " but only ", remaining(),
-                                              " bytes remain in the file"));
+      return absl::DataLossError(StrCat("at byte ", pos_ - 8, ": ", what, " has length ", length,
+                                        " but only ", remaining(), " bytes remain in the file"));
     }
     *out = std::string_view(reinterpret_cast<const char*>(base_ + pos_), length);
     pos_ += length;
@@ -83,9 +82,8 @@ class Cursor {
   }
 
   absl::Status Truncated(std::string_view what, size_t need) const {
-    return absl::DataLossError(StrCat("file truncated at byte ", pos_, " while reading ",
-                                            what, " (need ", need, " bytes, ", remaining(),
-                                            " remain)"));
+    return absl::DataLossError(StrCat("file truncated at byte ", pos_, " while reading ", what,
+                                      " (need ", need, " bytes, ", remaining(), " remain)"));
   }
 
  private:
@@ -160,7 +158,7 @@ absl::Status ReadValue(Cursor& cursor, GgufType type, std::string_view key, int 
       if (auto s = cursor.Read(&v, what); !s.ok()) return s;
       if (v > 1) {
         return absl::DataLossError(StrCat("at byte ", cursor.offset() - 1, ": ", what,
-                                                " is a bool with invalid value ", int{v}));
+                                          " is a bool with invalid value ", int{v}));
       }
       out->scalar = v == 1;
       return absl::OkStatus();
@@ -174,22 +172,21 @@ absl::Status ReadValue(Cursor& cursor, GgufType type, std::string_view key, int 
     case GgufType::kArray: {
       if (depth >= kMaxArrayNesting) {
         return absl::DataLossError(StrCat("at byte ", cursor.offset(), ": ", what,
-                                                " nests arrays deeper than ", kMaxArrayNesting));
+                                          " nests arrays deeper than ", kMaxArrayNesting));
       }
       uint32_t element_type = 0;
       uint64_t count = 0;
       if (auto s = cursor.Read(&element_type, what); !s.ok()) return s;
       if (!IsKnownType(element_type)) {
         return absl::DataLossError(StrCat("at byte ", cursor.offset() - 4, ": ", what,
-                                                " is an array of unknown type ", element_type));
+                                          " is an array of unknown type ", element_type));
       }
       if (auto s = cursor.Read(&count, what); !s.ok()) return s;
       const GgufType elem = static_cast<GgufType>(element_type);
       if (count > cursor.remaining() / MinEncodedBytes(elem)) {
-        return absl::DataLossError(StrCat("at byte ", cursor.offset() - 8, ": ", what,
-                                                " claims ", count, " elements of type ",
-                                                GgufTypeName(elem), " but only ",
-                                                cursor.remaining(), " bytes remain"));
+        return absl::DataLossError(StrCat("at byte ", cursor.offset() - 8, ": ", what, " claims ",
+                                          count, " elements of type ", GgufTypeName(elem),
+                                          " but only ", cursor.remaining(), " bytes remain"));
       }
       out->element_type = elem;
       out->elements.resize(count);
@@ -205,8 +202,8 @@ absl::Status ReadValue(Cursor& cursor, GgufType type, std::string_view key, int 
 }
 
 absl::Status WrongType(std::string_view key, const GgufValue& v, std::string_view wanted) {
-  return absl::InvalidArgumentError(StrCat("metadata key '", key, "' has type ",
-                                                 GgufTypeName(v.type), ", expected ", wanted));
+  return absl::InvalidArgumentError(
+      StrCat("metadata key '", key, "' has type ", GgufTypeName(v.type), ", expected ", wanted));
 }
 
 }  // namespace
@@ -305,12 +302,12 @@ absl::Status GgufFile::Parse() {
   if (auto s = cursor.Read(&tensor_count, "the tensor count"); !s.ok()) return s;
   if (auto s = cursor.Read(&metadata_count, "the metadata count"); !s.ok()) return s;
   if (tensor_count > kMaxTensors) {
-    return absl::DataLossError(StrCat("tensor count ", tensor_count, " exceeds the limit ",
-                                            kMaxTensors));
+    return absl::DataLossError(
+        StrCat("tensor count ", tensor_count, " exceeds the limit ", kMaxTensors));
   }
   if (metadata_count > kMaxMetadata) {
-    return absl::DataLossError(StrCat("metadata count ", metadata_count,
-                                            " exceeds the limit ", kMaxMetadata));
+    return absl::DataLossError(
+        StrCat("metadata count ", metadata_count, " exceeds the limit ", kMaxMetadata));
   }
 
   for (uint64_t i = 0; i < metadata_count; ++i) {
@@ -320,17 +317,16 @@ absl::Status GgufFile::Parse() {
     uint32_t type = 0;
     if (auto s = cursor.Read(&type, StrCat("the type of '", key, "'")); !s.ok()) return s;
     if (!IsKnownType(type)) {
-      return absl::DataLossError(StrCat("at byte ", cursor.offset() - 4,
-                                              ": metadata key '", key, "' has unknown type ",
-                                              type));
+      return absl::DataLossError(StrCat("at byte ", cursor.offset() - 4, ": metadata key '", key,
+                                        "' has unknown type ", type));
     }
     GgufValue value;
     if (auto s = ReadValue(cursor, static_cast<GgufType>(type), key, 0, &value); !s.ok()) {
       return s;
     }
     if (!metadata_.emplace(std::string(key), std::move(value)).second) {
-      return absl::DataLossError(StrCat("at byte ", entry_offset, ": metadata key '", key,
-                                              "' appears twice"));
+      return absl::DataLossError(
+          StrCat("at byte ", entry_offset, ": metadata key '", key, "' appears twice"));
     }
   }
 
@@ -358,8 +354,8 @@ absl::Status GgufFile::Parse() {
     uint32_t n_dims = 0;
     if (auto s = cursor.Read(&n_dims, StrCat("the rank of ", where)); !s.ok()) return s;
     if (n_dims == 0 || n_dims > kMaxDims) {
-      return absl::DataLossError(StrCat("at byte ", info_offset, ": ", where, " has rank ",
-                                              n_dims, " (must be 1..", kMaxDims, ")"));
+      return absl::DataLossError(StrCat("at byte ", info_offset, ": ", where, " has rank ", n_dims,
+                                        " (must be 1..", kMaxDims, ")"));
     }
     int64_t elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
@@ -369,8 +365,8 @@ absl::Status GgufFile::Parse() {
       }
       if (dim == 0 || dim > (uint64_t{1} << 40) ||
           static_cast<uint64_t>(elements) > (uint64_t{1} << 48) / dim) {
-        return absl::DataLossError(StrCat("at byte ", info_offset, ": ", where,
-                                                " has an invalid dimension ", dim));
+        return absl::DataLossError(
+            StrCat("at byte ", info_offset, ": ", where, " has an invalid dimension ", dim));
       }
       elements *= static_cast<int64_t>(dim);
       tensor.dims.push_back(static_cast<int64_t>(dim));
@@ -385,20 +381,19 @@ absl::Status GgufFile::Parse() {
     const kernels::DTypeInfo& info = kernels::Info(tensor.dtype);
     if (tensor.dims[0] % info.block_elements != 0) {
       return absl::DataLossError(StrCat(where, " has rows of ", tensor.dims[0],
-                                              " elements, not a multiple of the ", info.name,
-                                              " block size ", info.block_elements));
+                                        " elements, not a multiple of the ", info.name,
+                                        " block size ", info.block_elements));
     }
     if (auto s = cursor.Read(&tensor.offset, StrCat("the offset of ", where)); !s.ok()) {
       return s;
     }
     if (tensor.offset % alignment != 0) {
       return absl::DataLossError(StrCat(where, " has offset ", tensor.offset,
-                                              ", not a multiple of the alignment ", alignment));
+                                        ", not a multiple of the alignment ", alignment));
     }
     tensor.bytes = kernels::RowBytes(tensor.dtype, elements);
     if (!tensor_index_.emplace(tensor.name, tensors_.size()).second) {
-      return absl::DataLossError(StrCat("at byte ", info_offset, ": ", where,
-                                              " appears twice"));
+      return absl::DataLossError(StrCat("at byte ", info_offset, ": ", where, " appears twice"));
     }
     tensors_.push_back(std::move(tensor));
   }
@@ -407,10 +402,10 @@ absl::Status GgufFile::Parse() {
   const size_t data_bytes = data_start <= size_ ? size_ - data_start : 0;
   for (GgufTensor& tensor : tensors_) {
     if (tensor.offset > data_bytes || tensor.bytes > data_bytes - tensor.offset) {
-      return absl::DataLossError(StrCat(
-          "tensor '", tensor.name, "' (", tensor.bytes, " bytes at data offset ", tensor.offset,
-          ") extends past the end of the file: the data section holds ", data_bytes,
-          " bytes (file truncated?)"));
+      return absl::DataLossError(
+          StrCat("tensor '", tensor.name, "' (", tensor.bytes, " bytes at data offset ",
+                 tensor.offset, ") extends past the end of the file: the data section holds ",
+                 data_bytes, " bytes (file truncated?)"));
     }
     tensor.data = base_ + data_start + tensor.offset;
   }
@@ -435,8 +430,7 @@ absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
   }
   if (const int64_t* i = std::get_if<int64_t>(&v->scalar); i && v->type != GgufType::kArray) {
     if (*i >= 0) return static_cast<uint64_t>(*i);
-    return absl::InvalidArgumentError(
-        StrCat("metadata key '", key, "' is negative (", *i, ")"));
+    return absl::InvalidArgumentError(StrCat("metadata key '", key, "' is negative (", *i, ")"));
   }
   return WrongType(key, *v, "an unsigned integer");
 }
@@ -465,8 +459,7 @@ absl::StatusOr<std::string_view> GgufFile::GetString(std::string_view key) const
   return std::get<std::string_view>(v->scalar);
 }
 
-absl::StatusOr<std::vector<std::string_view>> GgufFile::GetStringArray(
-    std::string_view key) const {
+absl::StatusOr<std::vector<std::string_view>> GgufFile::GetStringArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return absl::NotFoundError(StrCat("metadata key '", key, "' is missing"));
   if (v->type != GgufType::kArray || v->element_type != GgufType::kString) {
@@ -492,8 +485,8 @@ absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key)
       out.push_back(static_cast<int64_t>(*u));
     } else {
       return absl::InvalidArgumentError(StrCat("metadata key '", key, "' is an array of ",
-                                                     GgufTypeName(v->element_type),
-                                                     ", expected integers"));
+                                               GgufTypeName(v->element_type),
+                                               ", expected integers"));
     }
   }
   return out;
@@ -502,13 +495,14 @@ absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key)
 absl::StatusOr<std::vector<float>> GgufFile::GetFloatArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return absl::NotFoundError(StrCat("metadata key '", key, "' is missing"));
-  if (v->type != GgufType::kArray || (v->element_type != GgufType::kFloat32 &&
-                                      v->element_type != GgufType::kFloat64)) {
+  if (v->type != GgufType::kArray ||
+      (v->element_type != GgufType::kFloat32 && v->element_type != GgufType::kFloat64)) {
     return WrongType(key, *v, "array of float");
   }
   std::vector<float> out;
   out.reserve(v->elements.size());
-  for (const GgufValue& e : v->elements) out.push_back(static_cast<float>(std::get<double>(e.scalar)));
+  for (const GgufValue& e : v->elements)
+    out.push_back(static_cast<float>(std::get<double>(e.scalar)));
   return out;
 }
 

@@ -56,8 +56,8 @@ struct GgufTensor {
   std::string name;
   std::vector<int64_t> dims;  // dims[0] is the contiguous (row) dimension
   kernels::DType dtype;
-  uint64_t offset = 0;          // from the start of the data section
-  size_t bytes = 0;             // validated to lie inside the file
+  uint64_t offset = 0;  // from the start of the data section
+  size_t bytes = 0;     // validated to lie inside the file
   const uint8_t* data = nullptr;
 
   int64_t Elements() const;

@@ -33,14 +33,15 @@ std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<f
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
-    std::shared_ptr<const GgufFile> file, kernels::Backend* backend, int kv_blocks,
-    int block_size, const ModelOverrides& overrides) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::shared_ptr<const GgufFile> file,
+                                                               kernels::Backend* backend,
+                                                               int kv_blocks, int block_size,
+                                                               const ModelOverrides& overrides) {
   absl::StatusOr<ModelConfig> config = ReadModelConfig(*file, overrides);
   if (!config.ok()) return config.status();
   if (kv_blocks < 1 || block_size < 1) {
     return absl::InvalidArgumentError(StrCat("the KV cache needs at least one block (got ",
-                                                   kv_blocks, " blocks of ", block_size, ")"));
+                                             kv_blocks, " blocks of ", block_size, ")"));
   }
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->file_ = std::move(file);
@@ -72,14 +73,13 @@ absl::Status LlamaModel::BindWeights() {
     const int64_t t_cols = t->dims[0];
     const int64_t t_rows = t->Rows();
     if (t_cols != cols || t_rows != rows) {
-      return absl::InvalidArgumentError(StrCat("tensor '", name, "' has shape [", t_rows,
-                                                     ", ", t_cols, "], expected [", rows, ", ",
-                                                     cols, "]"));
+      return absl::InvalidArgumentError(StrCat("tensor '", name, "' has shape [", t_rows, ", ",
+                                               t_cols, "], expected [", rows, ", ", cols, "]"));
     }
     if (rows == 1 && t->dtype != DType::kF32) {
-      return absl::InvalidArgumentError(
-          StrCat("tensor '", name, "' is ", kernels::Info(t->dtype).name,
-                       "; vectors (norms, biases) must be F32"));
+      return absl::InvalidArgumentError(StrCat("tensor '", name, "' is ",
+                                               kernels::Info(t->dtype).name,
+                                               "; vectors (norms, biases) must be F32"));
     }
     absl::StatusOr<Weight> w = backend_->UploadWeight(t->dtype, rows, cols, t->data);
     if (!w.ok()) return w.status();
@@ -89,7 +89,8 @@ absl::Status LlamaModel::BindWeights() {
   const int64_t q_width = int64_t{c.heads} * c.head_dim;
   const int64_t kv_width = int64_t{c.kv_heads} * c.head_dim;
 
-  if (auto s = bind("token_embd.weight", c.vocab, c.embedding, &token_embedding_); !s.ok()) return s;
+  if (auto s = bind("token_embd.weight", c.vocab, c.embedding, &token_embedding_); !s.ok())
+    return s;
   if (auto s = bind("output_norm.weight", 1, c.embedding, &output_norm_); !s.ok()) return s;
   if (file_->FindTensor("output.weight") != nullptr) {
     if (auto s = bind("output.weight", c.vocab, c.embedding, &output_); !s.ok()) return s;
@@ -138,8 +139,8 @@ absl::Status LlamaModel::BindWeights() {
   std::vector<float> factors;
   if (const GgufTensor* t = file_->FindTensor("rope_freqs.weight"); t != nullptr) {
     if (t->dtype != DType::kF32 || t->Elements() != c.rotary_dims / 2) {
-      return absl::InvalidArgumentError(StrCat(
-          "tensor 'rope_freqs.weight' must be F32 with ", c.rotary_dims / 2, " elements"));
+      return absl::InvalidArgumentError(
+          StrCat("tensor 'rope_freqs.weight' must be F32 with ", c.rotary_dims / 2, " elements"));
     }
     const auto* f = reinterpret_cast<const float*>(t->data);
     factors.assign(f, f + c.rotary_dims / 2);
@@ -170,16 +171,14 @@ absl::Status LlamaModel::EnsureCapacity(int64_t tokens, int64_t logit_rows) {
   };
   const int64_t q_width = int64_t{c.heads} * c.head_dim;
   const int64_t kv_width = int64_t{c.kv_heads} * c.head_dim;
-  for (auto [rows, cols, m] : {std::tuple{tokens, int64_t{c.embedding}, &x_},
-                               std::tuple{tokens, int64_t{c.embedding}, &h_},
-                               std::tuple{tokens, q_width, &q_},
-                               std::tuple{tokens, kv_width, &k_},
-                               std::tuple{tokens, kv_width, &v_},
-                               std::tuple{tokens, q_width, &attn_},
-                               std::tuple{tokens, int64_t{c.ffn}, &gate_},
-                               std::tuple{tokens, int64_t{c.ffn}, &up_},
-                               std::tuple{logit_rows, int64_t{c.embedding}, &selected_},
-                               std::tuple{logit_rows, int64_t{c.vocab}, &logits_}}) {
+  for (auto [rows, cols, m] :
+       {std::tuple{tokens, int64_t{c.embedding}, &x_},
+        std::tuple{tokens, int64_t{c.embedding}, &h_}, std::tuple{tokens, q_width, &q_},
+        std::tuple{tokens, kv_width, &k_}, std::tuple{tokens, kv_width, &v_},
+        std::tuple{tokens, q_width, &attn_}, std::tuple{tokens, int64_t{c.ffn}, &gate_},
+        std::tuple{tokens, int64_t{c.ffn}, &up_},
+        std::tuple{logit_rows, int64_t{c.embedding}, &selected_},
+        std::tuple{logit_rows, int64_t{c.vocab}, &logits_}}) {
     if (absl::Status s = make(rows, cols, m); !s.ok()) return s;
   }
   capacity_tokens_ = tokens;
@@ -200,23 +199,22 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
     if (n == 0) return absl::InvalidArgumentError(StrCat("sequence ", s, " has no tokens"));
     if (seq.first_position < 0 || end > c.context_length) {
       return absl::InvalidArgumentError(StrCat("sequence ", s, " spans positions ",
-                                                     seq.first_position, "..", end - 1,
-                                                     ", outside the context of ",
-                                                     c.context_length));
+                                               seq.first_position, "..", end - 1,
+                                               ", outside the context of ", c.context_length));
     }
     if (static_cast<int64_t>(seq.block_table.size()) * block_size_ < end) {
       return absl::InvalidArgumentError(StrCat("sequence ", s, " needs ",
-                                                     (end + block_size_ - 1) / block_size_,
-                                                     " KV blocks but has ", seq.block_table.size()));
+                                               (end + block_size_ - 1) / block_size_,
+                                               " KV blocks but has ", seq.block_table.size()));
     }
     if (seq.logits < 0 || seq.logits > n) {
-      return absl::InvalidArgumentError(StrCat("sequence ", s, " asks for ", seq.logits,
-                                                     " logit rows of ", n, " tokens"));
+      return absl::InvalidArgumentError(
+          StrCat("sequence ", s, " asks for ", seq.logits, " logit rows of ", n, " tokens"));
     }
     for (int32_t b : seq.block_table) {
       if (b < 0 || b >= kv_blocks_) {
-        return absl::InvalidArgumentError(StrCat("sequence ", s, " has KV block ", b,
-                                                       ", outside 0..", kv_blocks_ - 1));
+        return absl::InvalidArgumentError(
+            StrCat("sequence ", s, " has KV block ", b, ", outside 0..", kv_blocks_ - 1));
       }
     }
     kernels::AttentionSpan span;
@@ -228,8 +226,8 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
     for (int64_t i = 0; i < n; ++i) {
       const int32_t token = seq.tokens[static_cast<size_t>(i)];
       if (token < 0 || token >= c.vocab) {
-        return absl::InvalidArgumentError(StrCat("token id ", token,
-                                                       " is outside the vocabulary of ", c.vocab));
+        return absl::InvalidArgumentError(
+            StrCat("token id ", token, " is outside the vocabulary of ", c.vocab));
       }
       const int32_t position = seq.first_position + static_cast<int32_t>(i);
       if (i >= n - seq.logits) logit_rows.push_back(static_cast<int32_t>(tokens.size()));
@@ -249,9 +247,9 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
   }
 
   kernels::Backend& be = *backend_;
-  const Matrix x = x_.FirstRows(t), h = h_.FirstRows(t), q = q_.FirstRows(t),
-               k = k_.FirstRows(t), v = v_.FirstRows(t), attn = attn_.FirstRows(t),
-               gate = gate_.FirstRows(t), up = up_.FirstRows(t);
+  const Matrix x = x_.FirstRows(t), h = h_.FirstRows(t), q = q_.FirstRows(t), k = k_.FirstRows(t),
+               v = v_.FirstRows(t), attn = attn_.FirstRows(t), gate = gate_.FirstRows(t),
+               up = up_.FirstRows(t);
   kernels::AttentionShape shape{c.heads, c.kv_heads, c.head_dim,
                                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
 

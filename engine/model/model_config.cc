@@ -14,8 +14,8 @@ absl::Status ReadInt(const GgufFile& file, const std::string& key, int* out) {
   absl::StatusOr<uint64_t> v = file.GetUint(key);
   if (!v.ok()) return v.status();
   if (*v == 0 || *v > static_cast<uint64_t>(kMaxDimension) * 16) {
-    return absl::InvalidArgumentError(StrCat("metadata key '", key, "' has value ", *v,
-                                                   ", outside the supported range"));
+    return absl::InvalidArgumentError(
+        StrCat("metadata key '", key, "' has value ", *v, ", outside the supported range"));
   }
   *out = static_cast<int>(*v);
   return absl::OkStatus();
@@ -27,8 +27,7 @@ absl::Status ReadOptionalInt(const GgufFile& file, const std::string& key, int* 
 
 }  // namespace
 
-absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
-                                            const ModelOverrides& overrides) {
+absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOverrides& overrides) {
   ModelConfig config;
   absl::StatusOr<std::string_view> arch = file.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
@@ -39,18 +38,17 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
     config.rope_neox = true;
   } else {
     return absl::UnimplementedError(StrCat("model architecture '", config.architecture,
-                                                 "' is not supported (supported: llama, qwen2)"));
+                                           "' is not supported (supported: llama, qwen2)"));
   }
   absl::StatusOr<std::string_view> name = file.GetString("general.name");
-  config.name = name.ok() ? std::string(*name)
-                          : std::filesystem::path(file.path()).stem().string();
+  config.name = name.ok() ? std::string(*name) : std::filesystem::path(file.path()).stem().string();
 
   const std::string p = config.architecture + ".";
-  for (auto [key, field] : {std::pair{"block_count", &config.layers},
-                            std::pair{"embedding_length", &config.embedding},
-                            std::pair{"feed_forward_length", &config.ffn},
-                            std::pair{"attention.head_count", &config.heads},
-                            std::pair{"context_length", &config.context_length}}) {
+  for (auto [key, field] :
+       {std::pair{"block_count", &config.layers}, std::pair{"embedding_length", &config.embedding},
+        std::pair{"feed_forward_length", &config.ffn},
+        std::pair{"attention.head_count", &config.heads},
+        std::pair{"context_length", &config.context_length}}) {
     if (absl::Status s = ReadInt(file, p + key, field); !s.ok()) return s;
   }
   config.kv_heads = config.heads;
@@ -60,8 +58,7 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
   }
   if (config.embedding % config.heads != 0) {
     return absl::InvalidArgumentError(StrCat("embedding_length ", config.embedding,
-                                                   " is not divisible by head_count ",
-                                                   config.heads));
+                                             " is not divisible by head_count ", config.heads));
   }
   config.head_dim = config.embedding / config.heads;
   if (absl::Status s = ReadOptionalInt(file, p + "attention.key_length", &config.head_dim);
@@ -69,9 +66,8 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
     return s;
   }
   if (config.heads % config.kv_heads != 0) {
-    return absl::InvalidArgumentError(StrCat("head_count ", config.heads,
-                                                   " is not a multiple of head_count_kv ",
-                                                   config.kv_heads));
+    return absl::InvalidArgumentError(StrCat(
+        "head_count ", config.heads, " is not a multiple of head_count_kv ", config.kv_heads));
   }
   config.rotary_dims = config.head_dim;
   if (absl::Status s = ReadOptionalInt(file, p + "rope.dimension_count", &config.rotary_dims);
@@ -80,8 +76,8 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file,
   }
   if (config.rotary_dims > config.head_dim || config.rotary_dims % 2 != 0) {
     return absl::InvalidArgumentError(StrCat("rope.dimension_count ", config.rotary_dims,
-                                                   " must be even and at most the head size ",
-                                                   config.head_dim));
+                                             " must be even and at most the head size ",
+                                             config.head_dim));
   }
   if (file.Has(p + "rope.freq_base")) {
     absl::StatusOr<double> base = file.GetFloat(p + "rope.freq_base");

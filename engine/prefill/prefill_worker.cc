@@ -5,7 +5,7 @@
 namespace tandem::prefill {
 
 PrefillWorker::PrefillWorker(std::unique_ptr<kernels::Backend> backend,
-                         std::unique_ptr<model::LlamaModel> model)
+                             std::unique_ptr<model::LlamaModel> model)
     : backend_(std::move(backend)), model_(std::move(model)) {}
 
 step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {

@@ -20,7 +20,8 @@ namespace tandem::prefill {
 class PrefillWorker : public step::Worker {
  public:
   // `model` must be bound to `backend`; the worker owns both.
-  PrefillWorker(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<model::LlamaModel> model);
+  PrefillWorker(std::unique_ptr<kernels::Backend> backend,
+                std::unique_ptr<model::LlamaModel> model);
 
   step::StepResult Execute(const step::StepPlan& plan) override;
 

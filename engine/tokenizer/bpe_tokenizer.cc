@@ -28,8 +28,8 @@ absl::StatusOr<std::optional<TokenId>> ReadSpecialId(const model::GgufFile& file
   absl::StatusOr<uint64_t> id = file.GetUint(key);
   if (!id.ok()) return id.status();
   if (*id >= static_cast<uint64_t>(vocab)) {
-    return absl::InvalidArgumentError(StrCat("metadata key '", key, "' is ", *id,
-                                                   ", outside the vocabulary of ", vocab));
+    return absl::InvalidArgumentError(
+        StrCat("metadata key '", key, "' is ", *id, ", outside the vocabulary of ", vocab));
   }
   return std::optional<TokenId>(static_cast<TokenId>(*id));
 }
@@ -41,8 +41,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const model
   if (!model.ok()) return model.status();
   if (*model != "gpt2") {
     return absl::UnimplementedError(StrCat("tokenizer model '", *model,
-                                                 "' is not supported (supported: gpt2, i.e. "
-                                                 "byte-level BPE)"));
+                                           "' is not supported (supported: gpt2, i.e. "
+                                           "byte-level BPE)"));
   }
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   std::string_view pre_name = "default";
@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const model
   if (!kind.ok()) return kind.status();
   t->pretokenizer_ = *kind;
 
-  absl::StatusOr<std::vector<std::string_view>> tokens = file.GetStringArray("tokenizer.ggml.tokens");
+  absl::StatusOr<std::vector<std::string_view>> tokens =
+      file.GetStringArray("tokenizer.ggml.tokens");
   if (!tokens.ok()) return tokens.status();
   const int vocab = static_cast<int>(tokens->size());
   if (vocab == 0) return absl::InvalidArgumentError("tokenizer.ggml.tokens is empty");
@@ -65,14 +66,15 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const model
     if (!read.ok()) return read.status();
     if (read->size() != tokens->size()) {
       return absl::InvalidArgumentError(StrCat("tokenizer.ggml.token_type has ", read->size(),
-                                                     " entries for ", vocab, " tokens"));
+                                               " entries for ", vocab, " tokens"));
     }
     types = *std::move(read);
   }
 
   const std::array<char32_t, 256> byte_map = ByteToCodePoint();
   absl::flat_hash_map<char32_t, uint8_t> code_point_to_byte;
-  for (int b = 0; b < 256; ++b) code_point_to_byte[byte_map[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
+  for (int b = 0; b < 256; ++b)
+    code_point_to_byte[byte_map[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
 
   t->token_bytes_.resize(static_cast<size_t>(vocab));
   t->kinds_.resize(static_cast<size_t>(vocab));
@@ -123,7 +125,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const model
                                              " of 256 bytes: not a byte-level BPE vocabulary"));
   }
 
-  absl::StatusOr<std::vector<std::string_view>> merges = file.GetStringArray("tokenizer.ggml.merges");
+  absl::StatusOr<std::vector<std::string_view>> merges =
+      file.GetStringArray("tokenizer.ggml.merges");
   if (!merges.ok()) return merges.status();
   t->merges_.reserve(merges->size());
   for (size_t rank = 0; rank < merges->size(); ++rank) {

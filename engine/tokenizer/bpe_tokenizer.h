@@ -63,14 +63,12 @@ class BpeTokenizer {
   // special_allowed(byte offset of its first byte) is true; elsewhere it is
   // plain text. Text between special tokens is pre-tokenized as one run, so
   // the result equals Encode(text, true) whenever no special text is refused.
-  std::vector<TokenId> EncodeSpecialWhere(
-      std::string_view text, const std::function<bool(size_t)>& special_allowed) const;
+  std::vector<TokenId> EncodeSpecialWhere(std::string_view text,
+                                          const std::function<bool(size_t)>& special_allowed) const;
 
   // The bytes of a token: its text for control/user-defined tokens, the raw
   // bytes it stands for otherwise. REQUIRES: 0 <= id < vocab_size().
-  const std::string& TokenBytes(TokenId id) const {
-    return token_bytes_[static_cast<size_t>(id)];
-  }
+  const std::string& TokenBytes(TokenId id) const { return token_bytes_[static_cast<size_t>(id)]; }
   TokenKind Kind(TokenId id) const { return kinds_[static_cast<size_t>(id)]; }
   // Exact decoding: the concatenated bytes of the tokens, control tokens
   // included unless skip_control.

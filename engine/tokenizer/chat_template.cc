@@ -37,8 +37,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::optional<std::string_view
       t.family_ = ChatTemplateFamily::kLlama3;
     } else {
       return absl::InvalidArgumentError(StrCat("--chat_template='", override_name,
-                                                     "' is not a known template (choices: ",
-                                                     kChoices, ")"));
+                                               "' is not a known template (choices: ", kChoices,
+                                               ")"));
     }
   } else if (!model_template.has_value()) {
     return absl::FailedPreconditionError(StrCat(
@@ -51,8 +51,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::optional<std::string_view
   } else {
     return absl::FailedPreconditionError(
         StrCat("the model's chat template is not a known family; pass --chat_template "
-                     "(choices: ",
-                     kChoices, ")"));
+               "(choices: ",
+               kChoices, ")"));
   }
   if (t.family_ == ChatTemplateFamily::kChatMl && model_template.has_value()) {
     t.default_system_ = DefaultChatMlSystem(*model_template);
@@ -65,12 +65,13 @@ std::string_view ChatTemplate::family_name() const {
 }
 
 absl::Status ChatTemplate::Validate(std::span<const ChatMessage> messages) const {
-  if (messages.empty()) return absl::InvalidArgumentError("messages: at least one message is required");
+  if (messages.empty())
+    return absl::InvalidArgumentError("messages: at least one message is required");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
       return absl::InvalidArgumentError(StrCat("messages[", i, "].role: unknown role '", role,
-                                                     "' (expected system, user or assistant)"));
+                                               "' (expected system, user or assistant)"));
     }
   }
   return absl::OkStatus();

@@ -131,9 +131,9 @@ absl::StatusOr<PretokenizerKind> PretokenizerFromGgufName(std::string_view name)
     return PretokenizerKind::kLlama3;
   }
   if (name == "qwen2" || name == "deepseek-r1-qwen") return PretokenizerKind::kQwen2;
-  return absl::UnimplementedError(StrCat(
-      "pre-tokenizer '", name,
-      "' is not supported (supported: gpt2, smollm, starcoder, llama-bpe, qwen2)"));
+  return absl::UnimplementedError(
+      StrCat("pre-tokenizer '", name,
+             "' is not supported (supported: gpt2, smollm, starcoder, llama-bpe, qwen2)"));
 }
 
 std::vector<std::string_view> Pretokenize(PretokenizerKind kind, std::string_view text) {

@@ -21,8 +21,20 @@ bool InRanges(const CodepointRange (&ranges)[N], char32_t cp) {
 
 bool IsWhiteSpace(char32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -82,7 +94,8 @@ std::vector<CodePoint> DecodeUtf8(std::string_view text) {
       continue;
     }
     char32_t cp = length == 1 ? lead : lead & (0xFF >> (length + 1));
-    for (int k = 1; k < length; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+    for (int k = 1; k < length; ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
     out.push_back({cp, static_cast<uint32_t>(i), static_cast<uint32_t>(length)});
     i += static_cast<size_t>(length);
   }
@@ -117,7 +130,8 @@ size_t CompleteUtf8Prefix(std::string_view bytes) {
     const int length = SequenceLength(lead);
     if (length <= 1 || static_cast<size_t>(length) <= back) return n;
     for (size_t k = 1; k < back; ++k) {
-      if (!ValidContinuation(lead, static_cast<int>(k), static_cast<unsigned char>(bytes[start + k]))) {
+      if (!ValidContinuation(lead, static_cast<int>(k),
+                             static_cast<unsigned char>(bytes[start + k]))) {
         return n;  // already invalid: nothing to wait for
       }
     }

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -14,13 +15,17 @@
 #include <sstream>
 #include <thread>
 
-#include <gtest/gtest.h>
-
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/test_paths.h"
 
 extern char** environ;
 
 namespace tandem::testing {
+
+std::string PathFromEnv(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : fallback;
+}
 
 int FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -53,7 +58,8 @@ std::optional<std::string> HttpGet(int port, const std::string& path) {
   std::string response;
   char buffer[8192];
   ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0)
+    response.append(buffer, static_cast<size_t>(n));
   ::close(fd);
   const size_t body = response.find("\r\n\r\n");
   if (body == std::string::npos) return std::nullopt;
@@ -61,25 +67,25 @@ std::optional<std::string> HttpGet(int port, const std::string& path) {
 }
 
 Daemon::Daemon(std::vector<std::string> extra) {
-  const char* binary = std::getenv("TANDEM_DAEMON");
-  const char* model = std::getenv("TANDEM_TEST_MODEL");
+  const std::string binary = PathFromEnv("TANDEM_DAEMON", paths::kDaemon);
+  const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
   port_ = FreePort();
   metrics_port_ = FreePort();
   log_path_ = ::testing::TempDir() + "/tandemd_" + std::to_string(::getpid()) + "_" +
               std::to_string(port_) + ".log";
-  std::vector<std::string> args = {binary ? binary : "build/bin/tandemd",
-                                   "--listen=" + address(),
+  std::vector<std::string> args = {binary, "--listen=" + address(),
                                    "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_)};
   bool has_model = false;
   for (const std::string& e : extra) has_model |= e.rfind("--model=", 0) == 0;
-  if (!has_model) args.push_back(std::string("--model=") + (model ? model : ""));
+  if (!has_model) args.push_back("--model=" + model);
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   posix_spawn_file_actions_adddup2(&actions, 2, 1);
   posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -100,7 +106,8 @@ std::string Daemon::Log() const {
 }
 
 std::unique_ptr<v1::Generation::Stub> Daemon::Stub() const {
-  return v1::Generation::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  return v1::Generation::NewStub(
+      grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
 }
 
 std::string Daemon::Health() {

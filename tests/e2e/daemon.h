@@ -3,6 +3,7 @@
 #ifndef TANDEM_TESTS_E2E_DAEMON_H_
 #define TANDEM_TESTS_E2E_DAEMON_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -11,11 +12,12 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "tandem/v1/generate.grpc.pb.h"
 
 namespace tandem::testing {
+
+// $NAME if set, else `fallback` (the paths CMake configured).
+std::string PathFromEnv(const char* name, const char* fallback);
 
 // A port that was free a moment ago (bound to 0 and released).
 int FreePort();

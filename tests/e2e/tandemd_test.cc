@@ -11,7 +11,9 @@
 #include <future>
 #include <thread>
 
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/e2e/daemon.h"
+#include "tests/test_paths.h"
 
 namespace tandem::testing {
 namespace {
@@ -54,9 +56,9 @@ TEST_F(TandemdTest, AnswersTheCapitalOfFranceWithParis) {
 TEST_F(TandemdTest, EightConcurrentRequestsGetExactlyTheirSoloTokens) {
   auto stub = daemon_->Stub();
   std::vector<v1::GenerateRequest> requests;
-  const char* questions[] = {"Name a fruit.",        "What is 2+2?",          "Say hello in Spanish.",
-                             "Describe the sky.",    "What is a computer?",   "Name a color.",
-                             "Write a short poem.",  "Why is water wet?"};
+  const char* questions[] = {"Name a fruit.",       "What is 2+2?",        "Say hello in Spanish.",
+                             "Describe the sky.",   "What is a computer?", "Name a color.",
+                             "Write a short poem.", "Why is water wet?"};
   for (int i = 0; i < 8; ++i) {
     // Half greedy, half seeded sampling; lengths differ so batches churn.
     v1::GenerateRequest r = Chat(questions[i], i % 2 == 0 ? 0.0f : 0.9f, 24 + 4 * i);
@@ -168,7 +170,8 @@ TEST_F(TandemdTest, StopStringsEndTheAnswerBeforeTheStopString) {
 TEST_F(TandemdTest, MaxTokensEndsWithLengthAndTokenIdsWork) {
   auto stub = daemon_->Stub();
   v1::GenerateRequest request;
-  for (uint32_t id : {504u, 3575u, 282u, 4649u}) request.add_token_ids(id);  // "The capital of France"
+  for (uint32_t id : {504u, 3575u, 282u, 4649u})
+    request.add_token_ids(id);  // "The capital of France"
   request.set_max_tokens(7);
   request.mutable_sampling()->set_temperature(0.0f);
   request.set_ignore_eos(true);
@@ -226,12 +229,47 @@ TEST_F(TandemdTest, MetricsAreServedAndPassPromtool) {
   ASSERT_TRUE(metrics.has_value());
   EXPECT_THAT(*metrics, HasSubstr("tandem_requests_total{finish_reason=\"stop\"}"));
   EXPECT_THAT(*metrics, HasSubstr("tandem_time_to_first_token_seconds_bucket"));
-  const std::string path = ::testing::TempDir() + "/metrics_" + std::to_string(daemon_->metrics_port());
+  const std::string path =
+      ::testing::TempDir() + "/metrics_" + std::to_string(daemon_->metrics_port());
   std::ofstream(path) << *metrics;
-  const int rc = std::system(("promtool check metrics < " + path + " > " + path + ".out 2>&1").c_str());
+  const int rc =
+      std::system(("promtool check metrics < " + path + " > " + path + ".out 2>&1").c_str());
   std::ifstream out(path + ".out");
   std::string report((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_EQ(rc, 0) << "promtool: " << report;
+}
+
+TEST_F(TandemdTest, ReflectionListsTheServices) {
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(
+      grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("");
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& s : response.list_services_response().service()) services.push_back(s.name());
+  EXPECT_THAT(services, ::testing::IsSupersetOf({"tandem.v1.Generation", "grpc.health.v1.Health"}));
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(TandemdTest, TheCliStreamsAnAnswer) {
+  const std::string out = ::testing::TempDir() + "/cli_" + std::to_string(daemon_->metrics_port());
+  const std::string command =
+      PathFromEnv("TANDEM_CLI", paths::kCli) +
+      " chat \"What is the capital of France?\" --temperature=0 --server=" + daemon_->address() +
+      " > " + out + " 2> " + out + ".err";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::ifstream answer(out), summary(out + ".err");
+  const std::string text((std::istreambuf_iterator<char>(answer)),
+                         std::istreambuf_iterator<char>());
+  const std::string info((std::istreambuf_iterator<char>(summary)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("Paris"));
+  EXPECT_THAT(info, HasSubstr("finish_reason=stop"));
 }
 
 // Daemons with their own lifetimes.
@@ -260,9 +298,10 @@ TEST(TandemdLifecycleTest, SigtermDuringStreamsLetsThemFinishAndExitsZero) {
 }
 
 TEST(TandemdLifecycleTest, ACorruptModelFileIsAClearStartupError) {
-  const std::string path = ::testing::TempDir() + "/corrupt_" + std::to_string(FreePort()) + ".gguf";
+  const std::string path =
+      ::testing::TempDir() + "/corrupt_" + std::to_string(FreePort()) + ".gguf";
   {
-    std::ifstream in(std::getenv("TANDEM_TEST_MODEL"), std::ios::binary);
+    std::ifstream in(PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel), std::ios::binary);
     std::vector<char> head(10 << 20);  // the metadata, and part of the tensors
     in.read(head.data(), static_cast<std::streamsize>(head.size()));
     std::ofstream(path, std::ios::binary).write(head.data(), in.gcount());  // truncated copy

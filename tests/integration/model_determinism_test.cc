@@ -89,7 +89,8 @@ TEST_F(ModelTest, LogitsAreBitwiseIdenticalAloneChunkedBatchedAndOnAnyThreadCoun
   batch[2] = {c, 0, table_c, 1};
   std::vector<float> logits;
   ASSERT_TRUE(two.model->Forward(batch, &logits).ok());
-  EXPECT_EQ(std::memcmp(logits.data() + reference.size(), reference.data(), reference.size() * 4), 0)
+  EXPECT_EQ(std::memcmp(logits.data() + reference.size(), reference.data(), reference.size() * 4),
+            0)
       << "batched on 2 threads";
 }
 
@@ -104,7 +105,8 @@ TEST_F(ModelTest, ForwardRejectsBadInputsWithoutComputing) {
   EXPECT_NE(std::string(s.message()).find("999999"), std::string::npos);
   const std::vector<int32_t> ok_tokens(20, 5);
   model::SequenceInput short_table{ok_tokens, 0, table, 1};  // 20 tokens need 2 blocks
-  EXPECT_EQ(l.model->Forward({&short_table, 1}, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.model->Forward({&short_table, 1}, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> bad_block = {kBlocks};
   in.tokens = std::span<const int32_t>(ok_tokens.data(), 1);
   in.block_table = bad_block;

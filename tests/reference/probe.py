@@ -37,6 +37,12 @@ def detokenize(id_lists):
     return [bytes.fromhex(line) for line in lines]
 
 
+def stream_detokenize(id_lists):
+    """The text chunks emitted after each token, plus the final flush, as bytes."""
+    lines = run("stream-detokenize", [" ".join(map(str, ids)) for ids in id_lists])
+    return [[bytes.fromhex(chunk) for chunk in line.split(" ")] for line in lines]
+
+
 def pretokenize(texts, kind):
     lines = run("pretokenize", [t.encode().hex() for t in texts], f"--pretokenizer={kind}")
     return [[bytes.fromhex(p).decode() for p in line.split()] for line in lines]

@@ -39,3 +39,16 @@ def test_bytes_without_a_token_are_dropped_like_hugging_face():
     ours = probe.tokenize([text])[0]
     assert ours == hf_reference.tokenizer().encode(text, add_special_tokens=False).ids
     assert probe.detokenize([ours])[0] == b"ab"
+
+
+def test_streaming_never_emits_a_broken_character():
+    # Emoji and CJK characters span several byte-level tokens in this vocabulary.
+    strings = [s for s in corpus.all_strings() if any(ord(c) > 0x7FF for c in s)]
+    assert len(strings) > 50
+    ids = probe.tokenize(strings, parse_special=False)
+    multi = sum(1 for s, i in zip(strings, ids) if len(i) > len(s))
+    assert multi > 10, "the corpus must contain characters split across tokens"
+    for s, chunks in zip(strings, probe.stream_detokenize(ids)):
+        for chunk in chunks:
+            chunk.decode("utf-8")  # raises on a partial or invalid sequence
+        assert b"".join(chunks) == s.encode()

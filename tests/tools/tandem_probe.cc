@@ -6,6 +6,8 @@
 // any bytes (newlines, invalid UTF-8) survive. Subcommands:
 //   tokenize     stdin: hex text per line     stdout: token ids per line
 //   detokenize   stdin: token ids per line    stdout: hex of the decoded bytes
+//   stream-detokenize  stdin: token ids per line  stdout: the hex text emitted
+//                after each token (one field per token), then the final flush
 //   pretokenize  stdin: hex text per line     stdout: hex pieces per line
 //   chat         stdin: role_hex:content_hex,... per line
 //                stdout: hex rendering, a tab, then the token ids
@@ -29,6 +31,7 @@
 #include "engine/model/llama_model.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
 #include "engine/tokenizer/pretokenizer.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF model file");
@@ -143,8 +146,8 @@ LoadedModel LoadModel(std::shared_ptr<const model::GgufFile> file) {
 // last `positions` tokens (which must all fall in the last chunk).
 std::vector<float> RunPrompt(LoadedModel& m, const std::vector<int32_t>& tokens, int start,
                              int positions = 1) {
-  const int chunk = absl::GetFlag(FLAGS_chunk) > 0 ? absl::GetFlag(FLAGS_chunk)
-                                                   : static_cast<int>(tokens.size());
+  const int chunk =
+      absl::GetFlag(FLAGS_chunk) > 0 ? absl::GetFlag(FLAGS_chunk) : static_cast<int>(tokens.size());
   std::vector<float> logits;
   for (int pos = start; pos < static_cast<int>(tokens.size()); pos += chunk) {
     const int n = std::min<int>(chunk, static_cast<int>(tokens.size()) - pos);
@@ -176,6 +179,15 @@ int Run(const std::string& command) {
     auto tok = LoadTokenizer(*file);
     while (std::getline(std::cin, line)) {
       PrintIds(tok->Encode(FromHex(line), absl::GetFlag(FLAGS_parse_special)));
+    }
+    return 0;
+  }
+  if (command == "stream-detokenize") {
+    auto tok = LoadTokenizer(*file);
+    while (std::getline(std::cin, line)) {
+      tokenizer::IncrementalDetokenizer detokenizer(*tok);
+      for (int32_t id : ParseIds(line)) std::cout << ToHex(detokenizer.Push(id)) << " ";
+      std::cout << ToHex(detokenizer.Flush()) << "\n";
     }
     return 0;
   }

@@ -2,11 +2,11 @@
 // driver it reports zero devices and why, instead of failing (the daemon
 // relies on this to start on CPU-only machines). Skips when the build has no
 // CUDA module (TANDEM_CUDA=OFF).
-#include "engine/kernels/cuda/cuda_loader.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+
+#include "engine/kernels/cuda/cuda_loader.h"
 
 namespace tandem::kernels::cuda {
 namespace {

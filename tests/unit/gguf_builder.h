@@ -83,7 +83,8 @@ class GgufBuilder {
       put(&rank, 4);
       for (uint64_t d : t.dims) put(&d, 8);
       put(&t.type, 4);
-      const uint64_t written = t.forced_offset >= 0 ? static_cast<uint64_t>(t.forced_offset) : offset;
+      const uint64_t written =
+          t.forced_offset >= 0 ? static_cast<uint64_t>(t.forced_offset) : offset;
       put(&written, 8);
       offsets.push_back(offset);
       offset += (t.data.size() + alignment - 1) / alignment * alignment;
@@ -127,7 +128,8 @@ class GgufBuilder {
 
 inline void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace tandem::testing

@@ -12,8 +12,8 @@
 namespace tandem::model {
 namespace {
 
-using ::testing::HasSubstr;
 using tandem::testing::GgufBuilder;
+using ::testing::HasSubstr;
 
 class GgufFileTest : public ::testing::Test {
  protected:
@@ -148,8 +148,9 @@ TEST_F(GgufFileTest, RejectsBadValuesAndTensors) {
   };
   std::vector<Case> cases;
   cases.push_back({GgufBuilder().Uint32("a", 1).Uint32("a", 2), 32, "appears twice"});
-  cases.push_back({GgufBuilder().Tensor("t", {4}, 0, F32({1, 2, 3, 4})).Tensor("t", {4}, 0, F32({1, 2, 3, 4})),
-                   32, "appears twice"});
+  cases.push_back(
+      {GgufBuilder().Tensor("t", {4}, 0, F32({1, 2, 3, 4})).Tensor("t", {4}, 0, F32({1, 2, 3, 4})),
+       32, "appears twice"});
   cases.push_back({GgufBuilder().Tensor("t", {4}, 99, F32({1, 2, 3, 4})), 32, "tensor type 99"});
   cases.push_back({GgufBuilder().Tensor("t", {0}, 0, {}), 32, "invalid dimension 0"});
   cases.push_back({GgufBuilder().Tensor("t", {1, 1, 1, 1, 1}, 0, F32({1})), 32, "rank 5"});
@@ -198,7 +199,8 @@ TEST_F(GgufFileTest, RandomByteFlipsNeverCrash) {
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<uint8_t> bytes = valid;
     const int flips = 1 + static_cast<int>(rng() % 4);
-    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+    for (int f = 0; f < flips; ++f)
+      bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
     auto file = OpenBytes(bytes);
     if (!file.ok()) ++rejected;
   }

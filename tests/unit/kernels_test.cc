@@ -134,8 +134,8 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
         const std::vector<float> out = RunMatMul(backend, w, x, rows);
         for (size_t i = 0; i < rows.size(); ++i) {
           ASSERT_TRUE(SameBits(&out[i * n], alone[static_cast<size_t>(rows[i])].data(), n))
-              << Info(type).name << " row " << rows[i] << " differs in a batch of "
-              << rows.size() << " on " << threads << " threads";
+              << Info(type).name << " row " << rows[i] << " differs in a batch of " << rows.size()
+              << " on " << threads << " threads";
         }
       }
     }
@@ -167,7 +167,8 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
     for (int64_t c = 0; c < n; ++c) {
       double exact = 0, magnitude = 0;
       for (int64_t i = 0; i < k; ++i) {
-        const double p = double{x[static_cast<size_t>(r * k + i)]} * wf[static_cast<size_t>(c * k + i)];
+        const double p =
+            double{x[static_cast<size_t>(r * k + i)]} * wf[static_cast<size_t>(c * k + i)];
         exact += p;
         magnitude += std::fabs(p);
       }
@@ -206,7 +207,9 @@ TEST(MatMulTest, BiasIsAddedPerOutputFeature) {
   const Matrix biased_out[] = {View(biased, 2, 8)};
   backend.MatMul(View(x, 2, 64), ws, {}, plain_out);
   backend.MatMul(View(x, 2, 64), ws, bs, biased_out);
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(biased[static_cast<size_t>(i)], plain[static_cast<size_t>(i)] + bias_values[static_cast<size_t>(i % 8)]);
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(biased[static_cast<size_t>(i)],
+              plain[static_cast<size_t>(i)] + bias_values[static_cast<size_t>(i % 8)]);
 }
 
 TEST(RmsNormTest, MatchesFloat64AndIsRowIndependent) {
@@ -220,11 +223,14 @@ TEST(RmsNormTest, MatchesFloat64AndIsRowIndependent) {
   backend.RmsNorm(View(x, rows, cols), w, 1e-5f, View(out, rows, cols));
   for (int64_t r = 0; r < rows; ++r) {
     double ms = 0;
-    for (int64_t i = 0; i < cols; ++i) ms += double{x[static_cast<size_t>(r * cols + i)]} * x[static_cast<size_t>(r * cols + i)];
+    for (int64_t i = 0; i < cols; ++i)
+      ms += double{x[static_cast<size_t>(r * cols + i)]} * x[static_cast<size_t>(r * cols + i)];
     const double scale = 1.0 / std::sqrt(ms / cols + 1e-5);
     for (int64_t i = 0; i < cols; ++i) {
-      const double expected = x[static_cast<size_t>(r * cols + i)] * scale * weight[static_cast<size_t>(i)];
-      ASSERT_NEAR(out[static_cast<size_t>(r * cols + i)], expected, 1e-5 * std::fabs(expected) + 1e-6);
+      const double expected =
+          x[static_cast<size_t>(r * cols + i)] * scale * weight[static_cast<size_t>(i)];
+      ASSERT_NEAR(out[static_cast<size_t>(r * cols + i)], expected,
+                  1e-5 * std::fabs(expected) + 1e-6);
     }
     std::vector<float> alone(static_cast<size_t>(cols));
     std::vector<float> row(x.begin() + r * cols, x.begin() + (r + 1) * cols);
@@ -240,7 +246,8 @@ TEST(RopeTest, RotatesPairsByPositionInBothLayouts) {
     for (int i = 0; i < rotary / 2; ++i) {
       const double angle = p * std::pow(10000.0, -2.0 * i / rotary);
       table[static_cast<size_t>((p * rotary / 2 + i) * 2)] = static_cast<float>(std::cos(angle));
-      table[static_cast<size_t>((p * rotary / 2 + i) * 2 + 1)] = static_cast<float>(std::sin(angle));
+      table[static_cast<size_t>((p * rotary / 2 + i) * 2 + 1)] =
+          static_cast<float>(std::sin(angle));
     }
   }
   for (bool neox : {false, true}) {
@@ -301,7 +308,7 @@ TEST(HalfTest, ConversionsAreExactForEveryHalf) {
   }
   // Round to nearest even at the halfway point between two halves.
   EXPECT_EQ(FloatToHalf(1.0f + 0.00048828125f), 0x3c00);  // 1 + 2^-11 -> 1.0
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);              // overflows to infinity
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);               // overflows to infinity
 }
 
 // Attention over the paged cache: a sequence's outputs are bitwise the same
@@ -323,13 +330,19 @@ class AttentionTest : public ::testing::Test {
     table_ = {9, 2, 30, 7, 14, 21};  // scattered blocks
     other_table_ = {1, 3};
     std::vector<int32_t> slots, other_slots;
-    for (int p = 0; p < kLength; ++p) slots.push_back(table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
-    for (int p = 0; p < 5; ++p) other_slots.push_back(other_table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
-    backend_->WriteKv(0, View(k_, kLength, kKvHeads * kHeadDim), View(v_, kLength, kKvHeads * kHeadDim), slots);
-    backend_->WriteKv(0, View(other_k_, 5, kKvHeads * kHeadDim), View(other_k_, 5, kKvHeads * kHeadDim), other_slots);
+    for (int p = 0; p < kLength; ++p)
+      slots.push_back(table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
+    for (int p = 0; p < 5; ++p)
+      other_slots.push_back(other_table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
+    backend_->WriteKv(0, View(k_, kLength, kKvHeads * kHeadDim),
+                      View(v_, kLength, kKvHeads * kHeadDim), slots);
+    backend_->WriteKv(0, View(other_k_, 5, kKvHeads * kHeadDim),
+                      View(other_k_, 5, kKvHeads * kHeadDim), other_slots);
   }
 
-  AttentionShape Shape() const { return {kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(float{kHeadDim})}; }
+  AttentionShape Shape() const {
+    return {kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(float{kHeadDim})};
+  }
 
   // Runs rows [first, first+count) of the sequence, optionally after the
   // other sequence in the same batch.
@@ -342,11 +355,13 @@ class AttentionTest : public ::testing::Test {
       spans.push_back({0, 5, 0, other_table_});
       row = 5;
     }
-    q.insert(q.end(), q_.begin() + first * kHeads * kHeadDim, q_.begin() + (first + count) * kHeads * kHeadDim);
+    q.insert(q.end(), q_.begin() + first * kHeads * kHeadDim,
+             q_.begin() + (first + count) * kHeads * kHeadDim);
     spans.push_back({row, count, first, table_});
     std::vector<float> out(q.size());
     const int64_t rows = static_cast<int64_t>(q.size()) / (kHeads * kHeadDim);
-    backend_->Attention(0, View(q, rows, kHeads * kHeadDim), Shape(), spans, View(out, rows, kHeads * kHeadDim));
+    backend_->Attention(0, View(q, rows, kHeads * kHeadDim), Shape(), spans,
+                        View(out, rows, kHeads * kHeadDim));
     return std::vector<float>(out.begin() + row * kHeads * kHeadDim, out.end());
   }
 
@@ -372,7 +387,9 @@ TEST_F(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
 
 TEST_F(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
   const std::vector<float> out = Run(0, kLength, false);
-  auto half = [](float f) { return double{HalfToFloat(FloatToHalf(f))}; };  // the cache stores halves
+  auto half = [](float f) {
+    return double{HalfToFloat(FloatToHalf(f))};
+  };  // the cache stores halves
   for (int t = 0; t < kLength; ++t) {
     for (int h = 0; h < kHeads; ++h) {
       const int kv = h / (kHeads / kKvHeads);

@@ -70,7 +70,8 @@ TEST(SamplerTest, DrawsFollowTheTemperatureAndTopPDistribution) {
   ASSERT_EQ(cut, 5u);
   const int n = 40000;
   std::map<int, int> counts;
-  for (int draw = 0; draw < n; ++draw) ++counts[Sample(logits, Params(temperature, 0, top_p, 7), draw)];
+  for (int draw = 0; draw < n; ++draw)
+    ++counts[Sample(logits, Params(temperature, 0, top_p, 7), draw)];
   EXPECT_EQ(counts.count(5), 0u) << "a token outside the nucleus was drawn";
   double chi2 = 0;
   for (size_t i = 0; i < cut; ++i) {

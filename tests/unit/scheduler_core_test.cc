@@ -43,8 +43,8 @@ class FakeWorker {
 
  private:
   size_t Slot(const step::SequenceStep& s, int32_t pos) const {
-    return static_cast<size_t>(s.block_table.at(static_cast<size_t>(pos / kBlockSize)) * kBlockSize +
-                               pos % kBlockSize);
+    return static_cast<size_t>(
+        s.block_table.at(static_cast<size_t>(pos / kBlockSize)) * kBlockSize + pos % kBlockSize);
   }
   std::vector<TokenId> slots_;
 };
@@ -84,7 +84,8 @@ SchedulerOptions Options(int32_t budget, int32_t blocks, int32_t max_running = 6
 }
 
 // Runs steps until idle, checking per-step invariants; returns step count.
-int RunToCompletion(SchedulerCore& core, FakeWorker& worker, int32_t budget, int max_steps = 10000) {
+int RunToCompletion(SchedulerCore& core, FakeWorker& worker, int32_t budget,
+                    int max_steps = 10000) {
   int steps = 0;
   while (core.HasWork() && steps < max_steps) {
     step::StepPlan plan = core.Schedule();

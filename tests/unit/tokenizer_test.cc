@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/pretokenizer.h"
 #include "engine/tokenizer/unicode.h"
 #include "server/stop_strings.h"
@@ -78,6 +79,47 @@ TEST(UnicodeTest, InvalidBytesDecodeToReplacementCharacters) {
   ASSERT_EQ(cps.size(), 3u);
   EXPECT_EQ(cps[1].value, 0xFFFDu);
   EXPECT_EQ(cps[2].value, U'(');
+}
+
+TEST(ChatTemplateTest, DetectsFamiliesAndTheDefaultSystemPrompt) {
+  const std::string chatml =
+      "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nBe kind.<|im_end|>\n' }}"
+      "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content']}}";
+  auto t = ChatTemplate::Create(chatml, "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->family(), ChatTemplateFamily::kChatMl);
+  EXPECT_EQ(t->default_system_prompt(), "Be kind.");
+  const std::vector<ChatMessage> messages = {{"user", "Hi"}};
+  EXPECT_EQ(t->Render(messages),
+            "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  auto llama = ChatTemplate::Create("{{ '<|start_header_id|>' + message['role'] }}", "");
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->family(), ChatTemplateFamily::kLlama3);
+}
+
+TEST(ChatTemplateTest, UnknownOrMissingTemplatesNeedAnOverride) {
+  auto unknown =
+      ChatTemplate::Create("{{ bos_token }}{% for m in messages %}[INST]{% endfor %}", "");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()),
+              ::testing::HasSubstr("pass --chat_template (choices: chatml, llama3)"));
+  auto missing = ChatTemplate::Create(std::nullopt, "");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              ::testing::HasSubstr("no tokenizer.chat_template"));
+  auto overridden = ChatTemplate::Create("{{ unknown }}", "llama3");
+  ASSERT_TRUE(overridden.ok());
+  EXPECT_EQ(overridden->family(), ChatTemplateFamily::kLlama3);
+  EXPECT_FALSE(ChatTemplate::Create(std::nullopt, "alpaca").ok());
+}
+
+TEST(ChatTemplateTest, RejectsUnknownRolesAndEmptyConversations) {
+  auto t = ChatTemplate::Create(std::nullopt, "chatml");
+  ASSERT_TRUE(t.ok());
+  const std::vector<ChatMessage> bad = {{"user", "a"}, {"tool", "b"}};
+  EXPECT_THAT(std::string(t->Validate(bad).message()), ::testing::HasSubstr("messages[1].role"));
+  EXPECT_FALSE(t->Validate({}).ok());
 }
 
 }  // namespace

@@ -87,7 +87,8 @@ void PagedAttention(ThreadPool& pool, std::vector<std::vector<float>>& scratch,
   pool.ParallelFor(total_rows * shape.heads, [&](int64_t task, int thread) {
     const int64_t flat_row = task / shape.heads;
     const int head = static_cast<int>(task % shape.heads);
-    const AttentionSpan& span = spans[static_cast<size_t>(span_of_row[static_cast<size_t>(flat_row)])];
+    const AttentionSpan& span =
+        spans[static_cast<size_t>(span_of_row[static_cast<size_t>(flat_row)])];
     const int32_t offset = static_cast<int32_t>(flat_row - first_index[span_of_row[flat_row]]);
     const int64_t row = span.first_row + offset;
     const int64_t position = span.first_position + offset;

@@ -58,7 +58,8 @@ absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
   if (data == MAP_FAILED) {
     return absl::ResourceExhaustedError(StrCat("cannot map ", bytes, " bytes of KV cache"));
   }
-  kv_storage_ = std::make_unique<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
+  kv_storage_ =
+      std::make_unique<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
   kv_shape_ = shape;
   return absl::OkStatus();
 }
@@ -115,8 +116,8 @@ void CpuBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
 
 void CpuBackend::Attention(int layer, const Matrix& q, const AttentionShape& shape,
                            std::span<const AttentionSpan> spans, Matrix out) {
-  const int64_t per_layer_pool = int64_t{kv_shape_.blocks} * kv_shape_.block_size *
-                                 kv_shape_.kv_heads * kv_shape_.head_dim;
+  const int64_t per_layer_pool =
+      int64_t{kv_shape_.blocks} * kv_shape_.block_size * kv_shape_.kv_heads * kv_shape_.head_dim;
   const auto* base = static_cast<const uint16_t*>(kv_storage_->data());
   KvLayerView view;
   view.k = base + int64_t{2} * layer * per_layer_pool;

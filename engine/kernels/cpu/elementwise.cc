@@ -13,13 +13,12 @@ void RmsNormRow(const float* x, const float* weight, int64_t n, float eps, float
 }
 
 void RmsNorm(ThreadPool& pool, const Matrix& x, const float* weight, float eps, Matrix out) {
-  pool.ParallelFor(x.rows, [&](int64_t r, int) {
-    RmsNormRow(x.Row(r), weight, x.cols, eps, out.Row(r));
-  });
+  pool.ParallelFor(x.rows,
+                   [&](int64_t r, int) { RmsNormRow(x.Row(r), weight, x.cols, eps, out.Row(r)); });
 }
 
-void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim,
-          std::span<const int32_t> positions, const RopeSpec& rope) {
+void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+          const RopeSpec& rope) {
   const int pairs = rope.rotary_dims / 2;
   const auto* table = static_cast<const float*>(rope.table.data);
   pool.ParallelFor(x.rows, [&](int64_t r, int) {

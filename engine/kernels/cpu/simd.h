@@ -63,8 +63,8 @@ inline __m256 Exp8(__m256 x) {
   p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r);
   p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   return _mm256_andnot_ps(underflow, result);
 }

@@ -19,8 +19,8 @@ extern "C" int tandem_cuda_probe(char* message, size_t size) {
       cudaDeviceProp prop{};
       if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
       char line[256];
-      std::snprintf(line, sizeof(line), "%s%d: %s (sm_%d%d, %zu MiB)", d ? "; " : "", d,
-                    prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
+      std::snprintf(line, sizeof(line), "%s%d: %s (sm_%d%d, %zu MiB)", d ? "; " : "", d, prop.name,
+                    prop.major, prop.minor, prop.totalGlobalMem >> 20);
       text += line;
     }
     if (count == 0) text = "no CUDA device";
