@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +22,21 @@ enum class FinishReason {
   kCancelled,  // the client cancelled, disconnected, or its deadline passed
   kError,      // the worker failed; `error` says why
 };
+
+// "stop", "length", "cancelled", "error": for logs and metric labels.
+inline std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "unknown";
+}
 
 struct Usage {
   int32_t prompt_tokens = 0;

@@ -27,20 +27,6 @@ std::string NewRequestId() {
   return id;
 }
 
-const char* ReasonName(scheduler::FinishReason reason) {
-  switch (reason) {
-    case scheduler::FinishReason::kStop:
-      return "stop";
-    case scheduler::FinishReason::kLength:
-      return "length";
-    case scheduler::FinishReason::kCancelled:
-      return "cancelled";
-    case scheduler::FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 // Folds `next` into `acc`: text and tokens append, final fields override.
 void Merge(v1::GenerateResponse& acc, v1::GenerateResponse&& next) {
   acc.mutable_text()->append(next.text());
@@ -201,9 +187,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
             "request {} finished: reason={} prompt_tokens={} completion_tokens={} "
             "queued_ms={:.1f} prefill_ms={:.1f} first_token_ms={:.1f} decode_ms={:.1f} "
             "total_ms={:.1f}{}",
-            id, ReasonName(info.reason), prompt_tokens, info.usage.completion_tokens, t.queued_ms(),
-            t.prefill_ms(), t.first_token_ms(), t.decode_ms(), t.total_ms(),
-            info.error.ok() ? "" : " error=" + info.error.ToString());
+            id, scheduler::FinishReasonName(info.reason), prompt_tokens,
+            info.usage.completion_tokens, t.queued_ms(), t.prefill_ms(), t.first_token_ms(),
+            t.decode_ms(), t.total_ms(), info.error.ok() ? "" : " error=" + info.error.ToString());
       });
   absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
   if (!id.ok()) {

@@ -5,20 +5,6 @@
 namespace tandem::server {
 namespace {
 
-const char* ReasonLabel(scheduler::FinishReason reason) {
-  switch (reason) {
-    case scheduler::FinishReason::kStop:
-      return "stop";
-    case scheduler::FinishReason::kLength:
-      return "length";
-    case scheduler::FinishReason::kCancelled:
-      return "cancelled";
-    case scheduler::FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
 }  // namespace
@@ -64,12 +50,13 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                       .Add({}, LatencyBuckets())) {
   for (auto reason : {scheduler::FinishReason::kStop, scheduler::FinishReason::kLength,
                       scheduler::FinishReason::kCancelled, scheduler::FinishReason::kError}) {
-    requests_.Add({{"finish_reason", ReasonLabel(reason)}});
+    requests_.Add({{"finish_reason", std::string(scheduler::FinishReasonName(reason))}});
   }
 }
 
 void ServerMetrics::OnFinish(const scheduler::FinishInfo& info) {
-  requests_.Add({{"finish_reason", ReasonLabel(info.reason)}}).Increment();
+  requests_.Add({{"finish_reason", std::string(scheduler::FinishReasonName(info.reason))}})
+      .Increment();
   prompt_tokens_.Increment(info.usage.prompt_tokens);
   generated_tokens_.Increment(info.usage.completion_tokens);
   const scheduler::Timeline& t = info.timeline;

@@ -3,16 +3,12 @@
 #include <algorithm>
 
 #include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 
 namespace tandem::kernels::cpu {
 namespace {
-
-// Activation rows that share one decoding of a weight block.
-constexpr int kTileRows = 4;
-// Weight rows per panel (see the loops below).
-constexpr int64_t kPanelRows = 16;
 
 #ifdef TANDEM_CPU_AVX512
 
@@ -189,32 +185,15 @@ void FusedRows(const Weight& weight, const Matrix& x, const float* block_sums, i
                int64_t n1, const float* bias, const Matrix& out) {
   const int64_t blocks = weight.cols / 32;
   const auto* base = static_cast<const Block*>(weight.data);
-  // Weight rows in panels that stay in L1 while every activation tile
-  // passes over them.
-  for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
-    const int64_t p1 = std::min(n1, p0 + kPanelRows);
-    for (int64_t r0 = 0; r0 < x.rows; r0 += kTileRows) {
-      const int tile = static_cast<int>(std::min<int64_t>(kTileRows, x.rows - r0));
-      const float* rows[kTileRows];
-      const float* sums[kTileRows];
-      for (int r = 0; r < tile; ++r) {
-        rows[r] = x.Row(r0 + r);
-        sums[r] = block_sums + (r0 + r) * blocks;
-      }
-      for (int64_t n = p0; n < p1; ++n) {
-        const Block* w = base + n * blocks;
-        float dots[kTileRows];
-        if (tile == kTileRows) {
-          DotTile<Block, kTileRows>(w, rows, sums, blocks, dots);
-        } else {
-          for (int r = 0; r < tile; ++r) DotTile<Block, 1>(w, &rows[r], &sums[r], blocks, &dots[r]);
-        }
-        for (int r = 0; r < tile; ++r) {
-          out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
-        }
-      }
+  ForEachTile(x.rows, n0, n1, bias, out, [&]<int R>(int64_t first_row, int64_t n, float* dots) {
+    const float* rows[R];
+    const float* sums[R];
+    for (int r = 0; r < R; ++r) {
+      rows[r] = x.Row(first_row + r);
+      sums[r] = kNeedsBlockSums ? block_sums + (first_row + r) * blocks : nullptr;
     }
-  }
+    DotTile<Block, R>(base + n * blocks, rows, sums, blocks, dots);
+  });
 }
 
 }  // namespace

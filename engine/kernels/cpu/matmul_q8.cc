@@ -3,18 +3,26 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 
 namespace tandem::kernels::cpu {
 namespace {
 
-// Activation rows that share one unpacking of a weight block.
-constexpr int kTileRows = 4;
-// Weight rows per panel (see the loops below).
-constexpr int64_t kPanelRows = 16;
-
 inline float RoundThroughHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
+
+// A weight block as 32 signed integers, its scale and its offset (m for
+// Q4_1; 0 for the symmetric formats, whose offset is folded into q).
+struct UnpackedBlock {
+#ifdef TANDEM_CPU_AVX2
+  __m256i q;
+#else
+  int8_t q[32];
+#endif
+  float d;
+  float m;
+};
 
 #ifdef TANDEM_CPU_AVX2
 
@@ -23,11 +31,6 @@ inline float RoundThroughHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 inline __m256i DotI8(__m256i w, __m256i a) {
   const __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
   return _mm256_madd_epi16(products, _mm256_set1_epi16(1));
-}
-
-// The same for unsigned weight bytes (0..15).
-inline __m256i DotU8I8(__m256i w, __m256i a) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
 }
 
 // 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15), then
@@ -40,144 +43,92 @@ inline __m256i UnpackNibbles(const uint8_t* qs) {
   return _mm256_set_m128i(hi, lo);
 }
 
-inline __m256i LoadActivation(const ActivationBlock& a) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+inline UnpackedBlock Unpack(const BlockQ8_0& b) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)), HalfToFloat(b.d), 0.0f};
+}
+inline UnpackedBlock Unpack(const BlockQ4_0& b) {
+  return {_mm256_sub_epi8(UnpackNibbles(b.qs), _mm256_set1_epi8(8)), HalfToFloat(b.d), 0.0f};
+}
+inline UnpackedBlock Unpack(const BlockQ4_1& b) {
+  return {UnpackNibbles(b.qs), HalfToFloat(b.d), HalfToFloat(b.m)};
 }
 
-template <int R>
-void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
+// Integer dot product per block, scaled and accumulated in 8 float lanes in
+// block order; the offset term m * s accumulates separately.
+template <int R, typename Block>
+void DotTile(const Block* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
-    const float dw = HalfToFloat(w[b].d);
-    for (int r = 0; r < R; ++r) {
-      const ActivationBlock& a = act[r][b];
-      const __m256 p = _mm256_cvtepi32_ps(DotI8(wq, LoadActivation(a)));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
-}
-
-template <int R>
-void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i wq = _mm256_sub_epi8(UnpackNibbles(w[b].qs), eight);
-    const float dw = HalfToFloat(w[b].d);
-    for (int r = 0; r < R; ++r) {
-      const ActivationBlock& a = act[r][b];
-      const __m256 p = _mm256_cvtepi32_ps(DotI8(wq, LoadActivation(a)));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
-}
-
-template <int R>
-void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
-  __m256 acc[R];
-  float mins[R];
+  float offsets[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm256_setzero_ps();
-    mins[r] = 0.0f;
+    offsets[r] = 0.0f;
   }
   for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i wq = UnpackNibbles(w[b].qs);
-    const float dw = HalfToFloat(w[b].d);
-    const float mw = HalfToFloat(w[b].m);
+    const UnpackedBlock u = Unpack(w[b]);
     for (int r = 0; r < R; ++r) {
       const ActivationBlock& a = act[r][b];
-      const __m256 p = _mm256_cvtepi32_ps(DotU8I8(wq, LoadActivation(a)));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p, acc[r]);
-      mins[r] += mw * a.s;
+      const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+      const __m256 p = _mm256_cvtepi32_ps(DotI8(u.q, aq));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(u.d * a.d), p, acc[r]);
+      offsets[r] += u.m * a.s;
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]) + mins[r];
+  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]) + offsets[r];
 }
 
-#else  // portable versions: exact integer block sums, float accumulation in block order
+#else  // portable: exact integer block sums, float accumulation in block order
 
-template <int R>
-void DotTile(const BlockQ8_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) {
-      int32_t sum = 0;
-      for (int j = 0; j < 32; ++j) sum += w[b].qs[j] * act[r][b].q[j];
-      acc += HalfToFloat(w[b].d) * act[r][b].d * static_cast<float>(sum);
-    }
-    out[r] = acc;
+inline void UnpackNibbles(const uint8_t* qs, int subtract, int8_t* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<int8_t>((qs[j] & 0x0f) - subtract);
+    q[j + 16] = static_cast<int8_t>((qs[j] >> 4) - subtract);
   }
 }
 
-template <int R>
-void DotTile(const BlockQ4_0* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
-  for (int r = 0; r < R; ++r) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) {
-      int32_t sum = 0;
-      for (int j = 0; j < 16; ++j) {
-        sum += ((w[b].qs[j] & 0x0f) - 8) * act[r][b].q[j];
-        sum += ((w[b].qs[j] >> 4) - 8) * act[r][b].q[j + 16];
-      }
-      acc += HalfToFloat(w[b].d) * act[r][b].d * static_cast<float>(sum);
-    }
-    out[r] = acc;
-  }
+inline UnpackedBlock Unpack(const BlockQ8_0& b) {
+  UnpackedBlock u{{}, HalfToFloat(b.d), 0.0f};
+  for (int j = 0; j < 32; ++j) u.q[j] = b.qs[j];
+  return u;
+}
+inline UnpackedBlock Unpack(const BlockQ4_0& b) {
+  UnpackedBlock u{{}, HalfToFloat(b.d), 0.0f};
+  UnpackNibbles(b.qs, 8, u.q);
+  return u;
+}
+inline UnpackedBlock Unpack(const BlockQ4_1& b) {
+  UnpackedBlock u{{}, HalfToFloat(b.d), HalfToFloat(b.m)};
+  UnpackNibbles(b.qs, 0, u.q);
+  return u;
 }
 
-template <int R>
-void DotTile(const BlockQ4_1* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
+template <int R, typename Block>
+void DotTile(const Block* w, const ActivationBlock* const* act, int64_t blocks, float* out) {
   for (int r = 0; r < R; ++r) {
     float acc = 0.0f;
-    float mins = 0.0f;
+    float offsets = 0.0f;
     for (int64_t b = 0; b < blocks; ++b) {
+      const UnpackedBlock u = Unpack(w[b]);
       int32_t sum = 0;
-      for (int j = 0; j < 16; ++j) {
-        sum += (w[b].qs[j] & 0x0f) * act[r][b].q[j];
-        sum += (w[b].qs[j] >> 4) * act[r][b].q[j + 16];
-      }
-      acc += HalfToFloat(w[b].d) * act[r][b].d * static_cast<float>(sum);
-      mins += HalfToFloat(w[b].m) * act[r][b].s;
+      for (int j = 0; j < 32; ++j) sum += u.q[j] * act[r][b].q[j];
+      acc += u.d * act[r][b].d * static_cast<float>(sum);
+      offsets += u.m * act[r][b].s;
     }
-    out[r] = acc + mins;
+    out[r] = acc + offsets;
   }
 }
 
 #endif  // TANDEM_CPU_AVX2
 
-// weight rows [n0, n1) against every activation row, tiled by kTileRows.
 template <typename Block>
 void Rows(const Weight& weight, const ActivationBlock* activations, int64_t rows, int64_t n0,
           int64_t n1, const float* bias, const Matrix& out) {
   const int64_t blocks = weight.cols / 32;
   const auto* base = static_cast<const Block*>(weight.data);
-  // Weight rows in panels that stay in L1 while every activation tile
-  // passes over them.
-  for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
-    const int64_t p1 = std::min(n1, p0 + kPanelRows);
-    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
-      const int tile = static_cast<int>(std::min<int64_t>(kTileRows, rows - r0));
-      const ActivationBlock* act[kTileRows];
-      for (int r = 0; r < tile; ++r) act[r] = activations + (r0 + r) * blocks;
-      for (int64_t n = p0; n < p1; ++n) {
-        const Block* w = base + n * blocks;
-        float dots[kTileRows];
-        if (tile == kTileRows) {
-          DotTile<kTileRows>(w, act, blocks, dots);
-        } else {
-          for (int r = 0; r < tile; ++r) DotTile<1>(w, &act[r], blocks, &dots[r]);
-        }
-        for (int r = 0; r < tile; ++r) {
-          out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
-        }
-      }
-    }
-  }
+  ForEachTile(rows, n0, n1, bias, out, [&]<int R>(int64_t first_row, int64_t n, float* dots) {
+    const ActivationBlock* act[R];
+    for (int r = 0; r < R; ++r) act[r] = activations + (first_row + r) * blocks;
+    DotTile<R>(base + n * blocks, act, blocks, dots);
+  });
 }
 
 }  // namespace
