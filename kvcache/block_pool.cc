@@ -1,31 +1,124 @@
 #include "kvcache/block_pool.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 
 namespace tandem::kvcache {
 
-BlockPool::BlockPool(int32_t blocks) : in_use_(static_cast<size_t>(blocks), false) {
-  for (BlockId b = 0; b < blocks; ++b) free_.push_back(b);
+BlockPool::BlockPool(int32_t blocks, int32_t block_size)
+    : block_size_(block_size),
+      blocks_(static_cast<size_t>(blocks)),
+      tokens_(static_cast<size_t>(blocks) * static_cast<size_t>(block_size)) {
+  for (BlockId b = 0; b < blocks; ++b) PushBack(b);
+}
+
+void BlockPool::Unlink(BlockId b) {
+  Block& block = blocks_[static_cast<size_t>(b)];
+  TANDEM_CHECK(block.in_free_list, "unlinking a block that is not free");
+  if (block.prev >= 0) {
+    blocks_[static_cast<size_t>(block.prev)].next = block.next;
+  } else {
+    head_ = block.next;
+  }
+  if (block.next >= 0) {
+    blocks_[static_cast<size_t>(block.next)].prev = block.prev;
+  } else {
+    tail_ = block.prev;
+  }
+  block.prev = block.next = -1;
+  block.in_free_list = false;
+  --free_count_;
+}
+
+void BlockPool::PushFront(BlockId b) {
+  Block& block = blocks_[static_cast<size_t>(b)];
+  block.prev = -1;
+  block.next = head_;
+  if (head_ >= 0) blocks_[static_cast<size_t>(head_)].prev = b;
+  head_ = b;
+  if (tail_ < 0) tail_ = b;
+  block.in_free_list = true;
+  ++free_count_;
+}
+
+void BlockPool::PushBack(BlockId b) {
+  Block& block = blocks_[static_cast<size_t>(b)];
+  block.next = -1;
+  block.prev = tail_;
+  if (tail_ >= 0) blocks_[static_cast<size_t>(tail_)].next = b;
+  tail_ = b;
+  if (head_ < 0) head_ = b;
+  block.in_free_list = true;
+  ++free_count_;
+}
+
+void BlockPool::Evict(BlockId b) {
+  Block& block = blocks_[static_cast<size_t>(b)];
+  if (!block.cached) return;
+  index_.erase(block.hash);
+  block.cached = false;
+  ++evictions_;
 }
 
 bool BlockPool::Allocate(int32_t count, std::vector<BlockId>* out) {
-  if (count > free_blocks()) return false;
+  if (count > free_count_) return false;
   for (int32_t i = 0; i < count; ++i) {
-    const BlockId b = free_.front();
-    free_.pop_front();
-    in_use_[static_cast<size_t>(b)] = true;
+    const BlockId b = head_;
+    Unlink(b);
+    Evict(b);
+    blocks_[static_cast<size_t>(b)].refs = 1;
     out->push_back(b);
   }
   return true;
 }
 
-void BlockPool::Free(std::span<const BlockId> blocks) {
+void BlockPool::Acquire(BlockId b) {
+  Block& block = blocks_[static_cast<size_t>(b)];
+  if (block.refs == 0) Unlink(b);
+  ++block.refs;
+}
+
+void BlockPool::Release(std::span<const BlockId> blocks) {
   for (BlockId b : blocks) {
-    TANDEM_CHECK(b >= 0 && b < total_blocks() && in_use_[static_cast<size_t>(b)],
-                 "freeing a KV block that is not held");
-    in_use_[static_cast<size_t>(b)] = false;
-    free_.push_back(b);
+    TANDEM_CHECK(b >= 0 && b < total_blocks() && blocks_[static_cast<size_t>(b)].refs > 0,
+                 "releasing a KV block that is not held");
+    Block& block = blocks_[static_cast<size_t>(b)];
+    if (--block.refs > 0) continue;
+    if (block.cached) {
+      PushBack(b);
+    } else {
+      PushFront(b);
+    }
   }
+}
+
+bool BlockPool::Cache(BlockId b, const BlockHash& hash, std::span<const TokenId> tokens) {
+  Block& block = blocks_[static_cast<size_t>(b)];
+  TANDEM_CHECK(block.refs > 0 && static_cast<int32_t>(tokens.size()) == block_size_,
+               "only held, full blocks can be cached");
+  if (block.cached) return block.hash == hash;
+  if (!index_.emplace(hash, b).second) return false;
+  block.cached = true;
+  block.hash = hash;
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<std::ptrdiff_t>(b) * block_size_);
+  return true;
+}
+
+std::optional<BlockId> BlockPool::Find(const BlockHash& hash,
+                                       std::span<const TokenId> tokens) const {
+  auto it = index_.find(hash);
+  if (it == index_.end()) return std::nullopt;
+  const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(it->second) * block_size_;
+  if (!std::equal(tokens.begin(), tokens.end(), first, first + block_size_)) return std::nullopt;
+  return it->second;
+}
+
+std::vector<BlockId> BlockPool::FreeListOrder() const {
+  std::vector<BlockId> order;
+  for (BlockId b = head_; b >= 0; b = blocks_[static_cast<size_t>(b)].next) order.push_back(b);
+  return order;
 }
 
 }  // namespace tandem::kvcache

@@ -1,18 +1,25 @@
-// The paged KV cache's bookkeeping: which blocks are free and which are held.
+// The paged KV cache's blocks: reference counts, the free list in eviction
+// order, and the index of cached full blocks.
 //
-// Pure CPU metadata, owned by the scheduler thread; the K/V bytes live in the
-// worker's backend, indexed by the same block ids. Allocation is all or
-// nothing and answers "does not fit" as a value, so the scheduler can wait or
-// preempt.
+// A block is held while its reference count is positive. A block whose count
+// drops to zero joins the free list; if it is cached (registered under a
+// BlockHash) it stays findable there until it is evicted, which happens only
+// when an allocation takes it. The free list is the eviction order: blocks
+// are taken from its head; uncached blocks join at the head (nothing is lost
+// by reusing them), cached ones at the tail (least recently used first).
 //
-// Thread safety: not thread-safe; one owner (the scheduler thread).
+// Pure CPU metadata (the K/V bytes live in the worker's backend, indexed by
+// the same ids). Thread safety: none; one owner (the scheduler thread).
 #ifndef TANDEM_KVCACHE_BLOCK_POOL_H_
 #define TANDEM_KVCACHE_BLOCK_POOL_H_
 
 #include <cstdint>
-#include <deque>
+#include <optional>
 #include <span>
 #include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "kvcache/block_hash.h"
 
 namespace tandem::kvcache {
 
@@ -20,23 +27,65 @@ using BlockId = int32_t;
 
 class BlockPool {
  public:
-  explicit BlockPool(int32_t blocks);
+  // `block_size`: tokens per block (cached blocks keep their tokens).
+  BlockPool(int32_t blocks, int32_t block_size);
 
-  int32_t total_blocks() const { return static_cast<int32_t>(in_use_.size()); }
-  int32_t free_blocks() const { return static_cast<int32_t>(free_.size()); }
+  int32_t total_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  int32_t block_size() const { return block_size_; }
+  // Blocks with no holder, cached or not (all of them can be allocated).
+  int32_t free_blocks() const { return free_count_; }
+  int32_t used_blocks() const { return total_blocks() - free_count_; }
+  int32_t cached_blocks() const { return static_cast<int32_t>(index_.size()); }
+  int64_t evictions() const { return evictions_; }
 
-  // Appends `count` blocks to `out` and returns true, or returns false and
-  // changes nothing when fewer than `count` are free. Blocks come out in
-  // free-list order (lowest ids first on a fresh pool).
+  // Takes `count` blocks from the head of the free list, each with one
+  // reference, evicting cached ones; appends them to `out`. Returns false and
+  // changes nothing when fewer than `count` are free.
   bool Allocate(int32_t count, std::vector<BlockId>* out);
 
-  // Returns blocks to the free list. REQUIRES: each is held (checked: a
-  // double free is a bookkeeping bug that would corrupt another sequence).
-  void Free(std::span<const BlockId> blocks);
+  // Adds a reference (a cache hit or a fork); a free block leaves the free list.
+  void Acquire(BlockId block);
+
+  // Drops one reference from each block, in order; blocks reaching zero join
+  // the free list. REQUIRES: each is held (checked: a double release is a
+  // bookkeeping bug that would corrupt another sequence).
+  void Release(std::span<const BlockId> blocks);
+
+  // Registers a held, full block under `hash` with its `tokens`. Returns
+  // false (and changes nothing) when another block already holds that hash.
+  bool Cache(BlockId block, const BlockHash& hash, std::span<const TokenId> tokens);
+
+  // The cached block with this hash and these tokens, if any.
+  std::optional<BlockId> Find(const BlockHash& hash, std::span<const TokenId> tokens) const;
+
+  int32_t ref_count(BlockId block) const { return blocks_[static_cast<size_t>(block)].refs; }
+  bool is_cached(BlockId block) const { return blocks_[static_cast<size_t>(block)].cached; }
+  // The free list from head (next to allocate) to tail, for tests.
+  std::vector<BlockId> FreeListOrder() const;
 
  private:
-  std::deque<BlockId> free_;
-  std::vector<bool> in_use_;
+  struct Block {
+    int32_t refs = 0;
+    bool cached = false;
+    BlockHash hash;
+    BlockId prev = -1;  // free-list links, when free
+    BlockId next = -1;
+    bool in_free_list = false;
+  };
+
+  void Unlink(BlockId b);
+  void PushFront(BlockId b);
+  void PushBack(BlockId b);
+  void Evict(BlockId b);
+
+  int32_t block_size_;
+  std::vector<Block> blocks_;
+  std::vector<TokenId> tokens_;  // block_size tokens per cached block
+  BlockId head_ = -1;
+  BlockId tail_ = -1;
+  int32_t free_count_ = 0;
+  int64_t evictions_ = 0;
+  absl::flat_hash_map<BlockHash, BlockId> index_;
 };
 
 }  // namespace tandem::kvcache

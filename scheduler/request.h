@@ -82,6 +82,9 @@ struct Request {
   int32_t max_tokens = 1;               // generated tokens, at most
   std::vector<TokenId> stop_token_ids;  // end generation (EOS included unless ignored)
   absl::Time deadline = absl::InfiniteFuture();
+  // Requests share cached KV blocks only with requests of the same salt (one
+  // per tenant, say), so a tenant cannot learn another's prompts from timing.
+  std::string cache_salt;
   std::shared_ptr<RequestSink> sink;
 };
 

@@ -8,8 +8,7 @@ Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker*
     : max_queued_(max_queued), worker_(worker), core_(std::move(options)) {
   {
     absl::MutexLock lock(&mu_);
-    load_.free_blocks = core_.free_blocks();
-    load_.total_blocks = core_.total_blocks();
+    load_.kv = core_.kv_stats();
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -86,9 +85,8 @@ void Scheduler::Loop() {
     queued_ = static_cast<int32_t>(inbox_.size()) + core_.waiting();
     load_.waiting = core_.waiting();
     load_.running = core_.running();
-    load_.free_blocks = core_.free_blocks();
-    load_.total_blocks = core_.total_blocks();
     load_.preemptions = core_.preemptions();
+    load_.kv = core_.kv_stats();
   }
 }
 

@@ -23,9 +23,8 @@ namespace tandem::scheduler {
 struct SchedulerLoad {
   int32_t waiting = 0;
   int32_t running = 0;
-  int32_t free_blocks = 0;
-  int32_t total_blocks = 0;
   int64_t preemptions = 0;
+  kvcache::KvCacheStats kv;
 };
 
 class Scheduler {

@@ -9,7 +9,8 @@
 namespace tandem::scheduler {
 
 SchedulerCore::SchedulerCore(SchedulerOptions options)
-    : options_(std::move(options)), pool_(options_.kv_blocks) {}
+    : options_(std::move(options)),
+      kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching) {}
 
 absl::Status SchedulerCore::Admissible(const Request& request) const {
   const int32_t prompt = static_cast<int32_t>(request.prompt.size());
@@ -19,9 +20,9 @@ absl::Status SchedulerCore::Admissible(const Request& request) const {
                                              " tokens; the context holds ", options_.context_length,
                                              " including at least one generated token"));
   }
-  if (BlocksFor(prompt + 1) > pool_.total_blocks()) {
-    return absl::InvalidArgumentError(StrCat("the prompt needs ", BlocksFor(prompt + 1),
-                                             " KV blocks; the cache has ", pool_.total_blocks()));
+  if (kv_.BlocksFor(prompt + 1) > kv_.total_blocks()) {
+    return absl::InvalidArgumentError(StrCat("the prompt needs ", kv_.BlocksFor(prompt + 1),
+                                             " KV blocks; the cache has ", kv_.total_blocks()));
   }
   if (request.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
   return absl::OkStatus();
@@ -36,15 +37,20 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   waiting_.push_back(std::move(seq));
 }
 
-bool SchedulerCore::Reserve(Sequence& seq, int32_t tokens) {
-  const int32_t missing = BlocksFor(tokens) - static_cast<int32_t>(seq.blocks.size());
-  return missing <= 0 || pool_.Allocate(missing, &seq.blocks);
+int32_t SchedulerCore::Admit(Sequence& seq, int32_t budget) {
+  const kvcache::PrefixMatch match = kv_.FindPrefix(seq.tokens, seq.request.cache_salt);
+  const int32_t count = std::min(static_cast<int32_t>(seq.tokens.size()) - match.tokens, budget);
+  if (!kv_.Admit(seq.id, seq.request.cache_salt, seq.tokens, match, match.tokens + count)) {
+    return 0;
+  }
+  seq.computed = match.tokens;
+  if (seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = match.tokens;
+  return count;
 }
 
 void SchedulerCore::Preempt(Sequence& seq) {
-  pool_.Free(seq.blocks);
-  seq.blocks.clear();
-  seq.computed = 0;  // recomputed later from its prompt and generated tokens
+  kv_.Release(seq.id);
+  seq.computed = 0;  // recomputed later, mostly from the prefix cache
   ++preemptions_;
 }
 
@@ -60,7 +66,7 @@ step::SequenceStep SchedulerCore::MakeStep(const Sequence& seq, int32_t count) c
   step.sequence_id = seq.id;
   step.tokens.assign(seq.tokens.begin() + seq.computed, seq.tokens.begin() + seq.computed + count);
   step.first_position = seq.computed;
-  step.block_table = seq.blocks;
+  step.block_table = kv_.BlockTable(seq.id);
   step.sample = seq.computed + count == static_cast<int32_t>(seq.tokens.size());
   step.sampling = seq.request.sampling;
   step.draw_index = static_cast<uint64_t>(seq.generated);
@@ -82,7 +88,7 @@ step::StepPlan SchedulerCore::Schedule() {
         continue;
       }
       const int32_t count = std::min(needed, budget);
-      bool fits = Reserve(seq, seq.computed + count);
+      bool fits = kv_.Reserve(seq.id, seq.computed + count);
       // Make room by preempting the newest sequence not in this step.
       while (!fits) {
         auto victim = running_.end();
@@ -93,10 +99,10 @@ step::StepPlan SchedulerCore::Schedule() {
         Preempt(**victim);
         waiting_.push_front(std::move(*victim));
         running_.erase(victim);
-        fits = Reserve(seq, seq.computed + count);
+        fits = kv_.Reserve(seq.id, seq.computed + count);
       }
       if (!fits) {
-        if (static_cast<int32_t>(seq.blocks.size()) + pool_.free_blocks() == pool_.total_blocks()) {
+        if (kv_.pool().used_blocks() == static_cast<int32_t>(kv_.BlockTable(seq.id).size())) {
           // Alone in the pool and still short: it can never grow.
           SequencePtr owned = std::move(*it);
           it = running_.erase(it);
@@ -121,9 +127,8 @@ step::StepPlan SchedulerCore::Schedule() {
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
     if (planned.contains(seq.id)) break;  // preempted during this step
-    const int32_t needed = static_cast<int32_t>(seq.tokens.size()) - seq.computed;
-    const int32_t count = std::min(needed, budget);
-    if (!Reserve(seq, seq.computed + count)) break;
+    const int32_t count = Admit(seq, budget);
+    if (count == 0) break;
     if (seq.timeline.scheduled == absl::InfinitePast()) seq.timeline.scheduled = options_.clock();
     plan.sequences.push_back(MakeStep(seq, count));
     planned.insert(seq.id);
@@ -131,6 +136,7 @@ step::StepPlan SchedulerCore::Schedule() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+  for (const kvcache::BlockCopy& c : kv_.TakeCopies()) plan.block_copies.push_back({c.from, c.to});
   return plan;
 }
 
@@ -148,6 +154,7 @@ void SchedulerCore::Update(const step::StepPlan& plan, const step::StepResult& r
     Sequence* seq = FindRunning(s.sequence_id);
     TANDEM_CHECK(seq != nullptr, "a planned sequence left the running set mid-step");
     seq->computed += static_cast<int32_t>(s.tokens.size());
+    kv_.Commit(seq->id, seq->tokens, seq->computed);
     if (!s.sample) continue;
     TANDEM_CHECK(result.sequences[i].sampled.has_value(), "a sampling step returned no token");
     const TokenId token = *result.sequences[i].sampled;
@@ -217,15 +224,14 @@ absl::Time SchedulerCore::NextDeadline() const {
 }
 
 void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status why) {
-  pool_.Free(seq->blocks);
-  seq->blocks.clear();
+  kv_.Release(seq->id);
   seq->timeline.finished = options_.clock();
   FinishInfo info;
   info.reason = reason;
   info.error = std::move(why);
   info.usage.prompt_tokens = static_cast<int32_t>(seq->request.prompt.size());
   info.usage.completion_tokens = seq->generated;
-  info.usage.cached_prompt_tokens = 0;
+  info.usage.cached_prompt_tokens = std::max(0, seq->cached_prompt_tokens);
   info.timeline = seq->timeline;
   seq->request.sink->OnFinish(info);
 }

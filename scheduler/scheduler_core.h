@@ -10,8 +10,10 @@
 // Per step: running sequences that need one token (decodes) are scheduled
 // first, then running sequences still computing their prompt, then waiting
 // sequences in arrival order while the budget, the running cap and the KV
-// pool allow. A running sequence that cannot get a block preempts the most
-// recently admitted sequence not yet in this step's plan (or itself).
+// pool allow. Admission looks up the prefix cache: cached prompt tokens count
+// as computed and are not run again. A running sequence that cannot get a
+// block preempts the most recently admitted sequence not yet in this step's
+// plan (or itself).
 //
 // Thread safety: none; owned by the Scheduler thread (or a test).
 #ifndef TANDEM_SCHEDULER_SCHEDULER_CORE_H_
@@ -27,7 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/step/step_plan.h"
-#include "kvcache/block_pool.h"
+#include "kvcache/kv_cache_manager.h"
 #include "scheduler/request.h"
 
 namespace tandem::scheduler {
@@ -38,6 +40,7 @@ struct SchedulerOptions {
   int32_t block_size = 16;           // tokens per KV block
   int32_t kv_blocks = 1024;          // KV blocks in the pool
   int32_t context_length = 2048;     // positions per sequence
+  bool prefix_caching = true;        // reuse cached KV blocks of equal prefixes
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
@@ -71,8 +74,9 @@ class SchedulerCore {
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
   int32_t waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t running() const { return static_cast<int32_t>(running_.size()); }
-  int32_t free_blocks() const { return pool_.free_blocks(); }
-  int32_t total_blocks() const { return pool_.total_blocks(); }
+  int32_t free_blocks() const { return kv_.free_blocks(); }
+  int32_t total_blocks() const { return kv_.total_blocks(); }
+  kvcache::KvCacheStats kv_stats() const { return kv_.stats(); }
   int64_t preemptions() const { return preemptions_; }
 
  private:
@@ -80,26 +84,24 @@ class SchedulerCore {
     uint64_t id = 0;
     Request request;
     std::vector<TokenId> tokens;  // prompt, then generated tokens
-    int32_t computed = 0;         // tokens whose KV is in `blocks`
+    int32_t computed = 0;         // tokens whose KV is in its blocks
     int32_t generated = 0;
-    std::vector<kvcache::BlockId> blocks;
+    int32_t cached_prompt_tokens = -1;  // prefix-cache hit at first admission
     Timeline timeline;
   };
   using SequencePtr = std::unique_ptr<Sequence>;
 
-  int32_t BlocksFor(int32_t tokens) const {
-    return (tokens + options_.block_size - 1) / options_.block_size;
-  }
-  // Grows seq's blocks to hold `tokens` tokens; false (and no change) when
-  // the pool is short.
-  bool Reserve(Sequence& seq, int32_t tokens);
+  // Admits a waiting sequence with up to `budget` tokens of work, reusing its
+  // cached prefix; returns the tokens to run, or 0 (and no change) when its
+  // blocks do not fit.
+  int32_t Admit(Sequence& seq, int32_t budget);
   void Preempt(Sequence& seq);
   void Finish(SequencePtr seq, FinishReason reason, absl::Status why);
   step::SequenceStep MakeStep(const Sequence& seq, int32_t count) const;
   Sequence* FindRunning(uint64_t id);
 
   SchedulerOptions options_;
-  kvcache::BlockPool pool_;
+  kvcache::KvCacheManager kv_;
   std::deque<SequencePtr> waiting_;  // admission order (preempted ones go first)
   std::list<SequencePtr> running_;   // admission order
   int64_t preemptions_ = 0;

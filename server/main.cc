@@ -26,6 +26,7 @@
 #include "prometheus/registry.h"
 #include "scheduler/scheduler.h"
 #include "server/generation_service.h"
+#include "server/scheduler_collector.h"
 #include "server/server_metrics.h"
 #include "server/serving_model.h"
 #include "spdlog/spdlog.h"
@@ -54,6 +55,11 @@ ABSL_FLAG(std::string, cpu_matmul, "f32",
           "CPU matrix products: f32 (dequantized weights x float activations, the model's own "
           "arithmetic) or q8 (8-bit activations as llama.cpp does: faster, less exact)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
+ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
+          "if > 0, size the KV cache to this fraction of the memory available at start-up "
+          "(MemAvailable) instead of --kv_cache_bytes");
+ABSL_FLAG(bool, prefix_caching, true,
+          "reuse the KV blocks of prompt prefixes seen before (per cache_salt)");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
 ABSL_FLAG(int, context_length, 0, "tokens per sequence (0: the model's context length)");
 ABSL_FLAG(int, max_batched_tokens, 512, "tokens per scheduler step, all sequences together");
@@ -135,6 +141,16 @@ int Main() {
   options.chat_template = absl::GetFlag(FLAGS_chat_template);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction > 0) {
+    absl::StatusOr<int64_t> available = server::AvailableMemoryBytes();
+    if (!available.ok() || fraction >= 1.0) {
+      spdlog::error("--kv_cache_memory_fraction={}: {}", fraction,
+                    fraction >= 1.0 ? std::string("must be below 1")
+                                    : std::string(available.status().message()));
+      return 2;
+    }
+    options.kv_cache_bytes = static_cast<int64_t>(fraction * static_cast<double>(*available));
+  }
   options.block_size = absl::GetFlag(FLAGS_block_size);
   options.context_length = absl::GetFlag(FLAGS_context_length);
   const absl::Time load_start = absl::Now();
@@ -150,10 +166,11 @@ int Main() {
   const model::ModelConfig& config = (*model)->config();
   spdlog::info(
       "model '{}' ({}, {} layers, vocab {}, context {}) on {}; chat template {}; {} KV blocks of "
-      "{} tokens; ready in {:.2f}s",
+      "{} tokens ({} MiB); ready in {:.2f}s",
       config.name, config.architecture, config.layers, config.vocab, (*model)->context_length(),
       (*model)->backend_name(), (*model)->chat_template().family_name(), (*model)->kv_blocks(),
-      (*model)->block_size(), absl::ToDoubleSeconds(absl::Now() - load_start));
+      (*model)->block_size(), options.kv_cache_bytes >> 20,
+      absl::ToDoubleSeconds(absl::Now() - load_start));
 
   scheduler::SchedulerOptions sched;
   sched.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
@@ -161,6 +178,7 @@ int Main() {
   sched.block_size = (*model)->block_size();
   sched.kv_blocks = (*model)->kv_blocks();
   sched.context_length = (*model)->context_length();
+  sched.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   if (sched.max_batched_tokens < 1 || sched.max_running < 1) {
     spdlog::error("--max_batched_tokens and --max_running must be at least 1");
     return 2;
@@ -169,12 +187,14 @@ int Main() {
                                  (*model)->worker());
 
   auto registry = std::make_shared<prometheus::Registry>();
+  auto scheduler_collector = std::make_shared<server::SchedulerCollector>(&scheduler);
   server::ServerMetrics metrics(*registry);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(address);
       exposer->RegisterCollectable(registry);
+      exposer->RegisterCollectable(scheduler_collector);
     } catch (const std::exception& e) {
       spdlog::error("cannot serve metrics on {}: {}", address, e.what());
       return 1;

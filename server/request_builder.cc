@@ -109,6 +109,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     }
     r.stop_token_ids.push_back(static_cast<scheduler::TokenId>(id));
   }
+  if (proto.cache_salt().size() > kMaxCacheSaltBytes) {
+    return Invalid("cache_salt", StrCat("longer than ", kMaxCacheSaltBytes, " bytes"));
+  }
+  r.cache_salt = proto.cache_salt();
   if (!proto.ignore_eos()) {
     const tokenizer::SpecialTokens& special = model.tokenizer->special();
     for (const auto& id : {special.eos, special.eot}) {

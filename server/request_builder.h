@@ -34,6 +34,7 @@ struct ModelLimits {
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int kMaxStopTokenIds = 64;
+inline constexpr int kMaxCacheSaltBytes = 256;
 
 struct BuiltRequest {
   scheduler::Request request;  // without sink and deadline

@@ -1,12 +1,24 @@
 #include "server/serving_model.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 
 #include "common/strings.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/model/llama_model.h"
 
 namespace tandem::server {
+
+absl::StatusOr<int64_t> AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) return kib * 1024;
+  }
+  return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
+}
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {

@@ -27,6 +27,9 @@ struct ServingModelOptions {
   int context_length = 0;  // 0: the model's
 };
 
+// MemAvailable from /proc/meminfo, in bytes.
+absl::StatusOr<int64_t> AvailableMemoryBytes();
+
 class ServingModel {
  public:
   // Loads and checks everything; errors name the file and what is wrong.

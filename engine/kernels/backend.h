@@ -23,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "engine/kernels/dtype.h"
@@ -146,6 +147,9 @@ class Backend {
   // position of that row.
   virtual void Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
                     const RopeSpec& rope) = 0;
+  // Copies every layer's K and V of block `from` into block `to`, pair by
+  // pair in order (copy-on-write of shared blocks).
+  virtual void CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) = 0;
   // Stores row r of k and v into KV slot slots[r] of `layer`.
   virtual void WriteKv(int layer, const Matrix& k, const Matrix& v,
                        std::span<const int32_t> slots) = 0;

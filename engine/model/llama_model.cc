@@ -186,6 +186,17 @@ absl::Status LlamaModel::EnsureCapacity(int64_t tokens, int64_t logit_rows) {
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::CopyBlocks(std::span<const std::pair<int32_t, int32_t>> copies) {
+  for (const auto& [from, to] : copies) {
+    if (from < 0 || from >= kv_blocks_ || to < 0 || to >= kv_blocks_) {
+      return absl::InvalidArgumentError(
+          StrCat("KV block copy ", from, " -> ", to, " is outside 0..", kv_blocks_ - 1));
+    }
+  }
+  backend_->CopyKvBlocks(copies);
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
                                  std::vector<float>* logits_out) {
   const ModelConfig& c = config_;

@@ -47,6 +47,10 @@ class LlamaModel {
   // an InvalidArgument error and nothing is computed.
   absl::Status Forward(std::span<const SequenceInput> sequences, std::vector<float>* logits_out);
 
+  // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks
+  // shared by forked sequences. InvalidArgument for a block id out of range.
+  absl::Status CopyBlocks(std::span<const std::pair<int32_t, int32_t>> copies);
+
  private:
   struct Layer {
     kernels::Weight attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;

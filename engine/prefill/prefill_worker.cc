@@ -10,6 +10,12 @@ PrefillWorker::PrefillWorker(std::unique_ptr<kernels::Backend> backend,
 
 step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {
   step::StepResult result;
+  if (!plan.block_copies.empty()) {
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    for (const step::BlockCopy& c : plan.block_copies) copies.emplace_back(c.from, c.to);
+    result.status = model_->CopyBlocks(copies);
+    if (!result.status.ok()) return result;
+  }
   std::vector<model::SequenceInput> inputs;
   inputs.reserve(plan.sequences.size());
   for (const step::SequenceStep& s : plan.sequences) {

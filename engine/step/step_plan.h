@@ -40,7 +40,15 @@ struct SequenceStep {
   uint64_t draw_index = 0;
 };
 
+// Duplicate KV block `from` into `to` (every layer) before running the step:
+// copy-on-write of a partly filled block shared by forked sequences.
+struct BlockCopy {
+  BlockId from = 0;
+  BlockId to = 0;
+};
+
 struct StepPlan {
+  std::vector<BlockCopy> block_copies;  // applied first, in order
   std::vector<SequenceStep> sequences;
 
   int64_t TokenCount() const {

@@ -40,6 +40,15 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+std::optional<double> MetricValue(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> HttpGet(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -22,6 +22,9 @@ std::string PathFromEnv(const char* name, const char* fallback);
 // A port that was free a moment ago (bound to 0 and released).
 int FreePort();
 
+// The value of an unlabelled sample `name` in Prometheus text, or nullopt.
+std::optional<double> MetricValue(const std::string& text, const std::string& name);
+
 // GET http://127.0.0.1:port/path; the body, or nullopt when unreachable.
 std::optional<std::string> HttpGet(int port, const std::string& path);
 

@@ -272,7 +272,109 @@ TEST_F(TandemdTest, TheCliStreamsAnAnswer) {
   EXPECT_THAT(info, HasSubstr("finish_reason=stop"));
 }
 
+// The repeated 1,000-token prompt of a coding agent's or chat's next turn.
+TEST_F(TandemdTest, ARepeatedLongPromptIsServedFromThePrefixCache) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request;
+  for (int i = 0; i < 1000; ++i)
+    request.add_token_ids(static_cast<uint32_t>(200 + (i * 7919) % 40000));
+  request.set_max_tokens(16);
+  request.mutable_sampling()->set_temperature(0.0f);
+  request.set_ignore_eos(true);
+  Generation first = Generate(*stub, request);
+  Generation second = Generate(*stub, request);
+  ASSERT_TRUE(first.status.ok() && second.status.ok());
+  EXPECT_EQ(first.last.usage().cached_prompt_tokens(), 0);
+  EXPECT_GE(second.last.usage().cached_prompt_tokens(), 992);
+  EXPECT_EQ(second.token_ids, first.token_ids);
+  // Another tenant's salt sees none of it.
+  request.set_cache_salt("tenant-b");
+  Generation salted = Generate(*stub, request);
+  EXPECT_EQ(salted.last.usage().cached_prompt_tokens(), 0);
+  EXPECT_EQ(salted.token_ids, first.token_ids);
+  std::printf("time to first token: %.1f ms, then %.1f ms from the cache\n",
+              first.last.timeline().first_token_ms(), second.last.timeline().first_token_ms());
+  const std::optional<std::string> metrics = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_GE(MetricValue(*metrics, "tandem_prefix_cache_hit_tokens_total").value_or(0), 992);
+  EXPECT_GE(MetricValue(*metrics, "tandem_prefix_cache_queried_tokens_total").value_or(0), 3000);
+}
+
+TEST_F(TandemdTest, AThreeTurnChatHitsTheCacheOnTurnsTwoAndThree) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request = Chat("Name a fruit.", 0.0f, 24);
+  std::vector<int> prompt_tokens, cached;
+  for (const char* next : {"Name another one.", "And a vegetable?", ""}) {
+    Generation g = Generate(*stub, request);
+    ASSERT_TRUE(g.status.ok());
+    prompt_tokens.push_back(g.last.usage().prompt_tokens());
+    cached.push_back(g.last.usage().cached_prompt_tokens());
+    if (*next == '\0') break;
+    auto* answer = request.add_messages();
+    answer->set_role("assistant");
+    answer->set_content(g.text);
+    auto* user = request.add_messages();
+    user->set_role("user");
+    user->set_content(next);
+  }
+  EXPECT_EQ(cached[0], 0);
+  // Each turn reuses at least the blocks of the previous turn's whole prompt.
+  EXPECT_GE(cached[1], prompt_tokens[0] / 16 * 16);
+  EXPECT_GE(cached[2], prompt_tokens[1] / 16 * 16);
+  EXPECT_GT(cached[2], cached[1]);
+}
+
 // Daemons with their own lifetimes.
+
+// A KV cache far too small for the load: sequences are preempted and cached
+// blocks evicted, and nobody can tell from the answers.
+TEST(TandemdLifecycleTest, ATinyKvCacheChangesNoAnswer) {
+  Daemon roomy({"--context_length=256"});
+  // 40 blocks of 16 tokens (368,640 bytes each): 8 requests of 60 + 100 tokens need 80.
+  Daemon tiny({"--context_length=256", "--kv_cache_bytes=14745600"});
+  ASSERT_TRUE(roomy.WaitServing()) << roomy.Log();
+  ASSERT_TRUE(tiny.WaitServing()) << tiny.Log();
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    v1::GenerateRequest r;
+    for (int t = 0; t < 60; ++t)
+      r.add_token_ids(static_cast<uint32_t>(300 + (t * 31 + i * 977) % 30000));
+    r.set_max_tokens(100);
+    r.set_ignore_eos(true);
+    r.mutable_sampling()->set_temperature(i % 2 == 0 ? 0.0f : 0.8f);
+    r.mutable_sampling()->set_seed(static_cast<uint64_t>(i));
+    requests.push_back(r);
+  }
+  auto run_all = [&](Daemon& d) {
+    std::vector<std::future<Generation>> futures;
+    for (const auto& r : requests) {
+      futures.push_back(std::async(std::launch::async, [&d, &r] {
+        auto stub = d.Stub();
+        return Generate(*stub, r);
+      }));
+    }
+    std::vector<std::vector<uint32_t>> out;
+    for (auto& f : futures) {
+      Generation g = f.get();
+      EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+      out.push_back(g.token_ids);
+    }
+    return out;
+  };
+  const auto expected = run_all(roomy);
+  const auto squeezed = run_all(tiny);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(squeezed[i], expected[i]) << "request " << i;
+    EXPECT_EQ(squeezed[i].size(), 100u);
+  }
+  const std::optional<std::string> metrics = HttpGet(tiny.metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_GT(MetricValue(*metrics, "tandem_preemptions_total").value_or(0), 0);
+  EXPECT_GT(MetricValue(*metrics, "tandem_kv_cache_evictions_total").value_or(0), 0);
+  EXPECT_EQ(MetricValue(*metrics, "tandem_kv_cache_used_blocks"), 0.0);  // all returned
+  EXPECT_EQ(tiny.Stop(SIGTERM), 0);
+  EXPECT_EQ(roomy.Stop(SIGTERM), 0);
+}
 
 TEST(TandemdLifecycleTest, SigtermDuringStreamsLetsThemFinishAndExitsZero) {
   Daemon daemon;

@@ -11,6 +11,7 @@
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/prefill/prefill_worker.h"
+#include "kvcache/kv_cache_manager.h"
 #include "scheduler/scheduler.h"
 #include "tests/integration/test_model.h"
 
@@ -111,6 +112,49 @@ TEST_F(ModelTest, ForwardRejectsBadInputsWithoutComputing) {
   in.tokens = std::span<const int32_t>(ok_tokens.data(), 1);
   in.block_table = bad_block;
   EXPECT_EQ(l.model->Forward({&in, 1}, &logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A forked sequence reads its shared prefix from the parent's blocks and its
+// copied partial block (copy-on-write): its next-token logits equal a fresh
+// sequence's, bitwise, while the parent writes its own continuation into the
+// original block. Without the copy they differ (checked too).
+TEST_F(ModelTest, AForkedSequenceCopiesItsPartlyFilledBlockOnWrite) {
+  for (bool apply_copy : {true, false}) {
+    Loaded l = Load(2);
+    kvcache::KvCacheManager kv(kBlocks, kBlockSize);
+    const std::vector<int32_t> prompt = Prompt(20, 7);  // one full block and 4 tokens
+    std::vector<float> logits;
+    ASSERT_TRUE(kv.Admit(1, "", prompt, {}, 20));
+    model::SequenceInput parent{prompt, 0, kv.BlockTable(1), 1};
+    ASSERT_TRUE(l.model->Forward({&parent, 1}, &logits).ok());
+    kv.Commit(1, prompt, 20);
+    kv.Fork(1, 2);
+
+    // One step: the child appends 4242, the parent 1717, both at position 20.
+    const std::vector<int32_t> child_token = {4242}, parent_token = {1717};
+    ASSERT_TRUE(kv.Reserve(2, 21));
+    ASSERT_TRUE(kv.Reserve(1, 21));
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    for (const kvcache::BlockCopy& c : kv.TakeCopies()) copies.emplace_back(c.from, c.to);
+    ASSERT_EQ(copies.size(), 1u);
+    if (apply_copy) {
+      ASSERT_TRUE(l.model->CopyBlocks(copies).ok());
+    }
+    std::vector<model::SequenceInput> step = {{child_token, 20, kv.BlockTable(2), 1},
+                                              {parent_token, 20, kv.BlockTable(1), 1}};
+    std::vector<float> forked;
+    ASSERT_TRUE(l.model->Forward(step, &forked).ok());
+
+    std::vector<int32_t> full = prompt;
+    full.push_back(child_token[0]);
+    ASSERT_TRUE(kv.Admit(3, "other", full, {}, 21));
+    model::SequenceInput fresh{full, 0, kv.BlockTable(3), 1};
+    std::vector<float> reference;
+    ASSERT_TRUE(l.model->Forward({&fresh, 1}, &reference).ok());
+    const bool same = std::memcmp(forked.data(), reference.data(), reference.size() * 4) == 0;
+    EXPECT_EQ(same, apply_copy) << (apply_copy ? "the copied block lost the prefix"
+                                               : "the test cannot see a missing copy");
+  }
 }
 
 // Collects one request's tokens and waits for its end.

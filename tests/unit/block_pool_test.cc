@@ -1,31 +1,329 @@
+// The paged KV cache's bookkeeping: exact block ids, eviction order, hash
+// chaining, cache salts, copy-on-write, the at-least-one-token rule, and a
+// randomized test of thousands of operations against a simple model.
 #include "kvcache/block_pool.h"
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+#include <set>
+
+#include "kvcache/kv_cache_manager.h"
+
 namespace tandem::kvcache {
 namespace {
 
+using Blocks = std::vector<BlockId>;
+
+std::vector<TokenId> Tokens(int n, int salt = 0) {
+  std::vector<TokenId> t;
+  for (int i = 0; i < n; ++i) t.push_back(100 + (i * 31 + salt * 7) % 5000);
+  return t;
+}
+
 TEST(BlockPoolTest, AllocatesLowestIdsFirstAndAllOrNothing) {
-  BlockPool pool(4);
-  std::vector<BlockId> a;
+  BlockPool pool(4, 16);
+  Blocks a;
   ASSERT_TRUE(pool.Allocate(3, &a));
-  EXPECT_EQ(a, (std::vector<BlockId>{0, 1, 2}));
-  std::vector<BlockId> b;
+  EXPECT_EQ(a, (Blocks{0, 1, 2}));
+  Blocks b;
   EXPECT_FALSE(pool.Allocate(2, &b));
   EXPECT_TRUE(b.empty());
   EXPECT_EQ(pool.free_blocks(), 1);
-  pool.Free(std::vector<BlockId>{1});
-  ASSERT_TRUE(pool.Allocate(2, &b));
-  EXPECT_EQ(b, (std::vector<BlockId>{3, 1}));  // free-list order: 3 was free before 1
-  EXPECT_EQ(pool.free_blocks(), 0);
+  EXPECT_EQ(pool.used_blocks(), 3);
 }
 
-TEST(BlockPoolDeathTest, DoubleFreeAborts) {
-  BlockPool pool(2);
-  std::vector<BlockId> a;
+TEST(BlockPoolTest, UncachedBlocksAreReusedFirstAndCachedOnesEvictedLeastRecentlyUsedFirst) {
+  BlockPool pool(4, 2);
+  Blocks held;
+  ASSERT_TRUE(pool.Allocate(4, &held));
+  const std::vector<TokenId> t0 = {1, 2}, t1 = {3, 4};
+  ASSERT_TRUE(pool.Cache(0, BlockHash{0, 1}, t0));
+  ASSERT_TRUE(pool.Cache(1, BlockHash{0, 2}, t1));
+  pool.Release(Blocks{1});     // cached: tail
+  pool.Release(Blocks{2});     // uncached: head
+  pool.Release(Blocks{0, 3});  // cached to the tail, uncached to the head
+  EXPECT_EQ(pool.FreeListOrder(), (Blocks{3, 2, 1, 0}));
+  EXPECT_EQ(pool.cached_blocks(), 2);
+  Blocks taken;
+  ASSERT_TRUE(pool.Allocate(3, &taken));
+  EXPECT_EQ(taken, (Blocks{3, 2, 1}));
+  EXPECT_EQ(pool.evictions(), 1);  // block 1 was cached
+  EXPECT_FALSE(pool.Find(BlockHash{0, 2}, t1).has_value());
+  EXPECT_EQ(pool.Find(BlockHash{0, 1}, t0), 0);
+}
+
+TEST(BlockPoolTest, FindChecksTheTokensAndCacheRefusesATakenHash) {
+  BlockPool pool(2, 2);
+  Blocks held;
+  ASSERT_TRUE(pool.Allocate(2, &held));
+  const std::vector<TokenId> tokens = {7, 8}, other = {7, 9};
+  ASSERT_TRUE(pool.Cache(0, BlockHash{5, 5}, tokens));
+  EXPECT_FALSE(pool.Find(BlockHash{5, 5}, other).has_value());  // a hash collision is no match
+  EXPECT_FALSE(pool.Cache(1, BlockHash{5, 5}, tokens));
+  EXPECT_FALSE(pool.is_cached(1));
+}
+
+TEST(BlockPoolTest, AcquiringAFreeCachedBlockTakesItOffTheFreeList) {
+  BlockPool pool(3, 1);
+  Blocks held;
+  ASSERT_TRUE(pool.Allocate(1, &held));
+  const std::vector<TokenId> t = {4};
+  pool.Cache(0, BlockHash{1, 1}, t);
+  pool.Release(held);
+  EXPECT_EQ(pool.free_blocks(), 3);
+  pool.Acquire(0);
+  EXPECT_EQ(pool.ref_count(0), 1);
+  EXPECT_EQ(pool.FreeListOrder(), (Blocks{1, 2}));
+}
+
+TEST(BlockPoolDeathTest, DoubleReleaseAborts) {
+  BlockPool pool(2, 16);
+  Blocks a;
   ASSERT_TRUE(pool.Allocate(1, &a));
-  pool.Free(a);
-  EXPECT_DEATH(pool.Free(a), "not held");
+  pool.Release(a);
+  EXPECT_DEATH(pool.Release(a), "not held");
+}
+
+TEST(BlockHashTest, ChainsParentsAndSalts) {
+  const std::vector<TokenId> block = {1, 2, 3, 4};
+  const BlockHash root = RootHash(""), other_root = RootHash("tenant-b");
+  EXPECT_NE(root, other_root);
+  EXPECT_EQ(ChainHash(root, block), ChainHash(root, block));
+  EXPECT_NE(ChainHash(root, block), ChainHash(other_root, block));
+  const BlockHash parent_a = ChainHash(root, std::vector<TokenId>{9, 9, 9, 9});
+  const BlockHash parent_b = ChainHash(root, std::vector<TokenId>{9, 9, 9, 8});
+  EXPECT_NE(ChainHash(parent_a, block), ChainHash(parent_b, block));
+}
+
+class KvCacheManagerTest : public ::testing::Test {
+ protected:
+  // Admits a sequence with its cached prefix; returns the cached token count.
+  int32_t Admit(KvCacheManager& kv, SequenceId id, const std::vector<TokenId>& prompt,
+                const std::string& salt = "") {
+    const PrefixMatch match = kv.FindPrefix(prompt, salt);
+    EXPECT_TRUE(kv.Admit(id, salt, prompt, match, static_cast<int32_t>(prompt.size())));
+    kv.Commit(id, prompt, static_cast<int32_t>(prompt.size()));
+    return match.tokens;
+  }
+};
+
+TEST_F(KvCacheManagerTest, ASecondRequestReusesTheFirstOnesBlocksExactly) {
+  KvCacheManager kv(8, 16);
+  const std::vector<TokenId> prompt = Tokens(40);
+  EXPECT_EQ(Admit(kv, 1, prompt), 0);
+  EXPECT_EQ(kv.BlockTable(1), (Blocks{0, 1, 2}));
+  kv.Release(1);
+  // Block 2 (partial) is reusable at once; 0 and 1 are cached, 0 evicted last.
+  EXPECT_EQ(kv.pool().FreeListOrder(), (Blocks{2, 3, 4, 5, 6, 7, 1, 0}));
+  EXPECT_EQ(Admit(kv, 2, prompt), 32);
+  EXPECT_EQ(kv.BlockTable(2), (Blocks{0, 1, 2}));
+  const KvCacheStats stats = kv.stats();
+  EXPECT_EQ(stats.prefix_queried_tokens, 80);
+  EXPECT_EQ(stats.prefix_hit_tokens, 32);
+  EXPECT_EQ(stats.used_blocks, 3);
+  kv.Release(2);
+  EXPECT_EQ(kv.free_blocks(), 8);
+}
+
+TEST_F(KvCacheManagerTest, AtLeastOneTokenIsAlwaysLeftToCompute) {
+  KvCacheManager kv(8, 16);
+  const std::vector<TokenId> prompt = Tokens(48);
+  Admit(kv, 1, prompt);
+  // All three blocks are cached, but a prompt of exactly 32 or 48 of these
+  // tokens must still compute its last token.
+  EXPECT_EQ(kv.FindPrefix(std::vector<TokenId>(prompt.begin(), prompt.begin() + 48), "").tokens,
+            32);
+  EXPECT_EQ(kv.FindPrefix(std::vector<TokenId>(prompt.begin(), prompt.begin() + 32), "").tokens,
+            16);
+  EXPECT_EQ(kv.FindPrefix(std::vector<TokenId>(prompt.begin(), prompt.begin() + 33), "").tokens,
+            32);
+  EXPECT_EQ(kv.FindPrefix(std::vector<TokenId>(prompt.begin(), prompt.begin() + 16), "").tokens, 0);
+}
+
+TEST_F(KvCacheManagerTest, TheSameTokensUnderAnotherParentOrSaltDoNotMatch) {
+  KvCacheManager kv(16, 4);
+  const std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<TokenId> b = a;
+  b[0] = 99;  // first block differs, second block's tokens are the same
+  Admit(kv, 1, a, "tenant-a");
+  EXPECT_EQ(kv.FindPrefix(a, "tenant-a").tokens, 8);
+  EXPECT_EQ(kv.FindPrefix(a, "tenant-b").tokens, 0);
+  EXPECT_EQ(kv.FindPrefix(a, "").tokens, 0);
+  EXPECT_EQ(kv.FindPrefix(b, "tenant-a").tokens, 0);
+}
+
+TEST_F(KvCacheManagerTest, BlocksFilledByDecodingEnterTheIndex) {
+  KvCacheManager kv(8, 4);
+  std::vector<TokenId> tokens = {1, 2, 3};
+  ASSERT_TRUE(kv.Admit(1, "", tokens, {}, 3));
+  kv.Commit(1, tokens, 3);
+  EXPECT_EQ(kv.stats().cached_blocks, 0);
+  for (TokenId t : {4, 5, 6}) {  // decode: the block fills at the fourth token
+    tokens.push_back(t);
+    ASSERT_TRUE(kv.Reserve(1, static_cast<int32_t>(tokens.size())));
+    kv.Commit(1, tokens, static_cast<int32_t>(tokens.size()));
+  }
+  EXPECT_EQ(kv.stats().cached_blocks, 1);
+  // The next turn of the conversation starts with prompt + answer.
+  const std::vector<TokenId> next_turn = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(kv.FindPrefix(next_turn, "").tokens, 4);
+}
+
+TEST_F(KvCacheManagerTest, ForkSharesBlocksAndCopiesAPartlyFilledOneOnWrite) {
+  KvCacheManager kv(6, 16);
+  const std::vector<TokenId> prompt = Tokens(20);
+  ASSERT_TRUE(kv.Admit(1, "", prompt, {}, 20));
+  kv.Commit(1, prompt, 20);
+  kv.Fork(1, 2);
+  EXPECT_EQ(kv.BlockTable(2), (Blocks{0, 1}));
+  EXPECT_EQ(kv.pool().ref_count(0), 2);
+  EXPECT_EQ(kv.pool().ref_count(1), 2);
+  // The child writes token 20 into block 1, which the parent shares: copy first.
+  ASSERT_TRUE(kv.Reserve(2, 21));
+  EXPECT_EQ(kv.BlockTable(2), (Blocks{0, 2}));
+  EXPECT_EQ(kv.BlockTable(1), (Blocks{0, 1}));
+  const std::vector<BlockCopy> copies = kv.TakeCopies();
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].from, 1);
+  EXPECT_EQ(copies[0].to, 2);
+  EXPECT_EQ(kv.pool().ref_count(1), 1);
+  // The parent now owns block 1 alone: no copy.
+  ASSERT_TRUE(kv.Reserve(1, 21));
+  EXPECT_TRUE(kv.TakeCopies().empty());
+  // Full shared blocks are never copied: growing past them takes new blocks.
+  ASSERT_TRUE(kv.Reserve(2, 40));
+  EXPECT_EQ(kv.BlockTable(2), (Blocks{0, 2, 3}));
+  EXPECT_TRUE(kv.TakeCopies().empty());
+  kv.Release(1);
+  kv.Release(2);
+  EXPECT_EQ(kv.free_blocks(), 6);
+}
+
+TEST_F(KvCacheManagerTest, WhatDoesNotFitIsRefusedWithoutChangingAnything) {
+  KvCacheManager kv(3, 4);
+  const std::vector<TokenId> prompt = Tokens(10);
+  ASSERT_TRUE(kv.Admit(1, "", prompt, {}, 10));  // 3 blocks
+  const std::vector<TokenId> other = Tokens(5, 1);
+  EXPECT_FALSE(kv.Admit(2, "", other, {}, 5));
+  EXPECT_FALSE(kv.Has(2));
+  EXPECT_FALSE(kv.Reserve(1, 13));
+  EXPECT_EQ(kv.BlockTable(1).size(), 3u);
+  EXPECT_EQ(kv.free_blocks(), 0);
+}
+
+TEST_F(KvCacheManagerTest, EvictionFreesSpaceForNewSequencesLeastRecentlyUsedFirst) {
+  KvCacheManager kv(4, 2);
+  const std::vector<TokenId> a = {1, 2, 3, 4, 5}, b = {6, 7, 8, 9, 10};
+  Admit(kv, 1, a);  // blocks 0,1 full (cached), 2 partial
+  kv.Release(1);
+  Admit(kv, 2, b);  // takes 2, 3, then evicts the least recently used cached block
+  EXPECT_EQ(kv.BlockTable(2), (Blocks{2, 3, 1}));
+  EXPECT_EQ(kv.stats().evictions, 1);
+  EXPECT_EQ(kv.FindPrefix(a, "").tokens, 2);  // block 0, the first of a's prefix, survives
+}
+
+// Thousands of random operations against a model that tracks, for every
+// block, its holders and the tokens written in it (as the backend would).
+TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
+  constexpr int32_t kBlocks = 24, kBlockSize = 4;
+  std::mt19937 rng(2024);
+  KvCacheManager kv(kBlocks, kBlockSize);
+  std::vector<std::vector<TokenId>> content(kBlocks, std::vector<TokenId>(kBlockSize, -1));
+  std::map<SequenceId, std::vector<TokenId>> sequences;  // id -> tokens computed
+  const std::vector<std::vector<TokenId>> prefixes = {Tokens(9, 1), Tokens(13, 2), Tokens(6, 3)};
+  const std::vector<std::string> salts = {"", "t1"};
+  std::map<SequenceId, std::string> salt_of;
+  SequenceId next = 1;
+  int64_t hits = 0;
+
+  auto write = [&](SequenceId id, int32_t from, int32_t to) {
+    const auto& table = kv.BlockTable(id);
+    for (int32_t p = from; p < to; ++p) {
+      content[static_cast<size_t>(table[static_cast<size_t>(p / kBlockSize)])]
+             [static_cast<size_t>(p % kBlockSize)] = sequences[id][static_cast<size_t>(p)];
+    }
+  };
+  auto apply_copies = [&] {
+    for (const BlockCopy& c : kv.TakeCopies())
+      content[static_cast<size_t>(c.to)] = content[static_cast<size_t>(c.from)];
+  };
+  auto check = [&] {
+    std::vector<int32_t> holders(kBlocks, 0);
+    for (const auto& [id, tokens] : sequences) {
+      const auto& table = kv.BlockTable(id);
+      ASSERT_GE(static_cast<int32_t>(table.size()) * kBlockSize,
+                static_cast<int32_t>(tokens.size()));
+      std::set<BlockId> distinct(table.begin(), table.end());
+      ASSERT_EQ(distinct.size(), table.size()) << "a sequence holds a block twice";
+      for (BlockId b : table) ++holders[static_cast<size_t>(b)];
+      // Every token a sequence computed is in its blocks.
+      for (size_t p = 0; p < tokens.size(); ++p) {
+        ASSERT_EQ(content[static_cast<size_t>(table[p / kBlockSize])][p % kBlockSize], tokens[p])
+            << "sequence " << id << " lost token " << p;
+      }
+    }
+    int32_t free = 0;
+    for (BlockId b = 0; b < kBlocks; ++b) {
+      ASSERT_EQ(kv.pool().ref_count(b), holders[static_cast<size_t>(b)]) << "block " << b;
+      free += holders[static_cast<size_t>(b)] == 0 ? 1 : 0;
+    }
+    ASSERT_EQ(kv.free_blocks(), free);
+    const auto order = kv.pool().FreeListOrder();
+    ASSERT_EQ(static_cast<int32_t>(order.size()), free);
+    for (BlockId b : order) ASSERT_EQ(holders[static_cast<size_t>(b)], 0) << "free and held";
+  };
+
+  for (int op = 0; op < 5000; ++op) {
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind < 3 || sequences.empty()) {  // admit: a shared prefix plus a random tail
+      std::vector<TokenId> prompt = prefixes[rng() % prefixes.size()];
+      for (int i = static_cast<int>(rng() % 7); i > 0; --i)
+        prompt.push_back(static_cast<TokenId>(rng() % 50));
+      const std::string& salt = salts[rng() % salts.size()];
+      const PrefixMatch match = kv.FindPrefix(prompt, salt);
+      ASSERT_LT(match.tokens, static_cast<int32_t>(prompt.size()));
+      for (int32_t p = 0; p < match.tokens; ++p) {  // cached blocks hold exactly these tokens
+        ASSERT_EQ(content[static_cast<size_t>(match.blocks[static_cast<size_t>(p / kBlockSize)])]
+                         [static_cast<size_t>(p % kBlockSize)],
+                  prompt[static_cast<size_t>(p)]);
+      }
+      hits += match.tokens;
+      const SequenceId id = next++;
+      if (!kv.Admit(id, salt, prompt, match, static_cast<int32_t>(prompt.size()))) continue;
+      sequences[id] = prompt;
+      salt_of[id] = salt;
+      write(id, match.tokens, static_cast<int32_t>(prompt.size()));
+      kv.Commit(id, prompt, static_cast<int32_t>(prompt.size()));
+    } else if (kind < 6) {  // decode a few tokens
+      auto it = std::next(sequences.begin(), static_cast<long>(rng() % sequences.size()));
+      const int32_t before = static_cast<int32_t>(it->second.size());
+      const int32_t grow = 1 + static_cast<int32_t>(rng() % 5);
+      if (!kv.Reserve(it->first, before + grow)) continue;
+      apply_copies();
+      for (int32_t i = 0; i < grow; ++i) it->second.push_back(static_cast<TokenId>(rng() % 50));
+      write(it->first, before, before + grow);
+      kv.Commit(it->first, it->second, before + grow);
+    } else if (kind < 7) {  // fork
+      auto it = std::next(sequences.begin(), static_cast<long>(rng() % sequences.size()));
+      const SequenceId child = next++;
+      kv.Fork(it->first, child);
+      sequences[child] = it->second;
+      salt_of[child] = salt_of[it->first];
+    } else {  // finish or preempt
+      auto it = std::next(sequences.begin(), static_cast<long>(rng() % sequences.size()));
+      kv.Release(it->first);
+      sequences.erase(it);
+    }
+    check();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_GT(hits, 1000) << "the workload should exercise the prefix cache";
+  EXPECT_GT(kv.stats().evictions, 10) << "the workload should exercise eviction";
+  for (const auto& [id, tokens] : sequences) kv.Release(id);
+  EXPECT_EQ(kv.free_blocks(), kBlocks);
+  EXPECT_EQ(kv.stats().used_blocks, 0);
 }
 
 }  // namespace

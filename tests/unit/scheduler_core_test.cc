@@ -312,5 +312,74 @@ TEST(SchedulerCoreTest, AdmissibleRejectsWhatCanNeverRun) {
   EXPECT_FALSE(core.Admissible(MakeRequest(3, 0, sink)).ok());
 }
 
+TEST(SchedulerCoreTest, ARepeatedPromptRunsOnlyItsUncachedTokensAndGivesTheSameOutput) {
+  SchedulerCore core(Options(64, 64));
+  FakeWorker worker(64);
+  auto first = std::make_shared<Record>();
+  core.Add(1, MakeRequest(37, 6, first, 9));
+  RunToCompletion(core, worker, 64);
+  EXPECT_EQ(first->finish->usage.cached_prompt_tokens, 0);
+
+  auto second = std::make_shared<Record>();
+  core.Add(2, MakeRequest(37, 6, second, 9));
+  step::StepPlan plan = core.Schedule();
+  ASSERT_EQ(plan.sequences.size(), 1u);
+  // 37 tokens: 9 full blocks of 4 are cached, leaving token 36 to compute.
+  EXPECT_EQ(plan.sequences[0].first_position, 36);
+  EXPECT_EQ(plan.sequences[0].tokens.size(), 1u);
+  EXPECT_TRUE(plan.sequences[0].sample);
+  core.Update(plan, worker.Execute(plan));
+  RunToCompletion(core, worker, 64);
+  EXPECT_EQ(second->finish->usage.cached_prompt_tokens, 36);
+  EXPECT_EQ(second->tokens, first->tokens);
+  EXPECT_EQ(core.kv_stats().prefix_hit_tokens, 36);
+  EXPECT_EQ(core.kv_stats().prefix_queried_tokens, 74);
+  EXPECT_EQ(core.free_blocks(), 64);
+}
+
+TEST(SchedulerCoreTest, TheNextChatTurnHitsThePreviousAnswer) {
+  SchedulerCore core(Options(64, 64));
+  FakeWorker worker(64);
+  auto turn1 = std::make_shared<Record>();
+  core.Add(1, MakeRequest(10, 12, turn1, 4));
+  RunToCompletion(core, worker, 64);
+  // Turn 2: the conversation so far (prompt, answer) and a new message.
+  Request next = MakeRequest(10, 3, std::make_shared<Record>(), 4);
+  next.prompt.insert(next.prompt.end(), turn1->tokens.begin(), turn1->tokens.end());
+  for (int i = 0; i < 5; ++i) next.prompt.push_back(777 + i);
+  auto turn2 = std::static_pointer_cast<Record>(next.sink);
+  core.Add(2, std::move(next));
+  RunToCompletion(core, worker, 64);
+  // 21 tokens were computed in turn 1 (the last generated token never is):
+  // 5 full blocks, including ones filled while decoding.
+  EXPECT_EQ(turn2->finish->usage.cached_prompt_tokens, 20);
+}
+
+TEST(SchedulerCoreTest, CacheSaltsAndTheSwitchKeepRequestsApart) {
+  for (bool caching : {true, false}) {
+    SchedulerOptions options = Options(64, 64);
+    options.prefix_caching = caching;
+    SchedulerCore core(options);
+    FakeWorker worker(64);
+    auto a = std::make_shared<Record>(), b = std::make_shared<Record>(),
+         c = std::make_shared<Record>();
+    Request ra = MakeRequest(30, 2, a, 1);
+    ra.cache_salt = "tenant-a";
+    core.Add(1, std::move(ra));
+    RunToCompletion(core, worker, 64);
+    Request rb = MakeRequest(30, 2, b, 1);
+    rb.cache_salt = "tenant-b";
+    core.Add(2, std::move(rb));
+    Request rc = MakeRequest(30, 2, c, 1);
+    rc.cache_salt = "tenant-a";
+    core.Add(3, std::move(rc));
+    RunToCompletion(core, worker, 64);
+    EXPECT_EQ(b->finish->usage.cached_prompt_tokens, 0);
+    EXPECT_EQ(c->finish->usage.cached_prompt_tokens, caching ? 28 : 0);
+    EXPECT_EQ(b->tokens, a->tokens);
+    EXPECT_EQ(c->tokens, a->tokens);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::scheduler

@@ -95,6 +95,20 @@ void CpuBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_t
   cpu::Rope(pool_, x, heads, head_dim, positions, rope);
 }
 
+void CpuBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) {
+  const size_t block_halves = static_cast<size_t>(kv_shape_.block_size) *
+                              static_cast<size_t>(kv_shape_.kv_heads * kv_shape_.head_dim);
+  const size_t pool_halves = block_halves * static_cast<size_t>(kv_shape_.blocks);
+  auto* base = static_cast<uint16_t*>(kv_storage_->data());
+  for (const auto& [from, to] : copies) {
+    for (size_t pool = 0; pool < 2 * static_cast<size_t>(kv_shape_.layers); ++pool) {  // K, V
+      uint16_t* p = base + pool * pool_halves;
+      std::memcpy(p + static_cast<size_t>(to) * block_halves,
+                  p + static_cast<size_t>(from) * block_halves, block_halves * sizeof(uint16_t));
+    }
+  }
+}
+
 void CpuBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
                          std::span<const int32_t> slots) {
   const int64_t per_token = int64_t{kv_shape_.kv_heads} * kv_shape_.head_dim;

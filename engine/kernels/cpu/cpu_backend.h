@@ -32,6 +32,7 @@ class CpuBackend final : public Backend {
   void RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) override;
   void Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
             const RopeSpec& rope) override;
+  void CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) override;
   void WriteKv(int layer, const Matrix& k, const Matrix& v,
                std::span<const int32_t> slots) override;
   void Attention(int layer, const Matrix& q, const AttentionShape& shape,

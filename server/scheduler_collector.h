@@ -1,0 +1,27 @@
+// Exposes the scheduler's and KV cache's state to Prometheus, read at scrape
+// time from Scheduler::Load() (so it costs nothing between scrapes).
+#ifndef TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
+#define TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
+
+#include <vector>
+
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "scheduler/scheduler.h"
+
+namespace tandem::server {
+
+class SchedulerCollector final : public prometheus::Collectable {
+ public:
+  // `scheduler` must outlive the collector's registration.
+  explicit SchedulerCollector(const scheduler::Scheduler* scheduler) : scheduler_(scheduler) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const scheduler::Scheduler* scheduler_;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
