@@ -2,11 +2,13 @@
 //
 //   tandem chat "What is the capital of France?"   one user turn, chat template
 //   tandem generate "Once upon a time"             raw prompt, no template
+//   tandem generate --prompt_file=FILE             the prompt from a file
 //
 // The answer streams to stdout as it is generated; a summary (finish reason,
 // tokens, timings) goes to stderr.
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -26,6 +28,8 @@ ABSL_FLAG(int64_t, seed, -1, "sampling seed (< 0: random)");
 ABSL_FLAG(std::string, system, "", "system message (chat)");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
 ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
+ABSL_FLAG(std::string, prompt_file, "", "read the question or prompt from this file");
+ABSL_FLAG(std::string, cache_salt, "", "prefix-cache salt (requests share cache only within one)");
 
 namespace {
 
@@ -74,6 +78,7 @@ int Run(const std::string& command, const std::string& text) {
     sampling->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
   }
   for (const std::string& s : absl::GetFlag(FLAGS_stop)) request.add_stop(s);
+  request.set_cache_salt(absl::GetFlag(FLAGS_cache_salt));
 
   auto channel =
       grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
@@ -99,6 +104,7 @@ int Run(const std::string& command, const std::string& text) {
   std::cerr << "[" << last.request_id() << "] finish_reason=" << ReasonName(last.finish_reason())
             << " prompt_tokens=" << last.usage().prompt_tokens()
             << " completion_tokens=" << last.usage().completion_tokens()
+            << " cached_prompt_tokens=" << last.usage().cached_prompt_tokens()
             << " first_token_ms=" << last.timeline().first_token_ms()
             << " total_ms=" << last.timeline().total_ms() << "\n";
   return 0;
@@ -110,6 +116,16 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tandem chat \"QUESTION\" | tandem generate \"PROMPT\"  [--server=HOST:PORT] [--flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (const std::string file = absl::GetFlag(FLAGS_prompt_file);
+      !file.empty() && args.size() == 2) {
+    std::ifstream in(file);
+    if (!in) {
+      std::cerr << "cannot read --prompt_file=" << file << "\n";
+      return 2;
+    }
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return Run(args[1], text);
+  }
   if (args.size() != 3) {
     std::cerr << "usage: tandem chat \"QUESTION\" | tandem generate \"PROMPT\" [flags]\n"
               << "run 'tandem --help' for the flags\n";

@@ -38,9 +38,8 @@ PrefixMatch KvCacheManager::FindPrefix(std::span<const TokenId> tokens,
   return match;
 }
 
-bool KvCacheManager::Admit(SequenceId id, const std::string& salt,
-                           std::span<const TokenId> prompt, const PrefixMatch& match,
-                           int32_t tokens_to_hold) {
+bool KvCacheManager::Admit(SequenceId id, const std::string& salt, std::span<const TokenId> prompt,
+                           const PrefixMatch& match, int32_t tokens_to_hold) {
   TANDEM_CHECK(!sequences_.contains(id), "admitting a sequence twice");
   const int32_t matched = static_cast<int32_t>(match.blocks.size());
   const int32_t needed = std::max(0, BlocksFor(tokens_to_hold) - matched);

@@ -101,9 +101,9 @@ class KvCacheManager {
  private:
   struct Sequence {
     std::vector<BlockId> blocks;
-    BlockHash last_hash;     // key of the last committed block (or the salt's root)
-    int32_t committed = 0;   // full blocks already considered for the index
-    int32_t filled = 0;      // tokens known to be written (for copy-on-write)
+    BlockHash last_hash;    // key of the last committed block (or the salt's root)
+    int32_t committed = 0;  // full blocks already considered for the index
+    int32_t filled = 0;     // tokens known to be written (for copy-on-write)
   };
 
   bool prefix_caching_;

@@ -29,6 +29,7 @@
 #include "server/scheduler_collector.h"
 #include "server/server_metrics.h"
 #include "server/serving_model.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -243,5 +244,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tandemd: LLM inference serving daemon (see docs/operations.md)");
   absl::ParseCommandLine(argc, argv);
+  // Logs go to stderr (stdout stays free for tools that wrap the daemon).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tandemd"));
   return tandem::Main();
 }
