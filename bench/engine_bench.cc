@@ -15,9 +15,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/decode/sampler.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/sampling/sampler.h"
 
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF model");
 ABSL_FLAG(int, threads, 2, "CPU threads");
@@ -73,7 +73,7 @@ int Run() {
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<int32_t> token(1);
     for (int i = 0; i < decode_tokens; ++i) {
-      token[0] = decode::Sample(logits, step::SamplingParams{}, 0);
+      token[0] = sampling::Sample(logits, step::SamplingParams{}, 0);
       model::SequenceInput step{token, prompt_tokens + i, table, 1};
       if (auto s = (*model)->Forward({&step, 1}, &logits); !s.ok()) {
         std::cerr << s << "\n";

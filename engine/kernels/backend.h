@@ -130,6 +130,10 @@ class Backend {
                                               const void* host_data) = 0;
   // Allocates the paged KV storage (replacing any previous one).
   virtual absl::Status CreateKvCache(const KvCacheShape& shape) = 0;
+  // Uses the KV storage of `other` (a backend on the same device), so that
+  // two workers read and write one paged cache: a handoff between them moves
+  // a block table, not bytes.
+  virtual absl::Status ShareKvCache(const Backend& other) = 0;
   virtual const KvCacheShape& kv_cache_shape() const = 0;
   virtual void CopyToHost(const Matrix& src, float* dst) = 0;
   virtual void CopyFromHost(const float* src, Matrix dst) = 0;

@@ -33,32 +33,51 @@ std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<f
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(std::shared_ptr<const GgufFile> file,
+                                                             kernels::Backend* backend,
+                                                             const ModelOverrides& overrides) {
+  absl::StatusOr<ModelConfig> config = ReadModelConfig(*file, overrides);
+  if (!config.ok()) return config.status();
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->file_ = std::move(file);
+  model->backend_ = backend;
+  model->overrides_ = overrides;
+  model->config_ = *std::move(config);
+  if (absl::Status s = model->BindWeights(); !s.ok()) {
+    return absl::Status(s.code(), StrCat("model '", model->file_->path(), "': ", s.message()));
+  }
+  return model;
+}
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::shared_ptr<const GgufFile> file,
                                                                kernels::Backend* backend,
                                                                int kv_blocks, int block_size,
                                                                const ModelOverrides& overrides) {
-  absl::StatusOr<ModelConfig> config = ReadModelConfig(*file, overrides);
-  if (!config.ok()) return config.status();
   if (kv_blocks < 1 || block_size < 1) {
     return absl::InvalidArgumentError(StrCat("the KV cache needs at least one block (got ",
                                              kv_blocks, " blocks of ", block_size, ")"));
   }
-  std::unique_ptr<LlamaModel> model(new LlamaModel());
-  model->file_ = std::move(file);
-  model->backend_ = backend;
-  model->config_ = *std::move(config);
-  model->block_size_ = block_size;
-  model->kv_blocks_ = kv_blocks;
-  if (absl::Status s = model->BindWeights(); !s.ok()) {
-    return absl::Status(s.code(), StrCat("model '", model->file_->path(), "': ", s.message()));
-  }
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = Bind(std::move(file), backend, overrides);
+  if (!model.ok()) return model.status();
+  (*model)->block_size_ = block_size;
+  (*model)->kv_blocks_ = kv_blocks;
   kernels::KvCacheShape shape;
-  shape.layers = model->config_.layers;
+  shape.layers = (*model)->config_.layers;
   shape.blocks = kv_blocks;
   shape.block_size = block_size;
-  shape.kv_heads = model->config_.kv_heads;
-  shape.head_dim = model->config_.head_dim;
+  shape.kv_heads = (*model)->config_.kv_heads;
+  shape.head_dim = (*model)->config_.head_dim;
   if (absl::Status s = backend->CreateKvCache(shape); !s.ok()) return s;
+  return model;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateSharingKv(const LlamaModel& other,
+                                                                        kernels::Backend* backend) {
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = Bind(other.file_, backend, other.overrides_);
+  if (!model.ok()) return model.status();
+  (*model)->block_size_ = other.block_size_;
+  (*model)->kv_blocks_ = other.kv_blocks_;
+  if (absl::Status s = backend->ShareKvCache(*other.backend_); !s.ok()) return s;
   return model;
 }
 

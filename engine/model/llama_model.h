@@ -38,6 +38,12 @@ class LlamaModel {
                                                             int kv_blocks, int block_size,
                                                             const ModelOverrides& overrides = {});
 
+  // The same weights bound to `backend`, using `other`'s KV cache (its
+  // backend's storage): a second worker on the same device. `other` must
+  // outlive the new model's use of the cache.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> CreateSharingKv(const LlamaModel& other,
+                                                                     kernels::Backend* backend);
+
   const ModelConfig& config() const { return config_; }
   int block_size() const { return block_size_; }
 
@@ -58,11 +64,15 @@ class LlamaModel {
   };
 
   LlamaModel() = default;
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Bind(std::shared_ptr<const GgufFile> file,
+                                                          kernels::Backend* backend,
+                                                          const ModelOverrides& overrides);
   absl::Status BindWeights();
   absl::Status EnsureCapacity(int64_t tokens, int64_t logit_rows);
 
   std::shared_ptr<const GgufFile> file_;
   kernels::Backend* backend_ = nullptr;
+  ModelOverrides overrides_;
   ModelConfig config_;
   int block_size_ = 0;
   int kv_blocks_ = 0;

@@ -24,11 +24,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/decode/sampler.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/llama_model.h"
+#include "engine/sampling/sampler.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
@@ -261,7 +261,7 @@ int Run(const std::string& command) {
       for (int i = 0; i < absl::GetFlag(FLAGS_max_tokens); ++i) {
         const std::vector<float> logits = RunPrompt(m, tokens, start);
         start = static_cast<int>(tokens.size());
-        const int32_t next = decode::Sample(logits, step::SamplingParams{}, 0);
+        const int32_t next = sampling::Sample(logits, step::SamplingParams{}, 0);
         generated.push_back(next);
         tokens.push_back(next);
       }

@@ -1,4 +1,4 @@
-#include "engine/decode/sampler.h"
+#include "engine/sampling/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <map>
 #include <vector>
 
-namespace tandem::decode {
+namespace tandem::sampling {
 namespace {
 
 step::SamplingParams Params(float temperature, int top_k = 0, float top_p = 1.0f,
@@ -90,4 +90,4 @@ TEST(SamplerTest, UniformDrawsAreInTheUnitInterval) {
 }
 
 }  // namespace
-}  // namespace tandem::decode
+}  // namespace tandem::sampling

@@ -19,8 +19,8 @@ constexpr size_t kAlignment = 64;
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode)
-    : pool_(threads < 1 ? 1 : threads), matmul_mode_(matmul_mode) {}
+CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode, std::vector<int> cpus)
+    : pool_(threads < 1 ? 1 : threads, std::move(cpus)), matmul_mode_(matmul_mode) {}
 
 std::string CpuBackend::name() const {
 #if defined(TANDEM_CPU_AVX512)
@@ -59,8 +59,19 @@ absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
     return absl::ResourceExhaustedError(StrCat("cannot map ", bytes, " bytes of KV cache"));
   }
   kv_storage_ =
-      std::make_unique<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
+      std::make_shared<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
   kv_shape_ = shape;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ShareKvCache(const Backend& other) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&other);
+  if (cpu == nullptr || cpu->kv_storage_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "KV storage can be shared only with a CPU backend that has one");
+  }
+  kv_storage_ = cpu->kv_storage_;
+  kv_shape_ = cpu->kv_shape_;
   return absl::OkStatus();
 }
 

@@ -14,7 +14,9 @@ namespace tandem::kernels::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32);
+  // `cpus`: the CPUs the pool's threads (the caller's included) are pinned
+  // to, one each in order; empty: no pinning.
+  CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32, std::vector<int> cpus = {});
 
   std::string name() const override;
 
@@ -22,6 +24,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                       const void* host_data) override;
   absl::Status CreateKvCache(const KvCacheShape& shape) override;
+  absl::Status ShareKvCache(const Backend& other) override;
   const KvCacheShape& kv_cache_shape() const override { return kv_shape_; }
   void CopyToHost(const Matrix& src, float* dst) override;
   void CopyFromHost(const float* src, Matrix dst) override;
@@ -47,7 +50,7 @@ class CpuBackend final : public Backend {
   MatMulScratch matmul_scratch_;
   std::vector<std::vector<float>> attention_scratch_;
   KvCacheShape kv_shape_;
-  std::unique_ptr<DeviceBuffer> kv_storage_;
+  std::shared_ptr<DeviceBuffer> kv_storage_;  // shared by the backends of one daemon
 };
 
 }  // namespace tandem::kernels::cpu

@@ -1,5 +1,8 @@
 #include "engine/kernels/cpu/thread_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -20,8 +23,26 @@ constexpr int kSpinIterations = 4000;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int threads) {
-  for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
+namespace {
+
+// Pins the calling thread to `cpu`; failures (a CPU outside the allowed set)
+// leave it unpinned, which costs only performance.
+void PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads, std::vector<int> cpus) : cpus_(std::move(cpus)) {
+  for (int t = 1; t < threads; ++t) {
+    workers_.emplace_back([this, t] {
+      if (!cpus_.empty()) PinTo(cpus_[static_cast<size_t>(t) % cpus_.size()]);
+      WorkerLoop(t);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -41,6 +62,10 @@ void ThreadPool::RunTasks(int thread) {
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
+  if (!caller_pinned_ && !cpus_.empty()) {
+    PinTo(cpus_[0]);
+    caller_pinned_ = true;
+  }
   if (workers_.empty() || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;

@@ -22,8 +22,10 @@ namespace tandem::kernels::cpu {
 
 class ThreadPool {
  public:
-  // `threads` counts the caller: ThreadPool(1) starts no thread.
-  explicit ThreadPool(int threads);
+  // `threads` counts the caller: ThreadPool(1) starts no thread. With
+  // `cpus`, thread i (0 is the caller, pinned on its first ParallelFor) runs
+  // on cpus[i % cpus.size()].
+  explicit ThreadPool(int threads, std::vector<int> cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -37,6 +39,8 @@ class ThreadPool {
   void WorkerLoop(int thread);
   void RunTasks(int thread);
 
+  std::vector<int> cpus_;
+  bool caller_pinned_ = false;
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int64_t> next_{0};

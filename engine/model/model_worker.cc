@@ -1,14 +1,14 @@
-#include "engine/prefill/prefill_worker.h"
+#include "engine/model/model_worker.h"
 
-#include "engine/decode/sampler.h"
+#include "engine/sampling/sampler.h"
 
-namespace tandem::prefill {
+namespace tandem::model {
 
-PrefillWorker::PrefillWorker(std::unique_ptr<kernels::Backend> backend,
-                             std::unique_ptr<model::LlamaModel> model)
+ModelWorker::ModelWorker(std::unique_ptr<kernels::Backend> backend,
+                             std::unique_ptr<LlamaModel> model)
     : backend_(std::move(backend)), model_(std::move(model)) {}
 
-step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {
+step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   step::StepResult result;
   if (!plan.block_copies.empty()) {
     std::vector<std::pair<int32_t, int32_t>> copies;
@@ -16,10 +16,10 @@ step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {
     result.status = model_->CopyBlocks(copies);
     if (!result.status.ok()) return result;
   }
-  std::vector<model::SequenceInput> inputs;
+  std::vector<SequenceInput> inputs;
   inputs.reserve(plan.sequences.size());
   for (const step::SequenceStep& s : plan.sequences) {
-    model::SequenceInput in;
+    SequenceInput in;
     in.tokens = s.tokens;
     in.first_position = s.first_position;
     in.block_table = s.block_table;
@@ -37,7 +37,7 @@ step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {
     r.sequence_id = s.sequence_id;
     if (s.sample) {
       std::span<const float> logits(logits_.data() + row * vocab, vocab);
-      r.sampled = decode::Sample(logits, s.sampling, s.draw_index);
+      r.sampled = sampling::Sample(logits, s.sampling, s.draw_index);
       ++row;
     }
     result.sequences.push_back(r);
@@ -45,4 +45,4 @@ step::StepResult PrefillWorker::Execute(const step::StepPlan& plan) {
   return result;
 }
 
-}  // namespace tandem::prefill
+}  // namespace tandem::model

@@ -6,15 +6,15 @@
 // renormalised, and one token is drawn with a uniform number that depends only
 // on (seed, draw_index). So a request's i-th token is the same whether it
 // runs alone, batched, chunked, or recomputed after preemption.
-#ifndef TANDEM_ENGINE_DECODE_SAMPLER_H_
-#define TANDEM_ENGINE_DECODE_SAMPLER_H_
+#ifndef TANDEM_ENGINE_SAMPLING_SAMPLER_H_
+#define TANDEM_ENGINE_SAMPLING_SAMPLER_H_
 
 #include <cstdint>
 #include <span>
 
 #include "engine/step/step_plan.h"
 
-namespace tandem::decode {
+namespace tandem::sampling {
 
 step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
                      uint64_t draw_index);
@@ -22,6 +22,6 @@ step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& 
 // The uniform number in [0, 1) of draw `draw_index` for `seed`.
 double UniformDraw(uint64_t seed, uint64_t draw_index);
 
-}  // namespace tandem::decode
+}  // namespace tandem::sampling
 
-#endif  // TANDEM_ENGINE_DECODE_SAMPLER_H_
+#endif  // TANDEM_ENGINE_SAMPLING_SAMPLER_H_

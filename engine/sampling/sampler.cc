@@ -1,10 +1,10 @@
-#include "engine/decode/sampler.h"
+#include "engine/sampling/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-namespace tandem::decode {
+namespace tandem::sampling {
 namespace {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -102,4 +102,4 @@ step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& 
   return c[cut - 1].id;
 }
 
-}  // namespace tandem::decode
+}  // namespace tandem::sampling

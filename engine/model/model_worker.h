@@ -1,0 +1,39 @@
+// Executes StepPlans with the model: block copies, one forward pass over the
+// plan's sequences (prompt chunks and decode tokens mixed), then sampling.
+// The worker kinds (engine/prefill, engine/decode) build on it.
+//
+// Thread safety: Execute() is called by one thread at a time.
+#ifndef TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
+#define TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "engine/kernels/backend.h"
+#include "engine/model/llama_model.h"
+#include "engine/step/step_plan.h"
+
+namespace tandem::model {
+
+class ModelWorker : public step::Worker {
+ public:
+  // `model` must be bound to `backend`; the worker owns both.
+  ModelWorker(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<LlamaModel> model);
+
+  step::StepResult Execute(const step::StepPlan& plan) override;
+
+  // "prefill" or "decode", for logs and metrics.
+  virtual std::string_view kind() const = 0;
+  const LlamaModel& model() const { return *model_; }
+  const kernels::Backend& backend() const { return *backend_; }
+
+ private:
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<LlamaModel> model_;
+  std::vector<float> logits_;
+};
+
+}  // namespace tandem::model
+
+#endif  // TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
