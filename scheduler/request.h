@@ -38,6 +38,25 @@ inline std::string_view FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
+// Where a request's decode steps ran.
+enum class Path : uint8_t {
+  kColocated,      // on the prefill worker, in its mixed batches
+  kDisaggregated,  // handed to a decode worker after its prefill
+};
+
+// Why the request took its path.
+enum class PathReason : uint8_t {
+  kDisaggregationOff,   // colocated: disaggregation is off (or no decode worker)
+  kBelowThreshold,      // colocated: max_tokens is below the threshold, or it ended first
+  kThresholdReached,    // disaggregated: its output reached the threshold
+  kExpectedOutputHint,  // disaggregated after prefill: the client's expected_output_tokens
+  kWorkloadEstimate,    // disaggregated after prefill: its workload's learned output length
+  kMaxTokens,           // disaggregated after prefill: max_tokens (the operator opted in)
+};
+
+std::string_view PathName(Path path);
+std::string_view PathReasonName(PathReason reason);
+
 struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
@@ -51,6 +70,8 @@ struct Timeline {
   absl::Time arrival = absl::InfinitePast();
   absl::Time scheduled = absl::InfinitePast();  // first admitted to a batch
   absl::Time first_token = absl::InfinitePast();
+  absl::Time handoff_start = absl::InfinitePast();  // handed to the decode worker
+  absl::Time handoff_end = absl::InfinitePast();    // its first decode-worker step began
   absl::Time finished = absl::InfinitePast();
 };
 
@@ -59,6 +80,8 @@ struct FinishInfo {
   absl::Status error;  // for kError, and for kCancelled by deadline
   Usage usage;
   Timeline timeline;
+  Path path = Path::kColocated;
+  PathReason path_reason = PathReason::kDisaggregationOff;
 };
 
 // Receives one request's output. Called only on the scheduler thread, in
@@ -85,6 +108,14 @@ struct Request {
   // Requests share cached KV blocks only with requests of the same salt (one
   // per tenant, say), so a tenant cannot learn another's prompts from timing.
   std::string cache_salt;
+  // Larger runs first; equal priorities run in arrival order. Waiting raises
+  // a request's effective priority over time (no starvation).
+  int32_t priority = 0;
+  // A tag for requests of one kind ("chat", "code-edit"): the scheduler
+  // learns each tag's output length to decide disaggregation up front.
+  std::string workload;
+  // The client's guess of the output length; 0 when unknown.
+  int32_t expected_output_tokens = 0;
   std::shared_ptr<RequestSink> sink;
 };
 

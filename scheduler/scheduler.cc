@@ -3,9 +3,27 @@
 #include "common/strings.h"
 
 namespace tandem::scheduler {
+namespace {
 
-Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* worker)
-    : max_queued_(max_queued), worker_(worker), core_(std::move(options)) {
+SchedulerOptions WithLanes(SchedulerOptions options, bool decode_worker) {
+  options.decode_lane = decode_worker;
+  return options;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
+                     step::Worker* decode)
+    : max_queued_(max_queued), core_(WithLanes(std::move(options), decode != nullptr)) {
+  step::Worker* workers[kLanes] = {prefill, decode};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    if (workers[lane] == nullptr) continue;
+    lanes_[static_cast<size_t>(lane)].thread =
+        std::make_unique<WorkerThread>(workers[lane], [this, lane](step::StepResult result) {
+          absl::MutexLock lock(&mu_);
+          completions_.push_back({static_cast<Lane>(lane), std::move(result)});
+        });
+  }
   {
     absl::MutexLock lock(&mu_);
     load_.kv = core_.kv_stats();
@@ -40,6 +58,7 @@ void Scheduler::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  for (LaneState& lane : lanes_) lane.thread.reset();
 }
 
 SchedulerLoad Scheduler::Load() const {
@@ -47,19 +66,37 @@ SchedulerLoad Scheduler::Load() const {
   return load_;
 }
 
+bool Scheduler::AnyBusy() const {
+  for (const LaneState& lane : lanes_) {
+    if (lane.busy) return true;
+  }
+  return false;
+}
+
 void Scheduler::Loop() {
+  bool progressed = true;
   for (;;) {
     std::vector<Command> commands;
+    std::vector<Completion> completions;
     bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !inbox_.empty(); };
-      if (!core_.HasWork()) {
-        mu_.AwaitWithDeadline(absl::Condition(&ready), core_.NextDeadline());
-      }
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !inbox_.empty() || !completions_.empty();
+      };
+      // Sleep unless the last round changed something (then an idle worker
+      // may have work now) or there is news.
+      if (!progressed) mu_.AwaitWithDeadline(absl::Condition(&ready), core_.NextDeadline());
       commands.swap(inbox_);
+      completions.swap(completions_);
       stopping = stopping_;
+    }
+    progressed = !completions.empty() || !commands.empty();
+    for (Completion& c : completions) {
+      LaneState& lane = lanes_[static_cast<size_t>(c.lane)];
+      core_.Update(c.lane, lane.plan, c.result);
+      lane.busy = false;
+      lane.plan = {};
     }
     for (Command& c : commands) {
       if (c.request.has_value()) {
@@ -69,23 +106,34 @@ void Scheduler::Loop() {
       }
     }
     if (stopping) {
-      // Cancel whatever is left; nothing runs after Stop().
+      // Nothing new runs after Stop(); steps in flight finish first.
       core_.CancelAll(FinishReason::kCancelled,
                       absl::UnavailableError("the server is shutting down"));
-      absl::MutexLock lock(&mu_);
-      queued_ = 0;
-      return;
+      if (!AnyBusy()) {
+        absl::MutexLock lock(&mu_);
+        queued_ = 0;
+        return;
+      }
+      progressed = false;
+      continue;
     }
     core_.ExpireDeadlines(absl::Now());
-    if (core_.HasWork()) {
-      step::StepPlan plan = core_.Schedule();
-      if (!plan.sequences.empty()) core_.Update(plan, worker_->Execute(plan));
+    for (int i = 0; i < kLanes; ++i) {
+      LaneState& lane = lanes_[static_cast<size_t>(i)];
+      if (lane.thread == nullptr || lane.busy) continue;
+      step::StepPlan plan = core_.Schedule(static_cast<Lane>(i));
+      if (plan.sequences.empty()) continue;
+      lane.plan = std::move(plan);
+      lane.busy = true;
+      lane.thread->Run(&lane.plan);
+      progressed = true;
     }
     absl::MutexLock lock(&mu_);
     queued_ = static_cast<int32_t>(inbox_.size()) + core_.waiting();
     load_.waiting = core_.waiting();
-    load_.running = core_.running();
+    load_.running = {core_.running(Lane::kPrefill), core_.running(Lane::kDecode)};
     load_.preemptions = core_.preemptions();
+    load_.handoffs = core_.handoffs();
     load_.kv = core_.kv_stats();
   }
 }

@@ -1,13 +1,18 @@
 // The scheduler thread: it owns a SchedulerCore, takes requests and
-// cancellations from any thread through a short-locked inbox, and loops
-// schedule -> worker.Execute(plan) -> update.
+// cancellations from any thread through a short-locked inbox, and keeps each
+// worker busy: whenever a worker is idle it gets its lane's next step, runs
+// it on its own thread (WorkerThread), and its results come back through the
+// inbox. So the prefill and decode workers run concurrently, one step in
+// flight each.
 //
-// Thread safety: Submit() and Cancel() may be called from any thread.
+// Thread safety: Submit(), Cancel() and Load() may be called from any thread.
 // RequestSinks are called on the scheduler thread only.
 #ifndef TANDEM_SCHEDULER_SCHEDULER_H_
 #define TANDEM_SCHEDULER_SCHEDULER_H_
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -16,22 +21,26 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/step/step_plan.h"
 #include "scheduler/scheduler_core.h"
+#include "scheduler/worker_thread.h"
 
 namespace tandem::scheduler {
 
 // A consistent snapshot for load reporting (GetLoad, metrics).
 struct SchedulerLoad {
   int32_t waiting = 0;
-  int32_t running = 0;
+  std::array<int32_t, kLanes> running = {0, 0};
   int64_t preemptions = 0;
+  int64_t handoffs = 0;
   kvcache::KvCacheStats kv;
 };
 
 class Scheduler {
  public:
-  // `worker` must outlive the scheduler. `max_queued` bounds requests that
-  // are submitted but not yet running.
-  Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* worker);
+  // Workers must outlive the scheduler; `decode` may be null (no decode
+  // worker: everything runs colocated on `prefill`). `max_queued` bounds
+  // requests that are submitted but not yet running.
+  Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
+            step::Worker* decode = nullptr);
   ~Scheduler();  // Stop()s
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -45,7 +54,8 @@ class Scheduler {
   // Ends the sequence at the next step boundary (FinishReason::kCancelled).
   void Cancel(uint64_t sequence_id);
 
-  // Cancels everything still queued or running and joins the thread.
+  // Cancels everything still queued or running (steps in flight complete
+  // first) and joins the threads.
   void Stop();
 
   SchedulerLoad Load() const;
@@ -55,14 +65,25 @@ class Scheduler {
     uint64_t id = 0;
     std::optional<Request> request;  // empty: a cancellation
   };
+  struct Completion {
+    Lane lane;
+    step::StepResult result;
+  };
+  struct LaneState {
+    std::unique_ptr<WorkerThread> thread;  // null: no worker for this lane
+    bool busy = false;
+    step::StepPlan plan;  // the step in flight
+  };
   void Loop();
+  bool AnyBusy() const;
 
   const int32_t max_queued_;
-  step::Worker* worker_;
-  SchedulerCore core_;  // scheduler thread only
+  SchedulerCore core_;                   // scheduler thread only
+  std::array<LaneState, kLanes> lanes_;  // scheduler thread only (threads set at construction)
 
   mutable absl::Mutex mu_;
   std::vector<Command> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<Completion> completions_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in the inbox or waiting in the core

@@ -8,9 +8,12 @@
 
 namespace tandem::scheduler {
 
+std::string_view LaneName(Lane lane) { return lane == Lane::kPrefill ? "prefill" : "decode"; }
+
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
-      kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching) {}
+      kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching),
+      policy_(options_.disaggregation, options_.decode_lane) {}
 
 absl::Status SchedulerCore::Admissible(const Request& request) const {
   const int32_t prompt = static_cast<int32_t>(request.prompt.size());
@@ -33,8 +36,28 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   seq->id = sequence_id;
   seq->tokens = request.prompt;
   seq->request = std::move(request);
+  seq->decision = policy_.Admit(seq->request);
   seq->timeline.arrival = options_.clock();
   waiting_.push_back(std::move(seq));
+}
+
+bool SchedulerCore::HasWork() const {
+  return !waiting_.empty() || !running_[0].empty() || !running_[1].empty();
+}
+
+bool SchedulerCore::Admits(Lane lane) const {
+  // With disaggregation on, the decode worker keeps to handed-off requests;
+  // otherwise it serves colocated requests like the prefill worker.
+  return lane == Lane::kPrefill || (options_.decode_lane && !policy_.enabled());
+}
+
+int64_t SchedulerCore::EffectivePriority(const Sequence& seq, absl::Time now) const {
+  int64_t aged = 0;
+  if (options_.priority_aging > absl::ZeroDuration() && now > seq.timeline.arrival) {
+    aged = static_cast<int64_t>(
+        absl::FDivDuration(now - seq.timeline.arrival, options_.priority_aging));
+  }
+  return int64_t{seq.request.priority} + aged;
 }
 
 int32_t SchedulerCore::Admit(Sequence& seq, int32_t budget) {
@@ -48,15 +71,59 @@ int32_t SchedulerCore::Admit(Sequence& seq, int32_t budget) {
   return count;
 }
 
-void SchedulerCore::Preempt(Sequence& seq) {
-  kv_.Release(seq.id);
-  seq.computed = 0;  // recomputed later, mostly from the prefix cache
-  ++preemptions_;
+SchedulerCore::RunningList::iterator SchedulerCore::PickVictim(
+    Lane lane, const Sequence& needy, const absl::flat_hash_set<uint64_t>& planned,
+    absl::Time now) {
+  RunningList& list = running_of(lane);
+  auto best = list.end();
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    const Sequence& s = **it;
+    if (&s == &needy || s.in_flight || planned.contains(s.id)) continue;
+    if (best == list.end()) {
+      best = it;
+      continue;
+    }
+    const Sequence& b = **best;
+    const int64_t ps = EffectivePriority(s, now), pb = EffectivePriority(b, now);
+    if (ps < pb || (ps == pb && s.timeline.scheduled > b.timeline.scheduled) ||
+        (ps == pb && s.timeline.scheduled == b.timeline.scheduled && s.id > b.id)) {
+      best = it;
+    }
+  }
+  return best;
 }
 
-SchedulerCore::Sequence* SchedulerCore::FindRunning(uint64_t id) {
-  for (SequencePtr& s : running_) {
+void SchedulerCore::Preempt(RunningList& list, RunningList::iterator it) {
+  Sequence& seq = **it;
+  kv_.Release(seq.id);
+  seq.computed = 0;  // recomputed later, mostly from the prefix cache
+  seq.lane = Lane::kPrefill;
+  ++preemptions_;
+  waiting_.push_back(std::move(*it));
+  list.erase(it);
+}
+
+SchedulerCore::Sequence* SchedulerCore::Find(uint64_t id) {
+  for (SequencePtr& s : waiting_) {
     if (s->id == id) return s.get();
+  }
+  for (RunningList& list : running_) {
+    for (SequencePtr& s : list) {
+      if (s->id == id) return s.get();
+    }
+  }
+  return nullptr;
+}
+
+SchedulerCore::SequencePtr SchedulerCore::Take(uint64_t id) {
+  for (std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+    for (auto it = list->begin(); it != list->end(); ++it) {
+      if ((*it)->id != id) continue;
+      TANDEM_CHECK(!(*it)->in_flight, "taking a sequence whose step is running");
+      SequencePtr seq = std::move(*it);
+      list->erase(it);
+      return seq;
+    }
   }
   return nullptr;
 }
@@ -73,47 +140,50 @@ step::SequenceStep SchedulerCore::MakeStep(const Sequence& seq, int32_t count) c
   return step;
 }
 
-step::StepPlan SchedulerCore::Schedule() {
+step::StepPlan SchedulerCore::Schedule(Lane lane) {
   step::StepPlan plan;
+  if (lane == Lane::kDecode && !options_.decode_lane) return plan;
+  const absl::Time now = options_.clock();
   int32_t budget = options_.max_batched_tokens;
   absl::flat_hash_set<uint64_t> planned;
+  absl::flat_hash_set<uint64_t> preempted;
+  RunningList& list = running_of(lane);
 
   // Running sequences: decodes first (pass 0), then unfinished prompts.
   for (int pass = 0; pass < 2; ++pass) {
-    for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
+    for (auto it = list.begin(); it != list.end() && budget > 0;) {
       Sequence& seq = **it;
       const int32_t needed = static_cast<int32_t>(seq.tokens.size()) - seq.computed;
-      if (planned.contains(seq.id) || (needed == 1) != (pass == 0)) {
+      if (seq.in_flight || planned.contains(seq.id) || (needed == 1) != (pass == 0)) {
         ++it;
         continue;
       }
       const int32_t count = std::min(needed, budget);
       bool fits = kv_.Reserve(seq.id, seq.computed + count);
-      // Make room by preempting the newest sequence not in this step.
       while (!fits) {
-        auto victim = running_.end();
-        for (auto v = running_.begin(); v != running_.end(); ++v) {
-          if (v != it && !planned.contains((*v)->id)) victim = v;
-        }
-        if (victim == running_.end()) break;
-        Preempt(**victim);
-        waiting_.push_front(std::move(*victim));
-        running_.erase(victim);
+        auto victim = PickVictim(lane, seq, planned, now);
+        if (victim == list.end()) break;
+        preempted.insert((*victim)->id);
+        Preempt(list, victim);
         fits = kv_.Reserve(seq.id, seq.computed + count);
       }
       if (!fits) {
+        auto next = std::next(it);
         if (kv_.pool().used_blocks() == static_cast<int32_t>(kv_.BlockTable(seq.id).size())) {
           // Alone in the pool and still short: it can never grow.
           SequencePtr owned = std::move(*it);
-          it = running_.erase(it);
+          list.erase(it);
           Finish(std::move(owned), FinishReason::kLength,
                  absl::ResourceExhaustedError("the KV cache cannot hold a longer sequence"));
-          continue;
+        } else {
+          preempted.insert(seq.id);
+          Preempt(list, it);
         }
-        Preempt(seq);
-        waiting_.push_front(std::move(*it));
-        it = running_.erase(it);
+        it = next;
         continue;
+      }
+      if (lane == Lane::kDecode && seq.timeline.handoff_end == absl::InfinitePast()) {
+        seq.timeline.handoff_end = now;
       }
       plan.sequences.push_back(MakeStep(seq, count));
       planned.insert(seq.id);
@@ -122,39 +192,78 @@ step::StepPlan SchedulerCore::Schedule() {
     }
   }
 
-  // Waiting sequences, in order, while they fit.
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(running_.size()) < options_.max_running) {
-    Sequence& seq = *waiting_.front();
-    if (planned.contains(seq.id)) break;  // preempted during this step
-    const int32_t count = Admit(seq, budget);
-    if (count == 0) break;
-    if (seq.timeline.scheduled == absl::InfinitePast()) seq.timeline.scheduled = options_.clock();
-    plan.sequences.push_back(MakeStep(seq, count));
-    planned.insert(seq.id);
-    budget -= count;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+  // Waiting sequences, by effective priority then arrival, while they fit.
+  if (Admits(lane)) {
+    while (budget > 0 && !waiting_.empty() &&
+           running(Lane::kPrefill) + running(Lane::kDecode) < options_.max_running) {
+      auto best = waiting_.begin();
+      for (auto it = std::next(waiting_.begin()); it != waiting_.end(); ++it) {
+        const int64_t p = EffectivePriority(**it, now), q = EffectivePriority(**best, now);
+        if (p > q || (p == q && (*it)->timeline.arrival < (*best)->timeline.arrival)) best = it;
+      }
+      Sequence& seq = **best;
+      if (preempted.contains(seq.id)) break;  // no thrashing within one step
+      const int32_t count = Admit(seq, budget);
+      if (count == 0) break;
+      if (seq.timeline.scheduled == absl::InfinitePast()) seq.timeline.scheduled = now;
+      seq.lane = lane;
+      plan.sequences.push_back(MakeStep(seq, count));
+      planned.insert(seq.id);
+      budget -= count;
+      list.push_back(std::move(*best));
+      waiting_.erase(best);
+    }
   }
+  for (SequencePtr& s : list) s->in_flight = planned.contains(s->id);
   for (const kvcache::BlockCopy& c : kv_.TakeCopies()) plan.block_copies.push_back({c.from, c.to});
   return plan;
 }
 
-void SchedulerCore::Update(const step::StepPlan& plan, const step::StepResult& result) {
-  if (!result.status.ok()) {
-    for (const step::SequenceStep& s : plan.sequences) {
-      Cancel(s.sequence_id, FinishReason::kError, result.status);
-    }
+void SchedulerCore::MaybeHandOff(Sequence& seq) {
+  if (seq.lane != Lane::kPrefill || !policy_.enabled()) return;
+  const bool decoding = seq.computed == static_cast<int32_t>(seq.tokens.size()) - 1;
+  if (!decoding) return;
+  const bool now_due = seq.handed_off || seq.decision.hand_off_after_prefill ||
+                       (seq.decision.may_hand_off_later && policy_.ReachedThreshold(seq.generated));
+  if (!now_due) return;
+  if (!seq.handed_off) {
+    seq.handed_off = true;
+    if (seq.decision.may_hand_off_later) seq.decision.reason = PathReason::kThresholdReached;
+    seq.timeline.handoff_start = options_.clock();
+    ++handoffs_;
+  }
+  RunningList& from = running_of(Lane::kPrefill);
+  for (auto it = from.begin(); it != from.end(); ++it) {
+    if (it->get() != &seq) continue;
+    seq.lane = Lane::kDecode;
+    running_of(Lane::kDecode).push_back(std::move(*it));
+    from.erase(it);
     return;
   }
-  TANDEM_CHECK(result.sequences.size() == plan.sequences.size(),
+}
+
+void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::StepResult& result) {
+  TANDEM_CHECK(result.status.ok() ? result.sequences.size() == plan.sequences.size() : true,
                "a step result must answer every sequence of its plan");
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& s = plan.sequences[i];
-    Sequence* seq = FindRunning(s.sequence_id);
-    TANDEM_CHECK(seq != nullptr, "a planned sequence left the running set mid-step");
+    Sequence* seq = nullptr;
+    for (SequencePtr& candidate : running_of(lane)) {
+      if (candidate->id == s.sequence_id) seq = candidate.get();
+    }
+    TANDEM_CHECK(seq != nullptr && seq->in_flight, "a planned sequence left its lane mid-step");
+    seq->in_flight = false;
+    if (!result.status.ok()) {
+      Finish(Take(seq->id), FinishReason::kError, result.status);
+      continue;
+    }
     seq->computed += static_cast<int32_t>(s.tokens.size());
     kv_.Commit(seq->id, seq->tokens, seq->computed);
+    if (seq->pending_cancel.has_value()) {
+      auto [reason, why] = *seq->pending_cancel;
+      Finish(Take(seq->id), reason, std::move(why));
+      continue;
+    }
     if (!s.sample) continue;
     TANDEM_CHECK(result.sequences[i].sampled.has_value(), "a sampling step returned no token");
     const TokenId token = *result.sequences[i].sampled;
@@ -166,50 +275,41 @@ void SchedulerCore::Update(const step::StepPlan& plan, const step::StepResult& r
     const auto& stops = seq->request.stop_token_ids;
     const bool is_stop_token = std::find(stops.begin(), stops.end(), token) != stops.end();
     const bool sink_stop = seq->request.sink->OnToken(token, is_stop_token);
-    std::optional<FinishReason> reason;
     if (is_stop_token || sink_stop) {
-      reason = FinishReason::kStop;
+      Finish(Take(seq->id), FinishReason::kStop, absl::OkStatus());
     } else if (seq->generated >= seq->request.max_tokens ||
                static_cast<int32_t>(seq->tokens.size()) >= options_.context_length) {
-      reason = FinishReason::kLength;
+      Finish(Take(seq->id), FinishReason::kLength, absl::OkStatus());
+    } else {
+      MaybeHandOff(*seq);
     }
-    if (reason.has_value()) Cancel(seq->id, *reason, absl::OkStatus());
   }
 }
 
 void SchedulerCore::Cancel(uint64_t sequence_id, FinishReason reason, absl::Status why) {
-  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    if ((*it)->id == sequence_id) {
-      SequencePtr seq = std::move(*it);
-      waiting_.erase(it);
-      Finish(std::move(seq), reason, std::move(why));
-      return;
-    }
+  Sequence* seq = Find(sequence_id);
+  if (seq == nullptr) return;
+  if (seq->in_flight) {
+    if (!seq->pending_cancel.has_value()) seq->pending_cancel.emplace(reason, std::move(why));
+    return;
   }
-  for (auto it = running_.begin(); it != running_.end(); ++it) {
-    if ((*it)->id == sequence_id) {
-      SequencePtr seq = std::move(*it);
-      running_.erase(it);
-      Finish(std::move(seq), reason, std::move(why));
-      return;
-    }
-  }
+  Finish(Take(sequence_id), reason, std::move(why));
 }
 
 void SchedulerCore::CancelAll(FinishReason reason, const absl::Status& why) {
   std::vector<uint64_t> ids;
-  for (const SequencePtr& s : waiting_) ids.push_back(s->id);
-  for (const SequencePtr& s : running_) ids.push_back(s->id);
+  for (const std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+    for (const SequencePtr& s : *list) ids.push_back(s->id);
+  }
   for (uint64_t id : ids) Cancel(id, reason, why);
 }
 
 void SchedulerCore::ExpireDeadlines(absl::Time now) {
   std::vector<uint64_t> expired;
-  for (const SequencePtr& s : waiting_) {
-    if (s->request.deadline <= now) expired.push_back(s->id);
-  }
-  for (const SequencePtr& s : running_) {
-    if (s->request.deadline <= now) expired.push_back(s->id);
+  for (const std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+    for (const SequencePtr& s : *list) {
+      if (s->request.deadline <= now && !s->pending_cancel.has_value()) expired.push_back(s->id);
+    }
   }
   for (uint64_t id : expired) {
     Cancel(id, FinishReason::kCancelled, absl::DeadlineExceededError("the deadline passed"));
@@ -218,14 +318,19 @@ void SchedulerCore::ExpireDeadlines(absl::Time now) {
 
 absl::Time SchedulerCore::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
-  for (const SequencePtr& s : waiting_) next = std::min(next, s->request.deadline);
-  for (const SequencePtr& s : running_) next = std::min(next, s->request.deadline);
+  for (const std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+    for (const SequencePtr& s : *list) next = std::min(next, s->request.deadline);
+  }
   return next;
 }
 
 void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status why) {
+  TANDEM_CHECK(seq != nullptr, "finishing an unknown sequence");
   kv_.Release(seq->id);
   seq->timeline.finished = options_.clock();
+  if (reason == FinishReason::kStop || reason == FinishReason::kLength) {
+    policy_.Record(seq->request, seq->generated);
+  }
   FinishInfo info;
   info.reason = reason;
   info.error = std::move(why);
@@ -233,6 +338,8 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
   info.usage.completion_tokens = seq->generated;
   info.usage.cached_prompt_tokens = std::max(0, seq->cached_prompt_tokens);
   info.timeline = seq->timeline;
+  info.path = seq->handed_off ? Path::kDisaggregated : Path::kColocated;
+  info.path_reason = seq->decision.reason;
   seq->request.sink->OnFinish(info);
 }
 

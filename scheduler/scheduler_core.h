@@ -1,46 +1,69 @@
-// The scheduling policy and state, single-threaded: admission, continuous
-// batching with a token budget, chunked prefill, preemption, finishing.
+// The scheduling policy and state, single-threaded: admission by priority,
+// continuous batching with a token budget, chunked prefill, preemption, the
+// hand-off of long outputs from the prefill worker to a decode worker, and
+// finishing.
 //
 // One rule drives everything: each sequence has tokens known (prompt plus
 // generated) and tokens computed (their KV is in its blocks); a step runs
 // some of the difference. Decodes are a difference of one, prompts are
 // chunked to fit the budget, and a preempted sequence simply starts again
-// from zero computed tokens. There is no "phase" flag.
+// from zero computed tokens (mostly from the prefix cache). There is no
+// "phase" flag.
 //
-// Per step: running sequences that need one token (decodes) are scheduled
-// first, then running sequences still computing their prompt, then waiting
-// sequences in arrival order while the budget, the running cap and the KV
-// pool allow. Admission looks up the prefix cache: cached prompt tokens count
-// as computed and are not run again. A running sequence that cannot get a
-// block preempts the most recently admitted sequence not yet in this step's
-// plan (or itself).
+// Workers are lanes. The prefill lane runs every prompt and the decode steps
+// of colocated requests (mixed batches); the decode lane, when there is one,
+// runs the decode steps of disaggregated requests only. With disaggregation
+// off, both lanes serve colocated requests, so no worker idles while work
+// waits. A handoff moves a sequence (its block table) from one lane's running
+// set to the other's; the one KV pool is shared.
+//
+// Per lane and step: its running decodes first, then its running prompts
+// (chunked), then waiting requests it may admit, by effective priority
+// (priority plus one per `priority_aging` waited) then arrival, while the
+// budget, the running cap and the KV pool allow. Admission looks up the prefix
+// cache. A sequence that cannot get a block preempts the lane's lowest-
+// priority, most recently admitted sequence not in this step (or itself).
+//
+// Each lane has at most one step in flight. Sequences in flight are not
+// touched: a cancellation or deadline that hits one takes effect when its
+// step's results arrive. Every way a sequence ends goes through Finish(),
+// which releases its blocks exactly once.
 //
 // Thread safety: none; owned by the Scheduler thread (or a test).
 #ifndef TANDEM_SCHEDULER_SCHEDULER_CORE_H_
 #define TANDEM_SCHEDULER_SCHEDULER_CORE_H_
 
+#include <array>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/step/step_plan.h"
 #include "kvcache/kv_cache_manager.h"
+#include "scheduler/disaggregation_policy.h"
 #include "scheduler/request.h"
 
 namespace tandem::scheduler {
 
+enum class Lane : uint8_t { kPrefill = 0, kDecode = 1 };
+inline constexpr int kLanes = 2;
+std::string_view LaneName(Lane lane);
+
 struct SchedulerOptions {
-  int32_t max_batched_tokens = 512;  // tokens per step, all sequences together
-  int32_t max_running = 64;          // sequences in the running batch
+  int32_t max_batched_tokens = 512;  // tokens per step of one lane
+  int32_t max_running = 64;          // sequences running, all lanes together
   int32_t block_size = 16;           // tokens per KV block
   int32_t kv_blocks = 1024;          // KV blocks in the pool
   int32_t context_length = 2048;     // positions per sequence
   bool prefix_caching = true;        // reuse cached KV blocks of equal prefixes
+  bool decode_lane = false;          // a decode worker exists
+  DisaggregationOptions disaggregation;
+  absl::Duration priority_aging = absl::Seconds(10);  // +1 effective priority per this long waited
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
@@ -55,29 +78,34 @@ class SchedulerCore {
   // REQUIRES: Admissible(request).ok() and a fresh sequence id.
   void Add(uint64_t sequence_id, Request request);
 
-  // Ends a waiting or running sequence (unknown ids are ignored: it may have
-  // finished already). Frees its blocks and tells its sink.
+  // Ends a sequence wherever it is (unknown ids are ignored: it may have
+  // finished already); one in flight ends when its step's results arrive.
   void Cancel(uint64_t sequence_id, FinishReason reason, absl::Status why);
-
-  // Ends every sequence.
+  // Ends every sequence (those in flight when their steps return).
   void CancelAll(FinishReason reason, const absl::Status& why);
 
   // Cancels every sequence whose deadline is at or before `now`.
   void ExpireDeadlines(absl::Time now);
   absl::Time NextDeadline() const;
 
-  // The next step's work; empty when there is nothing to run.
-  step::StepPlan Schedule();
-  // Applies a step's results: computed tokens, sampled tokens, stops.
-  void Update(const step::StepPlan& plan, const step::StepResult& result);
+  // The lane's next step; empty when it has nothing to run. The plan's
+  // sequences are in flight until Update(lane, ...).
+  step::StepPlan Schedule(Lane lane);
+  // Applies a lane's step results: computed tokens, sampled tokens, stops,
+  // handoffs, and cancellations that waited for the step.
+  void Update(Lane lane, const step::StepPlan& plan, const step::StepResult& result);
 
-  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  bool has_decode_lane() const { return options_.decode_lane; }
+  bool HasWork() const;
   int32_t waiting() const { return static_cast<int32_t>(waiting_.size()); }
-  int32_t running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t running(Lane lane) const {
+    return static_cast<int32_t>(running_[static_cast<size_t>(lane)].size());
+  }
   int32_t free_blocks() const { return kv_.free_blocks(); }
   int32_t total_blocks() const { return kv_.total_blocks(); }
   kvcache::KvCacheStats kv_stats() const { return kv_.stats(); }
   int64_t preemptions() const { return preemptions_; }
+  int64_t handoffs() const { return handoffs_; }
 
  private:
   struct Sequence {
@@ -87,24 +115,43 @@ class SchedulerCore {
     int32_t computed = 0;         // tokens whose KV is in its blocks
     int32_t generated = 0;
     int32_t cached_prompt_tokens = -1;  // prefix-cache hit at first admission
+    Lane lane = Lane::kPrefill;
+    bool in_flight = false;
+    std::optional<std::pair<FinishReason, absl::Status>> pending_cancel;
+    AdmissionDecision decision;
+    bool handed_off = false;
     Timeline timeline;
   };
   using SequencePtr = std::unique_ptr<Sequence>;
+  using RunningList = std::list<SequencePtr>;
 
+  RunningList& running_of(Lane lane) { return running_[static_cast<size_t>(lane)]; }
+  bool Admits(Lane lane) const;
+  int64_t EffectivePriority(const Sequence& seq, absl::Time now) const;
   // Admits a waiting sequence with up to `budget` tokens of work, reusing its
   // cached prefix; returns the tokens to run, or 0 (and no change) when its
   // blocks do not fit.
   int32_t Admit(Sequence& seq, int32_t budget);
-  void Preempt(Sequence& seq);
+  // The running sequence of `lane` to preempt for `needy`: not planned, not
+  // in flight, lowest effective priority, then most recently admitted.
+  RunningList::iterator PickVictim(Lane lane, const Sequence& needy,
+                                   const absl::flat_hash_set<uint64_t>& planned, absl::Time now);
+  void Preempt(RunningList& list, RunningList::iterator it);
+  void MaybeHandOff(Sequence& seq);
   void Finish(SequencePtr seq, FinishReason reason, absl::Status why);
   step::SequenceStep MakeStep(const Sequence& seq, int32_t count) const;
-  Sequence* FindRunning(uint64_t id);
+  // Finds a waiting or running sequence.
+  Sequence* Find(uint64_t id);
+  // Removes and returns a sequence that is not in flight.
+  SequencePtr Take(uint64_t id);
 
   SchedulerOptions options_;
   kvcache::KvCacheManager kv_;
-  std::deque<SequencePtr> waiting_;  // admission order (preempted ones go first)
-  std::list<SequencePtr> running_;   // admission order
+  DisaggregationPolicy policy_;
+  std::list<SequencePtr> waiting_;  // arrival order; admission picks by priority
+  std::array<RunningList, kLanes> running_;
   int64_t preemptions_ = 0;
+  int64_t handoffs_ = 0;
 };
 
 }  // namespace tandem::scheduler

@@ -35,6 +35,8 @@ void Merge(v1::GenerateResponse& acc, v1::GenerateResponse&& next) {
     acc.set_finish_reason(next.finish_reason());
     *acc.mutable_usage() = next.usage();
     *acc.mutable_timeline() = next.timeline();
+    acc.set_path(next.path());
+    acc.set_path_reason(next.path_reason());
   }
 }
 
@@ -184,12 +186,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
         metrics->OnFinish(info);
         const v1::Timeline t = TimelineToProto(info.timeline);
         spdlog::info(
-            "request {} finished: reason={} prompt_tokens={} completion_tokens={} "
-            "queued_ms={:.1f} prefill_ms={:.1f} first_token_ms={:.1f} decode_ms={:.1f} "
-            "total_ms={:.1f}{}",
-            id, scheduler::FinishReasonName(info.reason), prompt_tokens,
-            info.usage.completion_tokens, t.queued_ms(), t.prefill_ms(), t.first_token_ms(),
-            t.decode_ms(), t.total_ms(), info.error.ok() ? "" : " error=" + info.error.ToString());
+            "request {} finished: reason={} path={} path_reason={} prompt_tokens={} "
+            "cached_prompt_tokens={} completion_tokens={} queued_ms={:.1f} prefill_ms={:.1f} "
+            "first_token_ms={:.1f} handoff_ms={:.1f} decode_ms={:.1f} total_ms={:.1f}{}",
+            id, scheduler::FinishReasonName(info.reason), scheduler::PathName(info.path),
+            scheduler::PathReasonName(info.path_reason), prompt_tokens,
+            info.usage.cached_prompt_tokens, info.usage.completion_tokens, t.queued_ms(),
+            t.prefill_ms(), t.first_token_ms(), t.handoff_ms(), t.decode_ms(), t.total_ms(),
+            info.error.ok() ? "" : " error=" + info.error.ToString());
       });
   absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
   if (!id.ok()) {

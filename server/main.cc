@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "engine/kernels/cuda/cuda_loader.h"
@@ -51,7 +52,20 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
           "Prometheus metrics address (IPv4 host:port); empty disables");
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: cpu, or auto (CPU; the CUDA module is probed and reported)");
-ABSL_FLAG(int, threads, 2, "CPU threads of the worker");
+ABSL_FLAG(int, prefill_threads, 1,
+          "CPU threads (and cores) of the prefill worker: prompts, and the decode steps of "
+          "colocated requests");
+ABSL_FLAG(int, decode_threads, 1,
+          "CPU threads (and cores) of the decode worker; 0: no decode worker, everything "
+          "colocated on the prefill worker");
+ABSL_FLAG(bool, pin_threads, true, "pin each worker's threads to CPUs of its own");
+ABSL_FLAG(std::string, disagg_output_threshold, "32",
+          "hand a request to the decode worker when its output reaches this many tokens "
+          "(or earlier when it is known to); 0: every request; off: never");
+ABSL_FLAG(bool, disagg_on_max_tokens, false,
+          "treat max_tokens as the expected output length when nothing better is known");
+ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
+          "a waiting request gains one priority level per this long waited (no starvation)");
 ABSL_FLAG(std::string, cpu_matmul, "f32",
           "CPU matrix products: f32 (dequantized weights x float activations, the model's own "
           "arithmetic) or q8 (8-bit activations as llama.cpp does: faster, less exact)");
@@ -102,7 +116,9 @@ absl::Status WarmUp(server::ServingModel& model) {
   step.block_table = {0};
   step.sample = true;
   plan.sequences.push_back(step);
-  return model.worker()->Execute(plan).status;
+  if (absl::Status s = model.prefill_worker()->Execute(plan).status; !s.ok()) return s;
+  if (model.decode_worker() == nullptr) return absl::OkStatus();
+  return model.decode_worker()->Execute(plan).status;
 }
 
 int Main() {
@@ -140,7 +156,22 @@ int Main() {
   options.matmul_mode = *matmul_mode;
   options.model_path = absl::GetFlag(FLAGS_model);
   options.chat_template = absl::GetFlag(FLAGS_chat_template);
-  options.threads = absl::GetFlag(FLAGS_threads);
+  options.prefill_threads = absl::GetFlag(FLAGS_prefill_threads);
+  options.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
+  if (options.prefill_threads < 1 || options.decode_threads < 0) {
+    spdlog::error("--prefill_threads must be >= 1 and --decode_threads >= 0");
+    return 2;
+  }
+  std::optional<int32_t> threshold;
+  if (const std::string t = absl::GetFlag(FLAGS_disagg_output_threshold); t != "off") {
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(t, &value) || value < 0) {
+      spdlog::error("--disagg_output_threshold='{}': expected a token count >= 0 or 'off'", t);
+      return 2;
+    }
+    threshold = value;
+  }
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction > 0) {
     absl::StatusOr<int64_t> available = server::AvailableMemoryBytes();
@@ -180,12 +211,27 @@ int Main() {
   sched.kv_blocks = (*model)->kv_blocks();
   sched.context_length = (*model)->context_length();
   sched.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  sched.disaggregation.output_threshold = threshold;
+  sched.disaggregation.use_max_tokens = absl::GetFlag(FLAGS_disagg_on_max_tokens);
+  sched.priority_aging = absl::GetFlag(FLAGS_priority_aging);
+  if (threshold.has_value() && (*model)->decode_worker() == nullptr) {
+    spdlog::warn(
+        "--disagg_output_threshold={} has no effect without a decode worker "
+        "(--decode_threads=0): everything runs colocated",
+        *threshold);
+  }
+  for (const std::string& warning : (*model)->warnings()) spdlog::warn("{}", warning);
   if (sched.max_batched_tokens < 1 || sched.max_running < 1) {
     spdlog::error("--max_batched_tokens and --max_running must be at least 1");
     return 2;
   }
   scheduler::Scheduler scheduler(sched, absl::GetFlag(FLAGS_max_queued_requests),
-                                 (*model)->worker());
+                                 (*model)->prefill_worker(), (*model)->decode_worker());
+  spdlog::info("disaggregation: {}",
+               threshold.has_value() && (*model)->decode_worker() != nullptr
+                   ? fmt::format("at {} output tokens{}", *threshold,
+                                 sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "")
+                   : std::string("off"));
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto scheduler_collector = std::make_shared<server::SchedulerCollector>(&scheduler);

@@ -113,6 +113,15 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     return Invalid("cache_salt", StrCat("longer than ", kMaxCacheSaltBytes, " bytes"));
   }
   r.cache_salt = proto.cache_salt();
+  if (proto.workload().size() > kMaxWorkloadBytes) {
+    return Invalid("workload", StrCat("longer than ", kMaxWorkloadBytes, " bytes"));
+  }
+  r.workload = proto.workload();
+  if (proto.expected_output_tokens() < 0) {
+    return Invalid("expected_output_tokens", "must be >= 0 (0: unknown)");
+  }
+  r.expected_output_tokens = proto.expected_output_tokens();
+  r.priority = proto.priority();
   if (!proto.ignore_eos()) {
     const tokenizer::SpecialTokens& special = model.tokenizer->special();
     for (const auto& id : {special.eos, special.eot}) {

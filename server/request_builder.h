@@ -35,6 +35,7 @@ inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxCacheSaltBytes = 256;
+inline constexpr int kMaxWorkloadBytes = 128;
 
 struct BuiltRequest {
   scheduler::Request request;  // without sink and deadline

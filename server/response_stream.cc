@@ -28,12 +28,40 @@ v1::Timeline TimelineToProto(const scheduler::Timeline& t) {
   v1::Timeline out;
   const absl::Time first_token = t.first_token == absl::InfinitePast() ? t.finished : t.first_token;
   const absl::Time scheduled = t.scheduled == absl::InfinitePast() ? t.finished : t.scheduled;
+  // A handoff that never reached the decode worker (cancelled in between)
+  // lasted until the end.
+  const absl::Time handoff_end = t.handoff_end == absl::InfinitePast() ? t.finished : t.handoff_end;
+  const double handoff =
+      t.handoff_start == absl::InfinitePast() ? 0.0 : Ms(t.handoff_start, handoff_end);
   out.set_queued_ms(Ms(t.arrival, scheduled));
   out.set_prefill_ms(Ms(scheduled, first_token));
   out.set_first_token_ms(Ms(t.arrival, first_token));
-  out.set_decode_ms(Ms(first_token, t.finished));
+  out.set_handoff_ms(handoff);
+  out.set_decode_ms(Ms(first_token, t.finished) - handoff);
   out.set_total_ms(Ms(t.arrival, t.finished));
   return out;
+}
+
+v1::Path PathToProto(scheduler::Path path) {
+  return path == scheduler::Path::kColocated ? v1::PATH_COLOCATED : v1::PATH_DISAGGREGATED;
+}
+
+v1::PathReason PathReasonToProto(scheduler::PathReason reason) {
+  switch (reason) {
+    case scheduler::PathReason::kDisaggregationOff:
+      return v1::PATH_REASON_DISAGGREGATION_OFF;
+    case scheduler::PathReason::kBelowThreshold:
+      return v1::PATH_REASON_BELOW_THRESHOLD;
+    case scheduler::PathReason::kThresholdReached:
+      return v1::PATH_REASON_THRESHOLD_REACHED;
+    case scheduler::PathReason::kExpectedOutputHint:
+      return v1::PATH_REASON_EXPECTED_OUTPUT_HINT;
+    case scheduler::PathReason::kWorkloadEstimate:
+      return v1::PATH_REASON_WORKLOAD_ESTIMATE;
+    case scheduler::PathReason::kMaxTokens:
+      return v1::PATH_REASON_MAX_TOKENS;
+  }
+  return v1::PATH_REASON_UNSPECIFIED;
 }
 
 ResponseStream::ResponseStream(std::string request_id, const tokenizer::BpeTokenizer& tokenizer,
@@ -68,6 +96,8 @@ void ResponseStream::OnFinish(const scheduler::FinishInfo& info) {
   last.mutable_usage()->set_completion_tokens(info.usage.completion_tokens);
   last.mutable_usage()->set_cached_prompt_tokens(info.usage.cached_prompt_tokens);
   *last.mutable_timeline() = TimelineToProto(info.timeline);
+  last.set_path(PathToProto(info.path));
+  last.set_path_reason(PathReasonToProto(info.path_reason));
   if (observer_) observer_(request_id_, info);
   channel_->Send(std::move(last));
   switch (info.reason) {

@@ -50,6 +50,8 @@ class ResponseStream final : public scheduler::RequestSink {
 
 // The timeline message of a finished request, in milliseconds.
 v1::Timeline TimelineToProto(const scheduler::Timeline& timeline);
+v1::Path PathToProto(scheduler::Path path);
+v1::PathReason PathReasonToProto(scheduler::PathReason reason);
 
 }  // namespace tandem::server
 

@@ -5,20 +5,33 @@
 namespace tandem::server {
 namespace {
 
+struct Sample {
+  std::vector<prometheus::ClientMetric::Label> labels;
+  double value;
+};
+
 prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type,
-                                double value) {
+                                std::vector<Sample> samples) {
   prometheus::MetricFamily family;
   family.name = std::move(name);
   family.help = std::move(help);
   family.type = type;
-  prometheus::ClientMetric metric;
-  if (type == prometheus::MetricType::Counter) {
-    metric.counter.value = value;
-  } else {
-    metric.gauge.value = value;
+  for (Sample& sample : samples) {
+    prometheus::ClientMetric metric;
+    metric.label = std::move(sample.labels);
+    if (type == prometheus::MetricType::Counter) {
+      metric.counter.value = sample.value;
+    } else {
+      metric.gauge.value = sample.value;
+    }
+    family.metric.push_back(std::move(metric));
   }
-  family.metric.push_back(metric);
   return family;
+}
+
+prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type,
+                                double value) {
+  return Family(std::move(name), std::move(help), type, {Sample{{}, value}});
 }
 
 }  // namespace
@@ -29,15 +42,19 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
   const double total = load.kv.total_blocks;
   return {
       Family("tandem_waiting_requests", "Requests queued, not yet running.", MetricType::Gauge,
-             load.waiting),
-      Family("tandem_running_requests", "Sequences in the running batch.", MetricType::Gauge,
-             load.running),
+             static_cast<double>(load.waiting)),
+      Family("tandem_running_requests", "Sequences in a worker's running batch.", MetricType::Gauge,
+             {Sample{{{"worker", "prefill"}}, static_cast<double>(load.running[0])},
+              Sample{{{"worker", "decode"}}, static_cast<double>(load.running[1])}}),
+      Family("tandem_handoffs_total",
+             "Requests handed from the prefill worker to a decode worker (disaggregated).",
+             MetricType::Counter, static_cast<double>(load.handoffs)),
       Family("tandem_preemptions_total",
              "Sequences preempted for KV space (recomputed later, mostly from the prefix cache).",
              MetricType::Counter, static_cast<double>(load.preemptions)),
       Family("tandem_kv_cache_blocks", "KV cache blocks in all.", MetricType::Gauge, total),
       Family("tandem_kv_cache_used_blocks", "KV cache blocks held by running sequences.",
-             MetricType::Gauge, load.kv.used_blocks),
+             MetricType::Gauge, static_cast<double>(load.kv.used_blocks)),
       Family("tandem_kv_cache_usage_ratio", "Held KV blocks over all KV blocks (0..1).",
              MetricType::Gauge, total > 0 ? load.kv.used_blocks / total : 0.0),
       Family("tandem_kv_cache_cached_blocks",

@@ -1,5 +1,7 @@
 #include "server/serving_model.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -18,6 +20,17 @@ absl::StatusOr<int64_t> AvailableMemoryBytes() {
     if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) return kib * 1024;
   }
   return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
+}
+
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
@@ -77,12 +90,40 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                " bytes); raise it or lower --context_length"));
   }
 
-  auto backend = std::make_unique<kernels::cpu::CpuBackend>(options.threads, options.matmul_mode);
-  m->backend_name_ = backend->name();
-  absl::StatusOr<std::unique_ptr<model::LlamaModel>> model =
-      model::LlamaModel::Create(m->file_, backend.get(), m->kv_blocks_, options.block_size);
-  if (!model.ok()) return model.status();
-  m->worker_ = std::make_unique<prefill::PrefillWorker>(std::move(backend), *std::move(model));
+  // Each worker gets its own CPUs (the first ones to the prefill worker), so
+  // that a prefill step never competes with a decode step for a core.
+  std::vector<int> cpus = AllowedCpus();
+  const int total_threads = options.prefill_threads + options.decode_threads;
+  auto cpus_for = [&](int first, int count) {
+    std::vector<int> out;
+    if (!options.pin_threads || cpus.empty()) return out;
+    for (int i = 0; i < count; ++i)
+      out.push_back(cpus[static_cast<size_t>(first + i) % cpus.size()]);
+    return out;
+  };
+  if (options.pin_threads && total_threads > static_cast<int>(cpus.size())) {
+    m->warnings_.push_back(StrCat(total_threads, " worker threads share ", cpus.size(),
+                                  " CPUs: prefill and decode steps will compete for cores"));
+  }
+  auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
+      options.prefill_threads, options.matmul_mode, cpus_for(0, options.prefill_threads));
+  m->backend_name_ = prefill_backend->name();
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model =
+      model::LlamaModel::Create(m->file_, prefill_backend.get(), m->kv_blocks_, options.block_size);
+  if (!prefill_model.ok()) return prefill_model.status();
+  if (options.decode_threads > 0) {
+    auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
+        options.decode_threads, options.matmul_mode,
+        cpus_for(options.prefill_threads, options.decode_threads));
+    m->backend_name_ += StrCat(" + decode ", decode_backend->name());
+    absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_model =
+        model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
+    if (!decode_model.ok()) return decode_model.status();
+    m->decode_ =
+        std::make_unique<decode::DecodeWorker>(std::move(decode_backend), *std::move(decode_model));
+  }
+  m->prefill_ = std::make_unique<prefill::PrefillWorker>(std::move(prefill_backend),
+                                                         *std::move(prefill_model));
   return m;
 }
 

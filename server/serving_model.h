@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/decode/decode_worker.h"
 #include "engine/kernels/cpu/matmul.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/model_config.h"
@@ -20,7 +22,9 @@ namespace tandem::server {
 struct ServingModelOptions {
   std::string model_path;
   std::string chat_template;  // empty: detect from the model
-  int threads = 2;            // CPU threads of the worker
+  int prefill_threads = 1;    // CPU threads of the prefill worker
+  int decode_threads = 1;     // of the decode worker; 0: none (everything colocated)
+  bool pin_threads = true;    // each worker's threads on their own CPUs
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
   int64_t kv_cache_bytes = int64_t{512} << 20;
   int block_size = 16;
@@ -29,6 +33,9 @@ struct ServingModelOptions {
 
 // MemAvailable from /proc/meminfo, in bytes.
 absl::StatusOr<int64_t> AvailableMemoryBytes();
+
+// The CPUs this process may run on, in order.
+std::vector<int> AllowedCpus();
 
 class ServingModel {
  public:
@@ -42,7 +49,10 @@ class ServingModel {
   int kv_blocks() const { return kv_blocks_; }
   int block_size() const { return block_size_; }
   std::string backend_name() const { return backend_name_; }
-  step::Worker* worker() { return worker_.get(); }
+  // Start-up warnings for the log (e.g. more worker threads than CPUs).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  step::Worker* prefill_worker() { return prefill_.get(); }
+  step::Worker* decode_worker() { return decode_.get(); }  // null when there is none
 
  private:
   ServingModel() = default;
@@ -51,8 +61,10 @@ class ServingModel {
   model::ModelConfig config_;
   std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
-  std::unique_ptr<prefill::PrefillWorker> worker_;
+  std::unique_ptr<prefill::PrefillWorker> prefill_;
+  std::unique_ptr<decode::DecodeWorker> decode_;
   std::string backend_name_;
+  std::vector<std::string> warnings_;
   int context_length_ = 0;
   int kv_blocks_ = 0;
   int block_size_ = 0;

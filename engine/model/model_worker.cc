@@ -5,7 +5,7 @@
 namespace tandem::model {
 
 ModelWorker::ModelWorker(std::unique_ptr<kernels::Backend> backend,
-                             std::unique_ptr<LlamaModel> model)
+                         std::unique_ptr<LlamaModel> model)
     : backend_(std::move(backend)), model_(std::move(model)) {}
 
 step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {

@@ -88,9 +88,9 @@ int RunToCompletion(SchedulerCore& core, FakeWorker& worker, int32_t budget,
                     int max_steps = 10000) {
   int steps = 0;
   while (core.HasWork() && steps < max_steps) {
-    step::StepPlan plan = core.Schedule();
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
     EXPECT_LE(plan.TokenCount(), budget) << "the token budget was exceeded";
-    core.Update(plan, worker.Execute(plan));
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
     ++steps;
   }
   EXPECT_FALSE(core.HasWork()) << "did not finish in " << max_steps << " steps";
@@ -114,9 +114,9 @@ TEST(SchedulerCoreTest, ChunksAPromptToTheBudgetThenDecodes) {
   core.Add(1, MakeRequest(40, 5, sink));
   std::vector<int64_t> step_tokens;
   while (core.HasWork()) {
-    step::StepPlan plan = core.Schedule();
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
     step_tokens.push_back(plan.TokenCount());
-    core.Update(plan, worker.Execute(plan));
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   }
   // 16 + 16 + 8 prompt tokens (the last chunk samples token 1), then 4 decodes.
   EXPECT_EQ(step_tokens, (std::vector<int64_t>{16, 16, 8, 1, 1, 1, 1}));
@@ -150,13 +150,13 @@ TEST(SchedulerCoreTest, DecodesAreScheduledBeforeANewLongPrompt) {
   }
   // Let the three short requests reach decoding.
   for (int i = 0; i < 2; ++i) {
-    step::StepPlan plan = core.Schedule();
-    core.Update(plan, worker.Execute(plan));
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   }
   auto long_prompt = std::make_shared<Record>();
   core.Add(9, MakeRequest(100, 2, long_prompt, 9));
   for (int step = 0; step < 10; ++step) {
-    step::StepPlan plan = core.Schedule();
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
     ASSERT_GE(plan.sequences.size(), 3u);
     // The three decodes come first, one token each; the prompt gets the rest.
     for (int i = 0; i < 3; ++i) {
@@ -165,7 +165,7 @@ TEST(SchedulerCoreTest, DecodesAreScheduledBeforeANewLongPrompt) {
     }
     EXPECT_EQ(plan.sequences.back().sequence_id, 9u);
     EXPECT_EQ(plan.TokenCount(), 8);
-    core.Update(plan, worker.Execute(plan));
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   }
 }
 
@@ -225,10 +225,10 @@ TEST(SchedulerCoreTest, RunningCapLimitsTheBatch) {
     core.Add(id, MakeRequest(3, 4, sinks.back(), id));
   }
   while (core.HasWork()) {
-    step::StepPlan plan = core.Schedule();
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
     EXPECT_LE(plan.sequences.size(), 2u);
-    EXPECT_LE(core.running(), 2);
-    core.Update(plan, worker.Execute(plan));
+    EXPECT_LE(core.running(Lane::kPrefill), 2);
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   }
   for (uint64_t id = 1; id <= 5; ++id) EXPECT_EQ(sinks[id - 1]->tokens, Alone(3, 4, id));
 }
@@ -241,10 +241,10 @@ TEST(SchedulerCoreTest, CancelInEveryStateFreesEverything) {
   core.Add(1, MakeRequest(3, 100, running));
   core.Add(2, MakeRequest(3, 100, waiting));
   for (int i = 0; i < 3; ++i) {
-    step::StepPlan plan = core.Schedule();
-    core.Update(plan, worker.Execute(plan));
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   }
-  EXPECT_EQ(core.running(), 1);
+  EXPECT_EQ(core.running(Lane::kPrefill), 1);
   EXPECT_EQ(core.waiting(), 1);
   core.Cancel(2, FinishReason::kCancelled, absl::CancelledError("client left"));
   core.Cancel(1, FinishReason::kCancelled, absl::CancelledError("client left"));
@@ -254,8 +254,8 @@ TEST(SchedulerCoreTest, CancelInEveryStateFreesEverything) {
   EXPECT_EQ(running->finish->usage.completion_tokens, static_cast<int32_t>(running->tokens.size()));
   // A prompt cancelled between two of its chunks.
   core.Add(3, MakeRequest(30, 5, mid_prompt));
-  step::StepPlan plan = core.Schedule();
-  core.Update(plan, worker.Execute(plan));
+  step::StepPlan plan = core.Schedule(Lane::kPrefill);
+  core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   core.Cancel(3, FinishReason::kCancelled, absl::CancelledError("client left"));
   EXPECT_EQ(mid_prompt->finish->reason, FinishReason::kCancelled);
   core.Cancel(3, FinishReason::kCancelled, absl::OkStatus());  // unknown by now: ignored
@@ -274,8 +274,8 @@ TEST(SchedulerCoreTest, ExpiredDeadlinesCancelWithDeadlineExceeded) {
   r.deadline = now + absl::Seconds(5);
   core.Add(1, std::move(r));
   EXPECT_EQ(core.NextDeadline(), now + absl::Seconds(5));
-  step::StepPlan plan = core.Schedule();
-  core.Update(plan, worker.Execute(plan));
+  step::StepPlan plan = core.Schedule(Lane::kPrefill);
+  core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   core.ExpireDeadlines(now + absl::Seconds(4));
   EXPECT_FALSE(sink->finish.has_value());
   now += absl::Seconds(6);
@@ -291,10 +291,10 @@ TEST(SchedulerCoreTest, AWorkerErrorEndsThePlannedSequencesWithError) {
   SchedulerCore core(Options(8, 64));
   auto sink = std::make_shared<Record>();
   core.Add(1, MakeRequest(3, 10, sink));
-  step::StepPlan plan = core.Schedule();
+  step::StepPlan plan = core.Schedule(Lane::kPrefill);
   step::StepResult failed;
   failed.status = absl::InternalError("device lost");
-  core.Update(plan, failed);
+  core.Update(Lane::kPrefill, plan, failed);
   ASSERT_TRUE(sink->finish.has_value());
   EXPECT_EQ(sink->finish->reason, FinishReason::kError);
   EXPECT_EQ(sink->finish->error.message(), "device lost");
@@ -322,13 +322,13 @@ TEST(SchedulerCoreTest, ARepeatedPromptRunsOnlyItsUncachedTokensAndGivesTheSameO
 
   auto second = std::make_shared<Record>();
   core.Add(2, MakeRequest(37, 6, second, 9));
-  step::StepPlan plan = core.Schedule();
+  step::StepPlan plan = core.Schedule(Lane::kPrefill);
   ASSERT_EQ(plan.sequences.size(), 1u);
   // 37 tokens: 9 full blocks of 4 are cached, leaving token 36 to compute.
   EXPECT_EQ(plan.sequences[0].first_position, 36);
   EXPECT_EQ(plan.sequences[0].tokens.size(), 1u);
   EXPECT_TRUE(plan.sequences[0].sample);
-  core.Update(plan, worker.Execute(plan));
+  core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   RunToCompletion(core, worker, 64);
   EXPECT_EQ(second->finish->usage.cached_prompt_tokens, 36);
   EXPECT_EQ(second->tokens, first->tokens);

@@ -1,0 +1,61 @@
+// When a request's decode steps move from the prefill worker to a decode
+// worker. Splitting prefill from decode pays only for long outputs, so the
+// split is gated on output length and binds late:
+//
+//   - off (no threshold, or no decode worker): everything stays colocated;
+//   - max_tokens below the threshold: never moves;
+//   - known long up front (the client's expected_output_tokens, the learned
+//     length of its workload tag, or max_tokens when the operator opts in):
+//     handed off right after its prefill;
+//   - otherwise: handed off when its generated length reaches the threshold.
+//
+// Threshold 0 disaggregates everything.
+//
+// Thread safety: none; owned by the scheduler thread.
+#ifndef TANDEM_SCHEDULER_DISAGGREGATION_POLICY_H_
+#define TANDEM_SCHEDULER_DISAGGREGATION_POLICY_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "scheduler/output_length_estimator.h"
+#include "scheduler/request.h"
+
+namespace tandem::scheduler {
+
+struct DisaggregationOptions {
+  std::optional<int32_t> output_threshold;  // nullopt: off
+  bool use_max_tokens = false;              // treat max_tokens as the expected length
+};
+
+// The decision taken at admission.
+struct AdmissionDecision {
+  bool hand_off_after_prefill = false;
+  bool may_hand_off_later = false;  // when the output reaches the threshold
+  PathReason reason = PathReason::kDisaggregationOff;
+};
+
+class DisaggregationPolicy {
+ public:
+  // `enabled` is false when there is no decode worker to hand off to.
+  DisaggregationPolicy(DisaggregationOptions options, bool enabled);
+
+  bool enabled() const { return enabled_; }
+  std::optional<int32_t> threshold() const { return options_.output_threshold; }
+
+  AdmissionDecision Admit(const Request& request) const;
+  // Whether a colocated request that may hand off later should now.
+  bool ReachedThreshold(int32_t generated) const;
+
+  // Learns from a finished request (by stop or length).
+  void Record(const Request& request, int32_t generated);
+
+ private:
+  DisaggregationOptions options_;
+  bool enabled_;
+  OutputLengthEstimator estimator_;
+};
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_DISAGGREGATION_POLICY_H_

@@ -1,0 +1,27 @@
+#include "scheduler/request.h"
+
+namespace tandem::scheduler {
+
+std::string_view PathName(Path path) {
+  return path == Path::kColocated ? "colocated" : "disaggregated";
+}
+
+std::string_view PathReasonName(PathReason reason) {
+  switch (reason) {
+    case PathReason::kDisaggregationOff:
+      return "disaggregation_off";
+    case PathReason::kBelowThreshold:
+      return "below_threshold";
+    case PathReason::kThresholdReached:
+      return "threshold_reached";
+    case PathReason::kExpectedOutputHint:
+      return "expected_output_hint";
+    case PathReason::kWorkloadEstimate:
+      return "workload_estimate";
+    case PathReason::kMaxTokens:
+      return "max_tokens";
+  }
+  return "unknown";
+}
+
+}  // namespace tandem::scheduler

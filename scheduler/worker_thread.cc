@@ -1,0 +1,45 @@
+#include "scheduler/worker_thread.h"
+
+#include "common/check.h"
+
+namespace tandem::scheduler {
+
+WorkerThread::WorkerThread(step::Worker* worker, Done done)
+    : worker_(worker), done_(std::move(done)), thread_([this] { Loop(); }) {}
+
+WorkerThread::~WorkerThread() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void WorkerThread::Run(const step::StepPlan* plan) {
+  absl::MutexLock lock(&mu_);
+  TANDEM_CHECK(plan_ == nullptr, "a worker runs one step at a time");
+  plan_ = plan;
+}
+
+void WorkerThread::Loop() {
+  for (;;) {
+    const step::StepPlan* plan = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || plan_ != nullptr;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (plan_ == nullptr) return;  // stopping with nothing to run
+      plan = plan_;
+    }
+    step::StepResult result = worker_->Execute(*plan);
+    {
+      absl::MutexLock lock(&mu_);
+      plan_ = nullptr;
+    }
+    done_(std::move(result));
+  }
+}
+
+}  // namespace tandem::scheduler
