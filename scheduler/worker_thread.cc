@@ -26,9 +26,8 @@ void WorkerThread::Loop() {
     const step::StepPlan* plan = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || plan_ != nullptr;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || plan_ != nullptr; };
       mu_.Await(absl::Condition(&ready));
       if (plan_ == nullptr) return;  // stopping with nothing to run
       plan = plan_;

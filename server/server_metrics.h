@@ -32,9 +32,11 @@ class ServerMetrics {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Counter& rejected_;
-  prometheus::Histogram& queue_time_;
-  prometheus::Histogram& time_to_first_token_;
-  prometheus::Histogram& end_to_end_;
+  // Per-phase latency, labelled by path.
+  prometheus::Family<prometheus::Histogram>& queue_time_;
+  prometheus::Family<prometheus::Histogram>& time_to_first_token_;
+  prometheus::Family<prometheus::Histogram>& handoff_time_;
+  prometheus::Family<prometheus::Histogram>& end_to_end_;
 };
 
 }  // namespace tandem::server

@@ -227,7 +227,9 @@ TEST_F(TandemdTest, MetricsAreServedAndPassPromtool) {
   ASSERT_TRUE(Generate(*stub, Chat("Say yes.", 0.0f, 4)).status.ok());
   std::optional<std::string> metrics = HttpGet(daemon_->metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.has_value());
-  EXPECT_THAT(*metrics, HasSubstr("tandem_requests_total{finish_reason=\"stop\"}"));
+  EXPECT_EQ(
+      MetricValue(*metrics, "tandem_requests_total{finish_reason=\"length\",path=\"colocated\"}"),
+      1.0);
   EXPECT_THAT(*metrics, HasSubstr("tandem_time_to_first_token_seconds_bucket"));
   const std::string path =
       ::testing::TempDir() + "/metrics_" + std::to_string(daemon_->metrics_port());

@@ -25,7 +25,8 @@ class FakeWorker {
   step::StepResult Execute(const step::StepPlan& plan) {
     for (const step::BlockCopy& c : plan.block_copies) {
       for (int32_t i = 0; i < kBlockSize; ++i) {
-        slots_[static_cast<size_t>(c.to * kBlockSize + i)] = slots_[static_cast<size_t>(c.from * kBlockSize + i)];
+        slots_[static_cast<size_t>(c.to * kBlockSize + i)] =
+            slots_[static_cast<size_t>(c.from * kBlockSize + i)];
       }
     }
     step::StepResult result;
@@ -50,8 +51,8 @@ class FakeWorker {
 
  private:
   size_t Slot(const step::SequenceStep& s, int32_t pos) const {
-    return static_cast<size_t>(s.block_table.at(static_cast<size_t>(pos / kBlockSize)) * kBlockSize +
-                               pos % kBlockSize);
+    return static_cast<size_t>(
+        s.block_table.at(static_cast<size_t>(pos / kBlockSize)) * kBlockSize + pos % kBlockSize);
   }
   std::vector<TokenId> slots_;
 };
@@ -73,7 +74,8 @@ struct Record : RequestSink {
 Request MakeRequest(int32_t prompt_tokens, int32_t max_tokens, std::shared_ptr<Record> sink,
                     uint64_t seed = 1) {
   Request r;
-  for (int32_t i = 0; i < prompt_tokens; ++i) r.prompt.push_back(1000 + (i * 3 + static_cast<int32_t>(seed)) % 97);
+  for (int32_t i = 0; i < prompt_tokens; ++i)
+    r.prompt.push_back(1000 + (i * 3 + static_cast<int32_t>(seed)) % 97);
   r.max_tokens = max_tokens;
   r.sampling.seed = seed;
   r.sink = std::move(sink);
@@ -333,7 +335,8 @@ TEST(SchedulerLanesTest, PriorityOrdersAdmissionAndAgingPreventsStarvation) {
   }
   // Higher priority first: the low one waited for several, then aged past them.
   EXPECT_GT(high.size(), 3u);
-  EXPECT_GT(low->finish->timeline.scheduled - low->finish->timeline.arrival, absl::Milliseconds(150));
+  EXPECT_GT(low->finish->timeline.scheduled - low->finish->timeline.arrival,
+            absl::Milliseconds(150));
   sim.RunToCompletion();
 }
 
