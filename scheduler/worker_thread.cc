@@ -22,6 +22,7 @@ void WorkerThread::Run(const step::StepPlan* plan) {
 }
 
 void WorkerThread::Loop() {
+  worker_->OnThreadStart();
   for (;;) {
     const step::StepPlan* plan = nullptr;
     {

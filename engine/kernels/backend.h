@@ -121,6 +121,10 @@ class Backend {
 
   virtual std::string name() const = 0;
 
+  // Binds the calling thread (the one that will run this backend's
+  // operations) to the backend's CPUs or device. Default: nothing to do.
+  virtual void BindCallingThread() {}
+
   // --- memory ---------------------------------------------------------------
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;
   // Makes a host weight usable by this backend. The backend may keep pointing

@@ -21,6 +21,8 @@ class ModelWorker : public step::Worker {
   // `model` must be bound to `backend`; the worker owns both.
   ModelWorker(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<LlamaModel> model);
 
+  // Pins the worker's thread to its backend's CPUs.
+  void OnThreadStart() override { backend_->BindCallingThread(); }
   step::StepResult Execute(const step::StepPlan& plan) override;
 
   // "prefill" or "decode", for logs and metrics.

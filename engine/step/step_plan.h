@@ -75,6 +75,8 @@ struct StepResult {
 class Worker {
  public:
   virtual ~Worker() = default;
+  // Called once on the thread that will call Execute, before the first step.
+  virtual void OnThreadStart() {}
   virtual StepResult Execute(const StepPlan& plan) = 0;
 };
 

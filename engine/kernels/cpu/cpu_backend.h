@@ -19,6 +19,7 @@ class CpuBackend final : public Backend {
   CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32, std::vector<int> cpus = {});
 
   std::string name() const override;
+  void BindCallingThread() override { pool_.PinCallingThread(); }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,

@@ -45,6 +45,10 @@ ThreadPool::ThreadPool(int threads, std::vector<int> cpus) : cpus_(std::move(cpu
   }
 }
 
+void ThreadPool::PinCallingThread() const {
+  if (!cpus_.empty()) PinTo(cpus_[0]);
+}
+
 ThreadPool::~ThreadPool() {
   stop_.store(true);
   generation_.fetch_add(1);
@@ -62,10 +66,6 @@ void ThreadPool::RunTasks(int thread) {
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
-  if (!caller_pinned_ && !cpus_.empty()) {
-    PinTo(cpus_[0]);
-    caller_pinned_ = true;
-  }
   if (workers_.empty() || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;

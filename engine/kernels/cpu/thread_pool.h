@@ -23,9 +23,13 @@ namespace tandem::kernels::cpu {
 class ThreadPool {
  public:
   // `threads` counts the caller: ThreadPool(1) starts no thread. With
-  // `cpus`, thread i (0 is the caller, pinned on its first ParallelFor) runs
-  // on cpus[i % cpus.size()].
+  // `cpus`, pool thread i runs on cpus[i % cpus.size()]; the caller is
+  // thread 0 and pins itself with PinCallingThread().
   explicit ThreadPool(int threads, std::vector<int> cpus = {});
+
+  // Pins the calling thread to cpus[0] (no-op without cpus). Called once by
+  // the thread that will call ParallelFor (a worker's own thread).
+  void PinCallingThread() const;
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -40,7 +44,6 @@ class ThreadPool {
   void RunTasks(int thread);
 
   std::vector<int> cpus_;
-  bool caller_pinned_ = false;
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int64_t> next_{0};
