@@ -158,7 +158,13 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
         ++it;
         continue;
       }
-      const int32_t count = std::min(needed, budget);
+      int32_t count = std::min(needed, budget);
+      if (pass == 1 && !waiting_.empty() && Admits(lane)) {
+        // A long prompt takes at most half a step while requests wait, so a
+        // short request arriving behind it is admitted in the next step
+        // instead of after the whole prompt.
+        count = std::min(count, std::max(options_.block_size, options_.max_batched_tokens / 2));
+      }
       bool fits = kv_.Reserve(seq.id, seq.computed + count);
       while (!fits) {
         auto victim = PickVictim(lane, seq, planned, now);

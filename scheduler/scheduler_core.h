@@ -18,9 +18,11 @@
 // set to the other's; the one KV pool is shared.
 //
 // Per lane and step: its running decodes first, then its running prompts
-// (chunked), then waiting requests it may admit, by effective priority
-// (priority plus one per `priority_aging` waited) then arrival, while the
-// budget, the running cap and the KV pool allow. Admission looks up the prefix
+// (chunked; while requests wait, a prompt takes at most half the budget so
+// that a short request behind a long prompt starts in the next step), then
+// waiting requests it may admit, by effective priority (priority plus one per
+// `priority_aging` waited) then arrival, while the budget, the running cap and
+// the KV pool allow. Admission looks up the prefix
 // cache. A sequence that cannot get a block preempts the lane's lowest-
 // priority, most recently admitted sequence not in this step (or itself).
 //

@@ -77,7 +77,8 @@ ABSL_FLAG(bool, prefix_caching, true,
           "reuse the KV blocks of prompt prefixes seen before (per cache_salt)");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
 ABSL_FLAG(int, context_length, 0, "tokens per sequence (0: the model's context length)");
-ABSL_FLAG(int, max_batched_tokens, 512, "tokens per scheduler step, all sequences together");
+ABSL_FLAG(int, max_batched_tokens, 128,
+          "tokens per step of one worker, all its sequences together (the prefill chunk size)");
 ABSL_FLAG(int, max_running, 64, "sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256,
           "requests waiting to run; more are refused with RESOURCE_EXHAUSTED");
