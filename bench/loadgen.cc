@@ -13,6 +13,8 @@
 //   short_chat   a ~48-token prompt and 24 output tokens, one every
 //                --short_every seconds (workload "chat")
 // Output: one "key value" line per figure, for scripts.
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,8 +25,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -55,8 +55,8 @@ struct ClassStats {
 class Recorder {
  public:
   explicit Recorder(Clock::time_point measure_from) : from_(measure_from) {}
-  void Add(const std::string& cls, Clock::time_point start, const std::vector<Clock::time_point>& token_times,
-           bool ok) {
+  void Add(const std::string& cls, Clock::time_point start,
+           const std::vector<Clock::time_point>& token_times, bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
     ClassStats& s = stats_[cls];
     if (start < from_) return;  // warm-up
@@ -67,9 +67,11 @@ class Recorder {
     }
     s.tokens += static_cast<int64_t>(token_times.size());
     if (token_times.empty()) return;
-    s.ttft_ms.push_back(std::chrono::duration<double, std::milli>(token_times.front() - start).count());
+    s.ttft_ms.push_back(
+        std::chrono::duration<double, std::milli>(token_times.front() - start).count());
     for (size_t i = 1; i < token_times.size(); ++i) {
-      s.itl_ms.push_back(std::chrono::duration<double, std::milli>(token_times[i] - token_times[i - 1]).count());
+      s.itl_ms.push_back(
+          std::chrono::duration<double, std::milli>(token_times[i] - token_times[i - 1]).count());
     }
   }
   std::map<std::string, ClassStats> Take() {
@@ -93,7 +95,8 @@ double Percentile(std::vector<double> v, double p) {
 v1::GenerateRequest MakeRequest(int prompt_tokens, int output_tokens, const std::string& workload,
                                 std::mt19937& rng) {
   v1::GenerateRequest r;
-  for (int i = 0; i < prompt_tokens; ++i) r.add_token_ids(static_cast<uint32_t>(300 + rng() % 30000));
+  for (int i = 0; i < prompt_tokens; ++i)
+    r.add_token_ids(static_cast<uint32_t>(300 + rng() % 30000));
   r.set_max_tokens(output_tokens);
   r.set_ignore_eos(true);
   r.mutable_sampling()->set_temperature(0.0f);
@@ -118,12 +121,15 @@ void RunOne(v1::Generation::Stub& stub, const v1::GenerateRequest& request, cons
 }
 
 int Run() {
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
   const Clock::time_point begin = Clock::now();
   const auto warmup = std::chrono::duration<double>(absl::GetFlag(FLAGS_warmup));
   const auto measured = std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds));
-  const Clock::time_point measure_from = begin + std::chrono::duration_cast<Clock::duration>(warmup);
-  const Clock::time_point end = measure_from + std::chrono::duration_cast<Clock::duration>(measured);
+  const Clock::time_point measure_from =
+      begin + std::chrono::duration_cast<Clock::duration>(warmup);
+  const Clock::time_point end =
+      measure_from + std::chrono::duration_cast<Clock::duration>(measured);
   Recorder recorder(measure_from);
   std::vector<std::thread> threads;
 
@@ -158,7 +164,8 @@ int Run() {
     arrivals("long_prompt", absl::GetFlag(FLAGS_long_prompt_every),
              absl::GetFlag(FLAGS_long_prompt_tokens), 8, "summarize", 7);
   });
-  threads.emplace_back([&] { arrivals("short_chat", absl::GetFlag(FLAGS_short_every), 48, 24, "chat", 9); });
+  threads.emplace_back(
+      [&] { arrivals("short_chat", absl::GetFlag(FLAGS_short_every), 48, 24, "chat", 9); });
   for (auto& t : threads) t.join();
 
   const double seconds = std::chrono::duration<double>(Clock::now() - measure_from).count();

@@ -55,24 +55,39 @@ TEST(SchedulingTest, PathsChunkingAndPreemptionNeverChangeGreedyTokens) {
     v1::PathReason reason;
   };
   const std::vector<Config> configs = {
-      {"one worker", {"--decode_threads=0"}, v1::PATH_COLOCATED,
+      {"one worker",
+       {"--decode_threads=0"},
+       v1::PATH_COLOCATED,
        v1::PATH_REASON_DISAGGREGATION_OFF},
-      {"two colocated workers", {"--disagg_output_threshold=off"}, v1::PATH_COLOCATED,
+      {"two colocated workers",
+       {"--disagg_output_threshold=off"},
+       v1::PATH_COLOCATED,
        v1::PATH_REASON_DISAGGREGATION_OFF},
-      {"disaggregated from the start", {"--disagg_output_threshold=0"}, v1::PATH_DISAGGREGATED,
+      {"disaggregated from the start",
+       {"--disagg_output_threshold=0"},
+       v1::PATH_DISAGGREGATED,
        v1::PATH_REASON_THRESHOLD_REACHED},
-      {"handed over mid-decode", {"--disagg_output_threshold=6"}, v1::PATH_DISAGGREGATED,
+      {"handed over mid-decode",
+       {"--disagg_output_threshold=6"},
+       v1::PATH_DISAGGREGATED,
        v1::PATH_REASON_THRESHOLD_REACHED},
-      {"max_tokens below the threshold", {"--disagg_output_threshold=32"}, v1::PATH_COLOCATED,
+      {"max_tokens below the threshold",
+       {"--disagg_output_threshold=32"},
+       v1::PATH_COLOCATED,
        v1::PATH_REASON_BELOW_THRESHOLD},
-      {"chunks of 7", {"--max_batched_tokens=7", "--disagg_output_threshold=10"},
-       v1::PATH_DISAGGREGATED, v1::PATH_REASON_THRESHOLD_REACHED},
-      {"chunks of 33", {"--max_batched_tokens=33"}, v1::PATH_COLOCATED,
+      {"chunks of 7",
+       {"--max_batched_tokens=7", "--disagg_output_threshold=10"},
+       v1::PATH_DISAGGREGATED,
+       v1::PATH_REASON_THRESHOLD_REACHED},
+      {"chunks of 33",
+       {"--max_batched_tokens=33"},
+       v1::PATH_COLOCATED,
        v1::PATH_REASON_BELOW_THRESHOLD},
       // 9 blocks of 16 for 4 sequences of up to 115 tokens: preemption.
       {"preempted and resumed",
        {"--context_length=128", "--kv_cache_bytes=3317760", "--disagg_output_threshold=8"},
-       v1::PATH_DISAGGREGATED, v1::PATH_REASON_THRESHOLD_REACHED},
+       v1::PATH_DISAGGREGATED,
+       v1::PATH_REASON_THRESHOLD_REACHED},
   };
   std::vector<Answer> reference;
   for (const Config& config : configs) {
@@ -134,7 +149,8 @@ TEST(SchedulingTest, SoakOfTwoHundredMixedRequestsLeaksNothing) {
       for (int i = c; i < kRequests; i += kClients) {
         v1::GenerateRequest r;
         const int prompt = 5 + static_cast<int>(rng() % 120);
-        for (int t = 0; t < prompt; ++t) r.add_token_ids(static_cast<uint32_t>(300 + rng() % 30000));
+        for (int t = 0; t < prompt; ++t)
+          r.add_token_ids(static_cast<uint32_t>(300 + rng() % 30000));
         r.set_max_tokens(1 + static_cast<int>(rng() % 48));
         r.mutable_sampling()->set_temperature(rng() % 2 ? 0.0f : 0.8f);
         r.set_ignore_eos(rng() % 2 == 0);

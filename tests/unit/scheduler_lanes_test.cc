@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "scheduler/scheduler_core.h"
+#include "tests/unit/fake_worker.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -18,57 +19,12 @@ constexpr int32_t kBlockSize = 4;
 
 // Stores each step's tokens in the KV slots of its block table and samples a
 // hash of everything readable through the table (see scheduler_core_test).
-class FakeWorker {
+using testing::Record;
+
+// The scheduler's fake worker, with this file's block size.
+class FakeWorker : public testing::FakeWorker {
  public:
-  explicit FakeWorker(int32_t blocks) : slots_(static_cast<size_t>(blocks * kBlockSize), -1) {}
-
-  step::StepResult Execute(const step::StepPlan& plan) {
-    for (const step::BlockCopy& c : plan.block_copies) {
-      for (int32_t i = 0; i < kBlockSize; ++i) {
-        slots_[static_cast<size_t>(c.to * kBlockSize + i)] =
-            slots_[static_cast<size_t>(c.from * kBlockSize + i)];
-      }
-    }
-    step::StepResult result;
-    for (const step::SequenceStep& s : plan.sequences) {
-      for (size_t i = 0; i < s.tokens.size(); ++i) {
-        slots_[Slot(s, s.first_position + static_cast<int32_t>(i))] = s.tokens[i];
-      }
-      step::SequenceResult r;
-      r.sequence_id = s.sequence_id;
-      if (s.sample) {
-        uint64_t h = 1469598103934665603ull ^ s.sampling.seed;
-        const int32_t end = s.first_position + static_cast<int32_t>(s.tokens.size());
-        for (int32_t pos = 0; pos < end; ++pos) {
-          h = (h ^ static_cast<uint64_t>(slots_[Slot(s, pos)] + 7)) * 1099511628211ull;
-        }
-        r.sampled = static_cast<TokenId>(10 + h % 1000);
-      }
-      result.sequences.push_back(r);
-    }
-    return result;
-  }
-
- private:
-  size_t Slot(const step::SequenceStep& s, int32_t pos) const {
-    return static_cast<size_t>(
-        s.block_table.at(static_cast<size_t>(pos / kBlockSize)) * kBlockSize + pos % kBlockSize);
-  }
-  std::vector<TokenId> slots_;
-};
-
-struct Record : RequestSink {
-  std::vector<TokenId> tokens;
-  std::optional<FinishInfo> finish;
-  int finishes = 0;
-  bool OnToken(TokenId token, bool) override {
-    tokens.push_back(token);
-    return false;
-  }
-  void OnFinish(const FinishInfo& info) override {
-    ++finishes;
-    finish = info;
-  }
+  explicit FakeWorker(int32_t blocks) : testing::FakeWorker(blocks, kBlockSize) {}
 };
 
 Request MakeRequest(int32_t prompt_tokens, int32_t max_tokens, std::shared_ptr<Record> sink,
