@@ -51,9 +51,8 @@ class FakeWorker {
 
  private:
   size_t Slot(const step::SequenceStep& s, int32_t pos) const {
-    return static_cast<size_t>(s.block_table.at(static_cast<size_t>(pos / block_size_)) *
-                                   block_size_ +
-                               pos % block_size_);
+    return static_cast<size_t>(
+        s.block_table.at(static_cast<size_t>(pos / block_size_)) * block_size_ + pos % block_size_);
   }
   int32_t block_size_;
   std::vector<TokenId> slots_;
