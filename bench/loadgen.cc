@@ -36,8 +36,8 @@ ABSL_FLAG(double, warmup, 5, "seconds of load before measuring");
 ABSL_FLAG(int, long_streams, 2, "concurrent long-output streams");
 ABSL_FLAG(int, long_output_tokens, 128, "tokens per long-output request");
 ABSL_FLAG(int, long_prompt_tokens, 512, "prompt tokens of a long-prompt request");
-ABSL_FLAG(double, long_prompt_every, 6, "seconds between long-prompt requests");
-ABSL_FLAG(double, short_every, 2, "seconds between short chat requests");
+ABSL_FLAG(double, long_prompt_every, 6, "seconds between long-prompt requests (0: none)");
+ABSL_FLAG(double, short_every, 2, "seconds between short chat requests (0: none)");
 
 namespace tandem {
 namespace {
@@ -146,6 +146,7 @@ int Run() {
   // Open-loop arrivals: each request on its own thread.
   auto arrivals = [&](const std::string& cls, double every, int prompt, int output,
                       const std::string& workload, unsigned seed) {
+    if (every <= 0) return;  // class disabled
     std::mt19937 rng(seed);
     std::vector<std::thread> running;
     Clock::time_point next = begin;
