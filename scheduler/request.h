@@ -91,9 +91,10 @@ class RequestSink {
   virtual ~RequestSink() = default;
   // A generated token. `is_stop_token` is true for the EOS or stop token id
   // that ends the request (it counts as generated; front ends usually show
-  // no text for it). Returns true to end the request after this token with
-  // FinishReason::kStop (a stop string matched).
-  virtual bool OnToken(TokenId token, bool is_stop_token) = 0;
+  // no text for it). `logprobs` is set when the request asked for them.
+  // Returns true to end the request after this token with FinishReason::kStop
+  // (a stop string matched).
+  virtual bool OnToken(TokenId token, bool is_stop_token, const step::TokenLogprobs* logprobs) = 0;
   // Called exactly once, after every OnToken.
   virtual void OnFinish(const FinishInfo& info) = 0;
 };
@@ -116,6 +117,8 @@ struct Request {
   std::string workload;
   // The client's guess of the output length; 0 when unknown.
   int32_t expected_output_tokens = 0;
+  // Alternatives per token to report with log-probabilities; 0: none.
+  int32_t logprobs = 0;
   std::shared_ptr<RequestSink> sink;
 };
 

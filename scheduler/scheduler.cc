@@ -92,6 +92,10 @@ void Scheduler::Loop() {
       stopping = stopping_;
     }
     progressed = !completions.empty() || !commands.empty();
+    if (!completions.empty()) {
+      absl::MutexLock lock(&mu_);
+      load_.last_step_done = absl::Now();
+    }
     for (Completion& c : completions) {
       LaneState& lane = lanes_[static_cast<size_t>(c.lane)];
       core_.Update(c.lane, lane.plan, c.result);
@@ -135,6 +139,7 @@ void Scheduler::Loop() {
     load_.preemptions = core_.preemptions();
     load_.handoffs = core_.handoffs();
     load_.kv = core_.kv_stats();
+    load_.has_work = core_.HasWork();
   }
 }
 

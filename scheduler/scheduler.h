@@ -32,6 +32,10 @@ struct SchedulerLoad {
   int64_t preemptions = 0;
   int64_t handoffs = 0;
   kvcache::KvCacheStats kv;
+  // For stall detection: when a step last completed, and whether any
+  // request is waiting or running.
+  absl::Time last_step_done = absl::InfinitePast();
+  bool has_work = false;
 };
 
 class Scheduler {

@@ -137,6 +137,7 @@ step::SequenceStep SchedulerCore::MakeStep(const Sequence& seq, int32_t count) c
   step.sample = seq.computed + count == static_cast<int32_t>(seq.tokens.size());
   step.sampling = seq.request.sampling;
   step.draw_index = static_cast<uint64_t>(seq.generated);
+  step.logprobs = step.sample ? seq.request.logprobs : 0;
   return step;
 }
 
@@ -280,7 +281,9 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     }
     const auto& stops = seq->request.stop_token_ids;
     const bool is_stop_token = std::find(stops.begin(), stops.end(), token) != stops.end();
-    const bool sink_stop = seq->request.sink->OnToken(token, is_stop_token);
+    const std::optional<step::TokenLogprobs>& logprobs = result.sequences[i].logprobs;
+    const bool sink_stop = seq->request.sink->OnToken(token, is_stop_token,
+                                                      logprobs.has_value() ? &*logprobs : nullptr);
     if (is_stop_token || sink_stop) {
       Finish(Take(seq->id), FinishReason::kStop, absl::OkStatus());
     } else if (seq->generated >= seq->request.max_tokens ||

@@ -1,14 +1,16 @@
 // The tandem.v1.Generation gRPC service (callback API).
 //
-// Generate() validates and tokenizes on the gRPC thread, submits to the
-// scheduler and returns a reactor; the scheduler thread then feeds the
-// reactor through a ResponseStream. One write is in flight at a time; text
-// produced meanwhile is coalesced into the next message.
+// Generate and GenerateUnary authorize, validate and tokenize on the gRPC
+// thread, submit to the scheduler and return a reactor that the scheduler
+// thread then feeds (generate_reactors.h). Tokenize, GetModelInfo and GetLoad
+// answer at once.
 #ifndef TANDEM_SERVER_GENERATION_SERVICE_H_
 #define TANDEM_SERVER_GENERATION_SERVICE_H_
 
 #include <atomic>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "scheduler/scheduler.h"
 #include "server/request_builder.h"
@@ -19,24 +21,54 @@
 
 namespace tandem::server {
 
+struct ServiceOptions {
+  RequestDefaults defaults;
+  // Bearer tokens accepted in the `authorization` metadata; empty: no auth.
+  std::vector<std::string> api_keys;
+  // What GetModelInfo answers.
+  v1::ModelInfo model_info;
+};
+
 class GenerationService final : public v1::Generation::CallbackService {
  public:
   // All pointers must outlive the service.
   GenerationService(ServingModel* model, scheduler::Scheduler* scheduler, ServerMetrics* metrics,
-                    RequestDefaults defaults);
+                    ServiceOptions options);
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* GenerateUnary(grpc::CallbackServerContext* context,
+                                          const v1::GenerateRequest* request,
+                                          v1::GenerateResponse* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const v1::GetLoadRequest* request, v1::Load* response) override;
 
-  // Requests not yet finished (streams still open).
-  int64_t open_streams() const { return open_streams_.load(); }
+  // Draining: from now on new generation calls get UNAVAILABLE (so callers
+  // retry elsewhere); calls already accepted run on.
+  void StopAccepting() { accepting_.store(false); }
+  bool accepting() const { return accepting_.load(); }
+  // Generation calls whose stream is still open.
+  int64_t open_calls() const { return open_calls_.load(); }
 
  private:
+  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
+  // Authorizes, validates and submits a generation request whose output goes
+  // to `channel`; on success the scheduler holds it.
+  absl::Status Start(grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
+                     std::shared_ptr<ResponseChannel> channel, class CancellationLink& link);
+
   ServingModel* model_;
   scheduler::Scheduler* scheduler_;
   ServerMetrics* metrics_;
-  RequestDefaults defaults_;
-  std::atomic<int64_t> open_streams_{0};
+  ServiceOptions options_;
+  std::atomic<bool> accepting_{true};
+  std::atomic<int64_t> open_calls_{0};
 };
 
 }  // namespace tandem::server

@@ -5,7 +5,6 @@
 // report SERVING. SIGTERM/SIGINT: report NOT_SERVING, stop accepting, let
 // in-flight requests finish for up to --drain_timeout, cancel the rest,
 // exit 0.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -27,10 +26,11 @@
 #include "prometheus/registry.h"
 #include "scheduler/scheduler.h"
 #include "server/generation_service.h"
+#include "server/grpc_server.h"
+#include "server/logging.h"
 #include "server/scheduler_collector.h"
 #include "server/server_metrics.h"
 #include "server/serving_model.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -87,6 +87,17 @@ ABSL_FLAG(std::string, chat_template, "",
           "chat template family (chatml, llama3); empty: detected from the model");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight requests may take before they are cancelled");
+ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(60),
+          "report NOT_SERVING when requests are pending and no step has completed for this long");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key serves TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates; when set, clients must present a certificate they signed (mTLS)");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "file of accepted API keys, one per line; requests must send 'authorization: Bearer "
+          "<key>' (health checks and reflection stay open)");
+ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(std::string, log_format, "text", "text, or json (one JSON object per line)");
 
 namespace tandem {
 namespace {
@@ -249,38 +260,79 @@ int Main() {
     }
   }
 
-  server::RequestDefaults defaults;
-  defaults.max_tokens = absl::GetFlag(FLAGS_max_tokens_default);
-  server::GenerationService service(model->get(), &scheduler, &metrics, defaults);
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
-                           &bound_port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
-  if (grpc_server == nullptr || bound_port == 0) {
-    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen));
-    return 1;
+  server::ServiceOptions service_options;
+  service_options.defaults.max_tokens = absl::GetFlag(FLAGS_max_tokens_default);
+  if (const std::string keys = absl::GetFlag(FLAGS_api_keys_file); !keys.empty()) {
+    absl::StatusOr<std::vector<std::string>> read = server::ReadApiKeys(keys);
+    if (!read.ok()) {
+      spdlog::error("{}", read.status().ToString());
+      return 2;
+    }
+    service_options.api_keys = *std::move(read);
+    spdlog::info("API keys: {} accepted (from {})", service_options.api_keys.size(), keys);
   }
-  grpc::HealthCheckServiceInterface* health = grpc_server->GetHealthCheckService();
+  service_options.model_info = (*model)->Info();
+  service_options.model_info.set_disagg_output_threshold(
+      threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1);
+  server::GenerationService service(model->get(), &scheduler, &metrics, service_options);
+
+  server::GrpcServerOptions grpc_options;
+  grpc_options.listen = absl::GetFlag(FLAGS_listen);
+  grpc_options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  grpc_options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  grpc_options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  grpc_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
+      server::StartGrpcServer(grpc_options, &service);
+  if (!grpc_server.ok()) {
+    spdlog::error("{}", grpc_server.status().ToString());
+    return 2;
+  }
+  grpc::HealthCheckServiceInterface* health = (*grpc_server)->GetHealthCheckService();
   health->SetServingStatus(true);
   spdlog::info(
-      "serving tandem.v1.Generation on {}; metrics on {}", absl::GetFlag(FLAGS_listen),
+      "serving tandem.v1.Generation on {}{}; metrics on {}", grpc_options.listen,
+      grpc_options.tls_cert_file.empty() ? "" : " (TLS)",
       absl::GetFlag(FLAGS_metrics_listen).empty() ? "(off)" : absl::GetFlag(FLAGS_metrics_listen));
 
-  shutdown.WaitForNotification();
+  // Until a signal: report NOT_SERVING while the scheduler stalls (work
+  // pending, no step completed for --stall_timeout), SERVING again after.
+  const absl::Duration stall_timeout = absl::GetFlag(FLAGS_stall_timeout);
+  bool stalled = false;
+  while (!shutdown.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    const scheduler::SchedulerLoad load = scheduler.Load();
+    const bool now_stalled = load.has_work && load.last_step_done != absl::InfinitePast() &&
+                             absl::Now() - load.last_step_done > stall_timeout;
+    if (now_stalled != stalled) {
+      stalled = now_stalled;
+      health->SetServingStatus(!stalled);
+      if (stalled) {
+        spdlog::error("the scheduler has completed no step for {}: reporting NOT_SERVING",
+                      absl::FormatDuration(stall_timeout));
+      } else {
+        spdlog::info("the scheduler is making progress again: reporting SERVING");
+      }
+    }
+  }
+
+  // Drain: refuse new work (UNAVAILABLE, so callers retry elsewhere), let the
+  // calls in flight finish for up to --drain_timeout, then cancel the rest
+  // with UNAVAILABLE; no call is dropped without a status.
   health->SetServingStatus(false);
+  service.StopAccepting();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
-  spdlog::info("draining {} open stream(s) for up to {}", service.open_streams(),
+  spdlog::info("draining {} open call(s) for up to {}", service.open_calls(),
                absl::FormatDuration(drain));
-  // Refuses new calls at once; waits for open ones until the deadline, then
-  // cancels them (their sequences are cancelled through OnCancel).
-  grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  const absl::Time drain_deadline = absl::Now() + drain;
+  while (service.open_calls() > 0 && absl::Now() < drain_deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (const int64_t left = service.open_calls(); left > 0) {
+    spdlog::warn("drain timeout: cancelling {} call(s) with UNAVAILABLE", left);
+  }
   scheduler.Stop();
-  grpc_server->Wait();
+  (*grpc_server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  (*grpc_server)->Wait();
   spdlog::info("stopped");
   return 0;
 }
@@ -292,6 +344,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tandemd: LLM inference serving daemon (see docs/operations.md)");
   absl::ParseCommandLine(argc, argv);
   // Logs go to stderr (stdout stays free for tools that wrap the daemon).
-  spdlog::set_default_logger(spdlog::stderr_color_mt("tandemd"));
+  if (absl::Status s = tandem::server::ConfigureLogging(absl::GetFlag(FLAGS_log_format)); !s.ok()) {
+    std::fprintf(stderr, "tandemd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   return tandem::Main();
 }

@@ -122,6 +122,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   }
   r.expected_output_tokens = proto.expected_output_tokens();
   r.priority = proto.priority();
+  if (proto.logprobs() < 0 || proto.logprobs() > kMaxLogprobs) {
+    return Invalid("logprobs", StrCat("must be in 0..", kMaxLogprobs));
+  }
+  r.logprobs = proto.logprobs();
   if (!proto.ignore_eos()) {
     const tokenizer::SpecialTokens& special = model.tokenizer->special();
     for (const auto& id : {special.eos, special.eot}) {

@@ -36,6 +36,7 @@ inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxCacheSaltBytes = 256;
 inline constexpr int kMaxWorkloadBytes = 128;
+inline constexpr int kMaxLogprobs = 20;
 
 struct BuiltRequest {
   scheduler::Request request;  // without sink and deadline

@@ -73,10 +73,21 @@ ResponseStream::ResponseStream(std::string request_id, const tokenizer::BpeToken
       channel_(std::move(channel)),
       observer_(std::move(observer)) {}
 
-bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token) {
+bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token,
+                             const step::TokenLogprobs* logprobs) {
   v1::GenerateResponse response;
   response.set_request_id(request_id_);
   response.add_token_ids(static_cast<uint32_t>(token));
+  if (logprobs != nullptr) {
+    v1::TokenLogprobs* lp = response.add_logprobs();
+    lp->set_token_id(static_cast<uint32_t>(logprobs->token));
+    lp->set_logprob(logprobs->logprob);
+    for (const auto& [id, value] : logprobs->top) {
+      v1::TopLogprob* top = lp->add_top();
+      top->set_token_id(static_cast<uint32_t>(id));
+      top->set_logprob(value);
+    }
+  }
   if (!is_stop_token) response.set_text(stops_.Push(detokenizer_.Push(token)));
   channel_->Send(std::move(response));
   return stops_.stopped();

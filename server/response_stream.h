@@ -37,7 +37,8 @@ class ResponseStream final : public scheduler::RequestSink {
                  std::vector<std::string> stop_strings, std::shared_ptr<ResponseChannel> channel,
                  FinishObserver observer);
 
-  bool OnToken(scheduler::TokenId token, bool is_stop_token) override;
+  bool OnToken(scheduler::TokenId token, bool is_stop_token,
+               const step::TokenLogprobs* logprobs) override;
   void OnFinish(const scheduler::FinishInfo& info) override;
 
  private:

@@ -33,6 +33,20 @@ std::vector<int> AllowedCpus() {
   return cpus;
 }
 
+v1::ModelInfo ServingModel::Info() const {
+  v1::ModelInfo info;
+  info.set_name(config_.name);
+  info.set_architecture(config_.architecture);
+  info.set_context_length(context_length_);
+  info.set_vocab_size(config_.vocab);
+  info.set_chat_template(std::string(chat_template_->family_name()));
+  info.set_dtype(dtype_);
+  for (const std::string& b : backends_) info.add_backends(b);
+  info.set_kv_block_size(block_size_);
+  info.set_kv_blocks(kv_blocks_);
+  return info;
+}
+
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
@@ -46,6 +60,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                         StrCat("model '", options.model_path, "': ", config.status().message()));
   }
   m->config_ = *config;
+  // The storage type of the largest matrices (the feed-forward weights).
+  if (const model::GgufTensor* t = m->file_->FindTensor("blk.0.ffn_up.weight"); t != nullptr) {
+    m->dtype_ = std::string(kernels::Info(t->dtype).name);
+  }
   absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> tok =
       tokenizer::BpeTokenizer::FromGguf(*m->file_);
   if (!tok.ok()) {
@@ -108,6 +126,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
       options.prefill_threads, options.matmul_mode, cpus_for(0, options.prefill_threads));
   m->backend_name_ = prefill_backend->name();
+  m->backends_.push_back("prefill: " + prefill_backend->name());
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model =
       model::LlamaModel::Create(m->file_, prefill_backend.get(), m->kv_blocks_, options.block_size);
   if (!prefill_model.ok()) return prefill_model.status();
@@ -116,6 +135,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
         options.decode_threads, options.matmul_mode,
         cpus_for(options.prefill_threads, options.decode_threads));
     m->backend_name_ += StrCat(" + decode ", decode_backend->name());
+    m->backends_.push_back("decode: " + decode_backend->name());
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_model =
         model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
     if (!decode_model.ok()) return decode_model.status();

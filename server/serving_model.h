@@ -16,6 +16,7 @@
 #include "engine/prefill/prefill_worker.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
+#include "tandem/v1/generate.pb.h"
 
 namespace tandem::server {
 
@@ -49,6 +50,8 @@ class ServingModel {
   int kv_blocks() const { return kv_blocks_; }
   int block_size() const { return block_size_; }
   std::string backend_name() const { return backend_name_; }
+  // What GetModelInfo reports (without the disaggregation threshold).
+  v1::ModelInfo Info() const;
   // Start-up warnings for the log (e.g. more worker threads than CPUs).
   const std::vector<std::string>& warnings() const { return warnings_; }
   step::Worker* prefill_worker() { return prefill_.get(); }
@@ -64,6 +67,8 @@ class ServingModel {
   std::unique_ptr<prefill::PrefillWorker> prefill_;
   std::unique_ptr<decode::DecodeWorker> decode_;
   std::string backend_name_;
+  std::vector<std::string> backends_;  // one per worker
+  std::string dtype_;
   std::vector<std::string> warnings_;
   int context_length_ = 0;
   int kv_blocks_ = 0;

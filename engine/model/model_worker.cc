@@ -38,6 +38,7 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
     if (s.sample) {
       std::span<const float> logits(logits_.data() + row * vocab, vocab);
       r.sampled = sampling::Sample(logits, s.sampling, s.draw_index);
+      if (s.logprobs > 0) r.logprobs = sampling::Logprobs(logits, *r.sampled, s.logprobs);
       ++row;
     }
     result.sequences.push_back(r);

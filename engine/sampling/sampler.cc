@@ -35,6 +35,25 @@ step::TokenId Greedy(std::span<const float> logits) {
 
 }  // namespace
 
+step::TokenLogprobs Logprobs(std::span<const float> logits, step::TokenId token, int top) {
+  const double max = logits[static_cast<size_t>(Greedy(logits))];
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+  const double log_z = max + std::log(sum);
+  step::TokenLogprobs out;
+  out.token = token;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (k == 0) return out;
+  std::vector<Candidate> c(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
+  std::partial_sort(c.begin(), c.begin() + static_cast<long>(k), c.end(), MoreLikely);
+  for (size_t i = 0; i < k; ++i) {
+    out.top.emplace_back(c[i].id, static_cast<float>(c[i].logit - log_z));
+  }
+  return out;
+}
+
 double UniformDraw(uint64_t seed, uint64_t draw_index) {
   const uint64_t bits = SplitMix64(SplitMix64(seed) ^ (draw_index * 0xD1B54A32D192ED03ull));
   return static_cast<double>(bits >> 11) * 0x1.0p-53;

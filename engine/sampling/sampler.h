@@ -19,6 +19,10 @@ namespace tandem::sampling {
 step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
                      uint64_t draw_index);
 
+// The log-probability of `token` and the `top` most likely tokens (ties by
+// lower id) under log-softmax(logits), computed in double precision.
+step::TokenLogprobs Logprobs(std::span<const float> logits, step::TokenId token, int top);
+
 // The uniform number in [0, 1) of draw `draw_index` for `seed`.
 double UniformDraw(uint64_t seed, uint64_t draw_index);
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,6 +39,9 @@ struct SequenceStep {
   bool sample = false;
   SamplingParams sampling;
   uint64_t draw_index = 0;
+  // With sample: also return the sampled token's log-probability and this
+  // many most likely alternatives (0: no log-probabilities).
+  int32_t logprobs = 0;
 };
 
 // Duplicate KV block `from` into `to` (every layer) before running the step:
@@ -58,9 +62,18 @@ struct StepPlan {
   }
 };
 
+// The model's log-probabilities (log-softmax of the logits, before
+// temperature and truncation) at a sampled position.
+struct TokenLogprobs {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<TokenId, float>> top;  // most likely first
+};
+
 struct SequenceResult {
   uint64_t sequence_id = 0;
-  std::optional<TokenId> sampled;  // set when the step asked to sample
+  std::optional<TokenId> sampled;         // set when the step asked to sample
+  std::optional<TokenLogprobs> logprobs;  // set when the step asked for them
 };
 
 // Results in plan order. A failed step (status not OK) computed nothing the

@@ -162,7 +162,7 @@ struct Collector : scheduler::RequestSink {
   std::vector<int32_t> tokens;
   scheduler::FinishInfo info;
   absl::Notification done;
-  bool OnToken(int32_t token, bool) override {
+  bool OnToken(int32_t token, bool, const step::TokenLogprobs*) override {
     tokens.push_back(token);
     return false;
   }

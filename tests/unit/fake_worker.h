@@ -64,7 +64,7 @@ struct Record : RequestSink {
   int finishes = 0;
   int stop_after = -1;  // ask to stop after this many tokens (as a stop string would)
 
-  bool OnToken(TokenId token, bool) override {
+  bool OnToken(TokenId token, bool, const step::TokenLogprobs*) override {
     EXPECT_EQ(finishes, 0) << "a token after the end";
     tokens.push_back(token);
     return stop_after >= 0 && static_cast<int>(tokens.size()) >= stop_after;

@@ -1,0 +1,176 @@
+#include "server/generate_reactors.h"
+
+namespace tandem::server {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next) {
+  if (acc.request_id().empty()) acc.set_request_id(next.request_id());
+  acc.mutable_text()->append(next.text());
+  acc.mutable_token_ids()->MergeFrom(next.token_ids());
+  acc.mutable_logprobs()->MergeFrom(next.logprobs());
+  if (next.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    acc.set_finish_reason(next.finish_reason());
+    *acc.mutable_usage() = next.usage();
+    *acc.mutable_timeline() = next.timeline();
+    acc.set_path(next.path());
+    acc.set_path_reason(next.path_reason());
+  }
+}
+
+void CancellationLink::Started(uint64_t sequence_id) {
+  absl::MutexLock lock(&mu_);
+  sequence_id_ = sequence_id;
+  if (cancelled_) scheduler_->Cancel(sequence_id);
+}
+
+void CancellationLink::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (sequence_id_.has_value()) scheduler_->Cancel(*sequence_id_);
+}
+
+// --- streaming ----------------------------------------------------------------
+
+class StreamingGenerate::Channel final : public ResponseChannel {
+ public:
+  explicit Channel(StreamingGenerate* reactor) : reactor_(reactor) {}
+
+  void Send(v1::GenerateResponse response) override {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || reactor_ == nullptr) return;
+    if (write_in_flight_) {
+      if (pending_.has_value()) {
+        MergeResponse(*pending_, std::move(response));
+      } else {
+        pending_ = std::move(response);
+      }
+      return;
+    }
+    StartWriteLocked(std::move(response));
+  }
+
+  void Close(absl::Status status) override { Finish(ToGrpc(status)); }
+
+  void Finish(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || reactor_ == nullptr) return;
+    closing_ = true;
+    close_status_ = status;
+    if (!write_in_flight_) FinishLocked();
+  }
+
+  void OnWriteDone(bool ok) {
+    absl::MutexLock lock(&mu_);
+    write_in_flight_ = false;
+    if (!ok) pending_.reset();  // the client is gone; OnCancel follows
+    if (pending_.has_value()) {
+      v1::GenerateResponse next = *std::move(pending_);
+      pending_.reset();
+      StartWriteLocked(std::move(next));
+    } else if (closing_ && !finished_) {
+      FinishLocked();
+    }
+  }
+
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  void StartWriteLocked(v1::GenerateResponse response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    in_flight_ = std::move(response);
+    write_in_flight_ = true;
+    reactor_->StartWrite(&in_flight_);
+  }
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    finished_ = true;
+    reactor_->grpc::ServerWriteReactor<v1::GenerateResponse>::Finish(close_status_);
+  }
+
+  absl::Mutex mu_;
+  StreamingGenerate* reactor_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse in_flight_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+};
+
+StreamingGenerate::StreamingGenerate(scheduler::Scheduler* scheduler,
+                                     std::atomic<int64_t>* open_calls)
+    : open_calls_(open_calls), channel_(std::make_shared<Channel>(this)), link_(scheduler) {
+  open_calls_->fetch_add(1);
+}
+
+StreamingGenerate::~StreamingGenerate() { open_calls_->fetch_sub(1); }
+
+std::shared_ptr<ResponseChannel> StreamingGenerate::channel() const { return channel_; }
+
+void StreamingGenerate::Reject(const grpc::Status& status) { channel_->Finish(status); }
+
+void StreamingGenerate::OnWriteDone(bool ok) { channel_->OnWriteDone(ok); }
+
+void StreamingGenerate::OnDone() {
+  channel_->Detach();
+  delete this;
+}
+
+// --- unary ----------------------------------------------------------------------
+
+class UnaryGenerate::Channel final : public ResponseChannel {
+ public:
+  Channel(UnaryGenerate* reactor, v1::GenerateResponse* response)
+      : reactor_(reactor), response_(response) {}
+
+  void Send(v1::GenerateResponse message) override {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finished_) return;
+    MergeResponse(*response_, std::move(message));
+  }
+
+  void Close(absl::Status status) override { Finish(ToGrpc(status)); }
+
+  void Finish(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finished_) return;
+    finished_ = true;
+    reactor_->grpc::ServerUnaryReactor::Finish(status);
+  }
+
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  UnaryGenerate* reactor_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse* response_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+UnaryGenerate::UnaryGenerate(scheduler::Scheduler* scheduler, v1::GenerateResponse* response,
+                             std::atomic<int64_t>* open_calls)
+    : open_calls_(open_calls),
+      channel_(std::make_shared<Channel>(this, response)),
+      link_(scheduler) {
+  open_calls_->fetch_add(1);
+}
+
+UnaryGenerate::~UnaryGenerate() { open_calls_->fetch_sub(1); }
+
+std::shared_ptr<ResponseChannel> UnaryGenerate::channel() const { return channel_; }
+
+void UnaryGenerate::Reject(const grpc::Status& status) { channel_->Finish(status); }
+
+void UnaryGenerate::OnDone() {
+  channel_->Detach();
+  delete this;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,89 @@
+// The gRPC reactors of the two Generate RPCs. Each owns a ResponseChannel
+// through which the scheduler thread delivers messages, and forwards a
+// client's cancellation to the scheduler.
+//
+// gRPC owns a reactor until its OnDone(); the channel outlives it (the
+// scheduler may still hold it) and drops whatever arrives after the end.
+#ifndef TANDEM_SERVER_GENERATE_REACTORS_H_
+#define TANDEM_SERVER_GENERATE_REACTORS_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
+#include "scheduler/scheduler.h"
+#include "server/response_stream.h"
+#include "tandem/v1/generate.grpc.pb.h"
+
+namespace tandem::server {
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+// Folds `next` into `acc`: text, tokens and logprobs append; the final
+// message's fields (finish_reason, usage, timeline, path) override.
+void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next);
+
+// Forwards a client's cancellation to the scheduler, whether it comes before
+// or after the request reached the scheduler.
+class CancellationLink {
+ public:
+  explicit CancellationLink(scheduler::Scheduler* scheduler) : scheduler_(scheduler) {}
+  void Started(uint64_t sequence_id);
+  void Cancel();
+
+ private:
+  scheduler::Scheduler* scheduler_;
+  absl::Mutex mu_;
+  std::optional<uint64_t> sequence_id_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Generate: one write in flight; messages produced meanwhile are coalesced.
+class StreamingGenerate final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  StreamingGenerate(scheduler::Scheduler* scheduler, std::atomic<int64_t>* open_calls);
+  ~StreamingGenerate() override;
+
+  std::shared_ptr<ResponseChannel> channel() const;
+  CancellationLink& link() { return link_; }
+  // Ends a call that never reached the scheduler.
+  void Reject(const grpc::Status& status);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override { link_.Cancel(); }
+  void OnDone() override;
+
+ private:
+  class Channel;
+  std::atomic<int64_t>* open_calls_;
+  std::shared_ptr<Channel> channel_;
+  CancellationLink link_;
+};
+
+// GenerateUnary: messages are merged into the one response.
+class UnaryGenerate final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryGenerate(scheduler::Scheduler* scheduler, v1::GenerateResponse* response,
+                std::atomic<int64_t>* open_calls);
+  ~UnaryGenerate() override;
+
+  std::shared_ptr<ResponseChannel> channel() const;
+  CancellationLink& link() { return link_; }
+  void Reject(const grpc::Status& status);
+
+  void OnCancel() override { link_.Cancel(); }
+  void OnDone() override;
+
+ private:
+  class Channel;
+  std::atomic<int64_t>* open_calls_;
+  std::shared_ptr<Channel> channel_;
+  CancellationLink link_;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_GENERATE_REACTORS_H_

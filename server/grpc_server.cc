@@ -1,0 +1,89 @@
+#include "server/grpc_server.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/ascii.h"
+#include "common/strings.h"
+
+namespace tandem::server {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view flag) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(StrCat(flag, ": cannot read '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path, "--api_keys_file");
+  if (!text.ok()) return text.status();
+  std::vector<std::string> keys;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const std::string key(absl::StripAsciiWhitespace(AbslView(line)));
+    if (key.empty() || key[0] == '#') continue;
+    keys.push_back(key);
+  }
+  if (keys.empty()) {
+    return absl::InvalidArgumentError(StrCat("--api_keys_file: '", path, "' holds no keys"));
+  }
+  return keys;
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
+                                                               grpc::Service* service) {
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+    }
+    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert_file, "--tls_cert");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile(options.tls_key_file, "--tls_key");
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!options.tls_client_ca.empty()) {
+      absl::StatusOr<std::string> ca = ReadFile(options.tls_client_ca, "--tls_client_ca");
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    credentials = grpc::SslServerCredentials(ssl);
+  } else if (!options.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(options.listen, credentials, &bound_port);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Keepalive that load balancers and long idle client channels survive:
+  // ping idle connections every 30 s, drop them when a ping goes unanswered
+  // for 10 s, and accept client pings as often as every 10 s.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(StrCat("cannot listen on ", options.listen));
+  }
+  return server;
+}
+
+}  // namespace tandem::server

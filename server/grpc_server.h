@@ -1,0 +1,35 @@
+// Builds and starts the gRPC server: listening address, optional TLS (and
+// mTLS), keepalive and message-size limits suited to a load balancer in
+// front, health checking and reflection.
+#ifndef TANDEM_SERVER_GRPC_SERVER_H_
+#define TANDEM_SERVER_GRPC_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::server {
+
+struct GrpcServerOptions {
+  std::string listen;          // host:port
+  std::string tls_cert_file;   // PEM; with tls_key_file enables TLS
+  std::string tls_key_file;    // PEM
+  std::string tls_client_ca;   // PEM; when set, clients must present a certificate it signed
+  int max_message_bytes = 64 << 20;
+};
+
+// Starts the server with `service` registered (plus health and reflection).
+// Errors name the file or address that is wrong.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
+                                                               grpc::Service* service);
+
+// Reads an API keys file: one key per line; blank lines and lines starting
+// with '#' are ignored. Errors for an unreadable or empty file.
+absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path);
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_GRPC_SERVER_H_
