@@ -3,6 +3,8 @@
 //   tandem chat "What is the capital of France?"   one user turn, chat template
 //   tandem generate "Once upon a time"             raw prompt, no template
 //   tandem generate --prompt_file=FILE             the prompt from a file
+//   tandem shape [--metrics=URL]                   the traffic's token shape, and
+//                                                  whether disaggregation pays
 //
 // The answer streams to stdout as it is generated; a summary (finish reason,
 // tokens, timings) goes to stderr.
@@ -17,6 +19,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "client/shape.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tandemd address");
@@ -30,6 +34,7 @@ ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
 ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
 ABSL_FLAG(std::string, prompt_file, "", "read the question or prompt from this file");
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache salt (requests share cache only within one)");
+ABSL_FLAG(std::string, metrics, "http://127.0.0.1:9400/metrics", "metrics URL (shape)");
 
 namespace {
 
@@ -114,8 +119,19 @@ int Run(const std::string& command, const std::string& text) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tandem chat \"QUESTION\" | tandem generate \"PROMPT\"  [--server=HOST:PORT] [--flags]");
+      "tandem chat \"QUESTION\" | tandem generate \"PROMPT\" | tandem shape  [--flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() == 2 && std::string(args[1]) == "shape") {
+    absl::StatusOr<std::string> text = tandem::client::HttpGet(absl::GetFlag(FLAGS_metrics));
+    if (!text.ok()) {
+      std::cerr << "error: " << text.status() << "\n";
+      return 1;
+    }
+    std::cout << tandem::client::ShapeReport(
+        tandem::client::ParseMetrics(*text),
+        absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    return 0;
+  }
   if (const std::string file = absl::GetFlag(FLAGS_prompt_file);
       !file.empty() && args.size() == 2) {
     std::ifstream in(file);

@@ -13,8 +13,10 @@ SchedulerOptions WithLanes(SchedulerOptions options, bool decode_worker) {
 }  // namespace
 
 Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
-                     step::Worker* decode)
-    : max_queued_(max_queued), core_(WithLanes(std::move(options), decode != nullptr)) {
+                     step::Worker* decode, StepObserver observer)
+    : max_queued_(max_queued),
+      observer_(std::move(observer)),
+      core_(WithLanes(std::move(options), decode != nullptr)) {
   step::Worker* workers[kLanes] = {prefill, decode};
   for (int lane = 0; lane < kLanes; ++lane) {
     if (workers[lane] == nullptr) continue;
@@ -98,6 +100,10 @@ void Scheduler::Loop() {
     }
     for (Completion& c : completions) {
       LaneState& lane = lanes_[static_cast<size_t>(c.lane)];
+      if (observer_) {
+        observer_({c.lane, lane.plan.TokenCount(), static_cast<int32_t>(lane.plan.sequences.size()),
+                   absl::Now() - lane.started});
+      }
       core_.Update(c.lane, lane.plan, c.result);
       lane.busy = false;
       lane.plan = {};
@@ -129,6 +135,7 @@ void Scheduler::Loop() {
       if (plan.sequences.empty()) continue;
       lane.plan = std::move(plan);
       lane.busy = true;
+      lane.started = absl::Now();
       lane.thread->Run(&lane.plan);
       progressed = true;
     }

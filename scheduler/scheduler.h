@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -38,13 +39,23 @@ struct SchedulerLoad {
   bool has_work = false;
 };
 
+// What a worker's step was, for metrics: called on the scheduler thread
+// when the step's results arrive.
+struct StepStats {
+  Lane lane = Lane::kPrefill;
+  int64_t tokens = 0;
+  int32_t sequences = 0;
+  absl::Duration duration;  // dispatch to results
+};
+using StepObserver = std::function<void(const StepStats&)>;
+
 class Scheduler {
  public:
   // Workers must outlive the scheduler; `decode` may be null (no decode
   // worker: everything runs colocated on `prefill`). `max_queued` bounds
   // requests that are submitted but not yet running.
   Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
-            step::Worker* decode = nullptr);
+            step::Worker* decode = nullptr, StepObserver observer = nullptr);
   ~Scheduler();  // Stop()s
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -77,11 +88,13 @@ class Scheduler {
     std::unique_ptr<WorkerThread> thread;  // null: no worker for this lane
     bool busy = false;
     step::StepPlan plan;  // the step in flight
+    absl::Time started;
   };
   void Loop();
   bool AnyBusy() const;
 
   const int32_t max_queued_;
+  StepObserver observer_;
   SchedulerCore core_;                   // scheduler thread only
   std::array<LaneState, kLanes> lanes_;  // scheduler thread only (threads set at construction)
 

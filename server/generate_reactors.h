@@ -7,11 +7,11 @@
 #ifndef TANDEM_SERVER_GENERATE_REACTORS_H_
 #define TANDEM_SERVER_GENERATE_REACTORS_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <memory>
 #include <optional>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/synchronization/mutex.h"
 #include "scheduler/scheduler.h"

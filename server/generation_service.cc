@@ -93,8 +93,9 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
   ServerMetrics* metrics = metrics_;
   r.sink = std::make_shared<ResponseStream>(
       request_id, model_->tokenizer(), std::move(built->stop_strings), std::move(channel),
-      [metrics, prompt_tokens](const std::string& id, const scheduler::FinishInfo& info) {
-        metrics->OnFinish(info);
+      [metrics, prompt_tokens](const std::string& id, const scheduler::FinishInfo& info,
+                               const std::vector<double>& token_gaps) {
+        metrics->OnFinish(info, token_gaps);
         spdlog::info("{}", RequestFinishedLine(id, prompt_tokens, info));
       });
   absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));

@@ -1,10 +1,10 @@
 #include "server/grpc_server.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "common/strings.h"
@@ -40,7 +40,7 @@ absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
-                                                               grpc::Service* service) {
+                                                              grpc::Service* service) {
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {

@@ -4,27 +4,27 @@
 #ifndef TANDEM_SERVER_GRPC_SERVER_H_
 #define TANDEM_SERVER_GRPC_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 
 namespace tandem::server {
 
 struct GrpcServerOptions {
-  std::string listen;          // host:port
-  std::string tls_cert_file;   // PEM; with tls_key_file enables TLS
-  std::string tls_key_file;    // PEM
-  std::string tls_client_ca;   // PEM; when set, clients must present a certificate it signed
+  std::string listen;         // host:port
+  std::string tls_cert_file;  // PEM; with tls_key_file enables TLS
+  std::string tls_key_file;   // PEM
+  std::string tls_client_ca;  // PEM; when set, clients must present a certificate it signed
   int max_message_bytes = 64 << 20;
 };
 
 // Starts the server with `service` registered (plus health and reflection).
 // Errors name the file or address that is wrong.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
-                                                               grpc::Service* service);
+                                                              grpc::Service* service);
 
 // Reads an API keys file: one key per line; blank lines and lines starting
 // with '#' are ignored. Errors for an unreadable or empty file.

@@ -90,10 +90,10 @@ std::string RequestFinishedLine(const std::string& request_id, int32_t prompt_to
         R"("completion_tokens":{},"queued_ms":{:.1f},"prefill_ms":{:.1f},"first_token_ms":{:.1f},)"
         R"("handoff_ms":{:.1f},"decode_ms":{:.1f},"total_ms":{:.1f}{}}})",
         JsonString(request_id), scheduler::FinishReasonName(info.reason),
-        scheduler::PathName(info.path), scheduler::PathReasonName(info.path_reason),
-        prompt_tokens, info.usage.cached_prompt_tokens, info.usage.completion_tokens,
-        t.queued_ms(), t.prefill_ms(), t.first_token_ms(), t.handoff_ms(), t.decode_ms(),
-        t.total_ms(), error.empty() ? "" : ",\"error\":" + JsonString(error));
+        scheduler::PathName(info.path), scheduler::PathReasonName(info.path_reason), prompt_tokens,
+        info.usage.cached_prompt_tokens, info.usage.completion_tokens, t.queued_ms(),
+        t.prefill_ms(), t.first_token_ms(), t.handoff_ms(), t.decode_ms(), t.total_ms(),
+        error.empty() ? "" : ",\"error\":" + JsonString(error));
   }
   return fmt::format(
       "request {} finished: reason={} path={} path_reason={} prompt_tokens={} "

@@ -237,17 +237,20 @@ int Main() {
     spdlog::error("--max_batched_tokens and --max_running must be at least 1");
     return 2;
   }
-  scheduler::Scheduler scheduler(sched, absl::GetFlag(FLAGS_max_queued_requests),
-                                 (*model)->prefill_worker(), (*model)->decode_worker());
+  auto registry = std::make_shared<prometheus::Registry>();
+  server::ServerMetrics metrics(*registry);
+  scheduler::Scheduler scheduler(
+      sched, absl::GetFlag(FLAGS_max_queued_requests), (*model)->prefill_worker(),
+      (*model)->decode_worker(),
+      [&metrics](const scheduler::StepStats& step) { metrics.OnStep(step); });
   spdlog::info("disaggregation: {}",
                threshold.has_value() && (*model)->decode_worker() != nullptr
                    ? fmt::format("at {} output tokens{}", *threshold,
                                  sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "")
                    : std::string("off"));
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  auto scheduler_collector = std::make_shared<server::SchedulerCollector>(&scheduler);
-  server::ServerMetrics metrics(*registry);
+  auto scheduler_collector = std::make_shared<server::SchedulerCollector>(
+      &scheduler, threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
     try {

@@ -1,5 +1,7 @@
 #include "server/response_stream.h"
 
+#include "absl/time/clock.h"
+
 namespace tandem::server {
 namespace {
 
@@ -75,6 +77,11 @@ ResponseStream::ResponseStream(std::string request_id, const tokenizer::BpeToken
 
 bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token,
                              const step::TokenLogprobs* logprobs) {
+  const absl::Time now = absl::Now();
+  if (last_token_ != absl::InfinitePast()) {
+    token_gaps_.push_back(absl::ToDoubleSeconds(now - last_token_));
+  }
+  last_token_ = now;
   v1::GenerateResponse response;
   response.set_request_id(request_id_);
   response.add_token_ids(static_cast<uint32_t>(token));
@@ -109,7 +116,7 @@ void ResponseStream::OnFinish(const scheduler::FinishInfo& info) {
   *last.mutable_timeline() = TimelineToProto(info.timeline);
   last.set_path(PathToProto(info.path));
   last.set_path_reason(PathReasonToProto(info.path_reason));
-  if (observer_) observer_(request_id_, info);
+  if (observer_) observer_(request_id_, info, token_gaps_);
   channel_->Send(std::move(last));
   switch (info.reason) {
     case scheduler::FinishReason::kStop:

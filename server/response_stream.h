@@ -27,9 +27,11 @@ class ResponseChannel {
   virtual void Close(absl::Status status) = 0;
 };
 
-// Called once per finished request (for the log line and metrics).
+// Called once per finished request (for the log line and metrics), with the
+// gaps between consecutive generated tokens in seconds.
 using FinishObserver =
-    std::function<void(const std::string& request_id, const scheduler::FinishInfo& info)>;
+    std::function<void(const std::string& request_id, const scheduler::FinishInfo& info,
+                       const std::vector<double>& token_gaps)>;
 
 class ResponseStream final : public scheduler::RequestSink {
  public:
@@ -47,6 +49,8 @@ class ResponseStream final : public scheduler::RequestSink {
   StopStringMatcher stops_;
   std::shared_ptr<ResponseChannel> channel_;
   FinishObserver observer_;
+  absl::Time last_token_ = absl::InfinitePast();
+  std::vector<double> token_gaps_;
 };
 
 // The timeline message of a finished request, in milliseconds.

@@ -41,6 +41,11 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
   using prometheus::MetricType;
   const double total = load.kv.total_blocks;
   return {
+      Family("tandem_start_time_seconds", "When the daemon started (Unix time).", MetricType::Gauge,
+             absl::ToDoubleSeconds(start_ - absl::UnixEpoch())),
+      Family("tandem_disagg_output_threshold",
+             "--disagg_output_threshold in output tokens; -1 when disaggregation is off.",
+             MetricType::Gauge, threshold_),
       Family("tandem_waiting_requests", "Requests queued, not yet running.", MetricType::Gauge,
              static_cast<double>(load.waiting)),
       Family("tandem_running_requests", "Sequences in a worker's running batch.", MetricType::Gauge,

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "scheduler/scheduler.h"
@@ -13,13 +14,17 @@ namespace tandem::server {
 
 class SchedulerCollector final : public prometheus::Collectable {
  public:
-  // `scheduler` must outlive the collector's registration.
-  explicit SchedulerCollector(const scheduler::Scheduler* scheduler) : scheduler_(scheduler) {}
+  // `scheduler` must outlive the collector's registration. `threshold` is
+  // --disagg_output_threshold (-1: off), exported for `tandem shape`.
+  SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t disagg_threshold)
+      : scheduler_(scheduler), threshold_(disagg_threshold), start_(absl::Now()) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const scheduler::Scheduler* scheduler_;
+  int32_t threshold_;
+  absl::Time start_;
 };
 
 }  // namespace tandem::server

@@ -10,8 +10,24 @@ double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to
 }  // namespace
 
 prometheus::Histogram::BucketBoundaries ServerMetrics::LatencyBuckets() {
-  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
+
+prometheus::Histogram::BucketBoundaries ServerMetrics::TokenBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 1; v <= 32768; v *= 2) b.push_back(v);
+  return b;
+}
+
+namespace {
+
+prometheus::Family<prometheus::Histogram>& HistogramFamily(prometheus::Registry& registry,
+                                                           const std::string& name,
+                                                           const std::string& help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
 
 ServerMetrics::ServerMetrics(prometheus::Registry& registry)
     : requests_(prometheus::BuildCounter()
@@ -45,10 +61,28 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                         .Name("tandem_handoff_time_seconds")
                         .Help("Handed to the decode worker to its first step there.")
                         .Register(registry)),
+      prefill_time_(HistogramFamily(registry, "tandem_prefill_time_seconds",
+                                    "First admission to the first generated token.")),
+      decode_time_(HistogramFamily(registry, "tandem_decode_time_seconds",
+                                   "First generated token to the end, less the handoff.")),
+      inter_token_(HistogramFamily(registry, "tandem_inter_token_latency_seconds",
+                                   "Time between consecutive generated tokens of a request.")),
       end_to_end_(prometheus::BuildHistogram()
                       .Name("tandem_request_duration_seconds")
                       .Help("Arrival to the end of the request.")
-                      .Register(registry)) {
+                      .Register(registry)),
+      request_prompt_tokens_(HistogramFamily(registry, "tandem_request_prompt_tokens",
+                                             "Prompt tokens per finished request.")
+                                 .Add({}, TokenBuckets())),
+      request_generated_tokens_(HistogramFamily(registry, "tandem_request_generated_tokens",
+                                                "Generated tokens per finished request.")
+                                    .Add({}, TokenBuckets())),
+      step_tokens_(HistogramFamily(registry, "tandem_step_tokens",
+                                   "Tokens per worker step (batch size in tokens).")),
+      step_sequences_(HistogramFamily(registry, "tandem_step_sequences",
+                                      "Sequences per worker step (batch size in sequences).")),
+      step_time_(HistogramFamily(registry, "tandem_step_time_seconds",
+                                 "Duration of a worker step, dispatch to results.")) {
   for (auto path : {scheduler::Path::kColocated, scheduler::Path::kDisaggregated}) {
     const std::string p(scheduler::PathName(path));
     for (auto reason : {scheduler::FinishReason::kStop, scheduler::FinishReason::kLength,
@@ -56,14 +90,29 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
       requests_.Add(
           {{"finish_reason", std::string(scheduler::FinishReasonName(reason))}, {"path", p}});
     }
-    queue_time_.Add({{"path", p}}, LatencyBuckets());
-    time_to_first_token_.Add({{"path", p}}, LatencyBuckets());
-    end_to_end_.Add({{"path", p}}, LatencyBuckets());
+    for (auto* family : {&queue_time_, &time_to_first_token_, &prefill_time_, &decode_time_,
+                         &inter_token_, &end_to_end_}) {
+      family->Add({{"path", p}}, LatencyBuckets());
+    }
+  }
+  for (const char* worker : {"prefill", "decode"}) {
+    step_tokens_.Add({{"worker", worker}}, TokenBuckets());
+    step_sequences_.Add({{"worker", worker}}, TokenBuckets());
+    step_time_.Add({{"worker", worker}}, LatencyBuckets());
   }
   handoff_time_.Add({{"path", "disaggregated"}}, LatencyBuckets());
 }
 
-void ServerMetrics::OnFinish(const scheduler::FinishInfo& info) {
+void ServerMetrics::OnStep(const scheduler::StepStats& step) {
+  const std::string worker(scheduler::LaneName(step.lane));
+  step_tokens_.Add({{"worker", worker}}, TokenBuckets()).Observe(static_cast<double>(step.tokens));
+  step_sequences_.Add({{"worker", worker}}, TokenBuckets()).Observe(step.sequences);
+  step_time_.Add({{"worker", worker}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(step.duration));
+}
+
+void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
+                             const std::vector<double>& token_gaps) {
   const std::string path(scheduler::PathName(info.path));
   requests_
       .Add({{"finish_reason", std::string(scheduler::FinishReasonName(info.reason))},
@@ -84,6 +133,20 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info) {
         .Observe(Seconds(t.handoff_start, t.handoff_end));
   }
   end_to_end_.Add({{"path", path}}, LatencyBuckets()).Observe(Seconds(t.arrival, t.finished));
+  if (t.scheduled != absl::InfinitePast() && t.first_token != absl::InfinitePast()) {
+    prefill_time_.Add({{"path", path}}, LatencyBuckets())
+        .Observe(Seconds(t.scheduled, t.first_token));
+    const double handoff =
+        t.handoff_start != absl::InfinitePast() && t.handoff_end != absl::InfinitePast()
+            ? Seconds(t.handoff_start, t.handoff_end)
+            : 0.0;
+    decode_time_.Add({{"path", path}}, LatencyBuckets())
+        .Observe(Seconds(t.first_token, t.finished) - handoff);
+  }
+  prometheus::Histogram& itl = inter_token_.Add({{"path", path}}, LatencyBuckets());
+  for (double gap : token_gaps) itl.Observe(gap);
+  request_prompt_tokens_.Observe(info.usage.prompt_tokens);
+  request_generated_tokens_.Observe(info.usage.completion_tokens);
 }
 
 void ServerMetrics::OnRejected() { rejected_.Increment(); }

@@ -5,12 +5,14 @@
 #define TANDEM_SERVER_SERVER_METRICS_H_
 
 #include <memory>
+#include <vector>
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "scheduler/request.h"
+#include "scheduler/scheduler.h"
 
 namespace tandem::server {
 
@@ -18,14 +20,19 @@ class ServerMetrics {
  public:
   explicit ServerMetrics(prometheus::Registry& registry);
 
-  // Records a finished request from its timeline and usage.
-  void OnFinish(const scheduler::FinishInfo& info);
+  // Records a finished request from its timeline and usage, and the gaps
+  // between its consecutive tokens (seconds).
+  void OnFinish(const scheduler::FinishInfo& info, const std::vector<double>& token_gaps);
+  // Records one worker step.
+  void OnStep(const scheduler::StepStats& step);
   // Records a request rejected before it was queued (bad input, full queue).
   void OnRejected();
 
   // Latency buckets in seconds, chosen to resolve both a CPU (tens of ms per
   // token, seconds per long prompt) and a GPU (ms per token).
   static prometheus::Histogram::BucketBoundaries LatencyBuckets();
+  // Token counts per request and per step: powers of two, 1 to 32768.
+  static prometheus::Histogram::BucketBoundaries TokenBuckets();
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
@@ -36,7 +43,17 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& time_to_first_token_;
   prometheus::Family<prometheus::Histogram>& handoff_time_;
+  prometheus::Family<prometheus::Histogram>& prefill_time_;
+  prometheus::Family<prometheus::Histogram>& decode_time_;
+  prometheus::Family<prometheus::Histogram>& inter_token_;
   prometheus::Family<prometheus::Histogram>& end_to_end_;
+  // The token shape of the traffic (tandem shape reads these).
+  prometheus::Histogram& request_prompt_tokens_;
+  prometheus::Histogram& request_generated_tokens_;
+  // Per worker kind.
+  prometheus::Family<prometheus::Histogram>& step_tokens_;
+  prometheus::Family<prometheus::Histogram>& step_sequences_;
+  prometheus::Family<prometheus::Histogram>& step_time_;
 };
 
 }  // namespace tandem::server

@@ -48,6 +48,7 @@ class Daemon {
   std::string Health();
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return pid_; }
   int metrics_port() const { return metrics_port_; }
   std::unique_ptr<v1::Generation::Stub> Stub() const;
 

@@ -378,12 +378,12 @@ TEST(TandemdLifecycleTest, ATinyKvCacheChangesNoAnswer) {
   EXPECT_EQ(roomy.Stop(SIGTERM), 0);
 }
 
-TEST(TandemdLifecycleTest, SigtermDuringStreamsLetsThemFinishAndExitsZero) {
+TEST(TandemdLifecycleTest, SigtermWithEightStreamsInFlightFinishesAllAndExitsZero) {
   Daemon daemon;
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   auto stub = daemon.Stub();
   std::vector<std::future<Generation>> streams;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 8; ++i) {
     streams.push_back(std::async(std::launch::async, [&daemon, i] {
       auto own = daemon.Stub();
       v1::GenerateRequest r = Chat("Count to twenty.", 0.0f, 40);

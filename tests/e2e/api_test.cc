@@ -1,0 +1,436 @@
+// The public API end to end: every RPC, logprobs, the queue limit, draining,
+// API keys, TLS and mTLS, JSON logs, and metrics that count exactly what was
+// sent.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <thread>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/e2e/daemon.h"
+#include "tests/test_paths.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new Daemon();
+    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
+    delete daemon_;
+  }
+  static Daemon* daemon_;
+};
+Daemon* ApiTest::daemon_ = nullptr;
+
+template <typename Request, typename Response, typename Call>
+grpc::Status Unary(Call call, const Request& request, Response* response,
+                   const std::string& api_key = "") {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  if (!api_key.empty()) context.AddMetadata("authorization", "Bearer " + api_key);
+  return call(&context, request, response);
+}
+
+TEST_F(ApiTest, GenerateUnaryAnswersWhatTheStreamAnswers) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest request = Chat("Name three colors.", 0.0f, 20);
+  request.set_request_id("unary-1");
+  Generation streamed = Generate(*stub, request);
+  v1::GenerateResponse unary;
+  const grpc::Status status = Unary(
+      [&](grpc::ClientContext* c, const v1::GenerateRequest& r, v1::GenerateResponse* out) {
+        return stub->GenerateUnary(c, r, out);
+      },
+      request, &unary);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(unary.request_id(), "unary-1");
+  EXPECT_EQ(unary.text(), streamed.text);
+  EXPECT_EQ(std::vector<uint32_t>(unary.token_ids().begin(), unary.token_ids().end()),
+            streamed.token_ids);
+  EXPECT_EQ(unary.finish_reason(), streamed.last.finish_reason());
+  EXPECT_EQ(unary.usage().completion_tokens(), static_cast<int>(streamed.token_ids.size()));
+  EXPECT_GT(unary.timeline().total_ms(), 0);
+  EXPECT_NE(unary.path(), v1::PATH_UNSPECIFIED);
+
+  v1::GenerateRequest bad;
+  const grpc::Status invalid = Unary(
+      [&](grpc::ClientContext* c, const v1::GenerateRequest& r, v1::GenerateResponse* out) {
+        return stub->GenerateUnary(c, r, out);
+      },
+      bad, &unary);
+  EXPECT_EQ(invalid.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ApiTest, TokenizeGivesTheTokensGenerateSees) {
+  auto stub = daemon_->Stub();
+  auto tokenize = [&](const v1::TokenizeRequest& r, v1::TokenizeResponse* out) {
+    return Unary([&](grpc::ClientContext* c, const v1::TokenizeRequest& req,
+                     v1::TokenizeResponse* o) { return stub->Tokenize(c, req, o); },
+                 r, out);
+  };
+  v1::TokenizeRequest text;
+  text.set_text("Hello, world! <|im_start|>");
+  v1::TokenizeResponse tokens;
+  ASSERT_TRUE(tokenize(text, &tokens).ok());
+  EXPECT_EQ(tokens.token_ids_size(), tokens.tokens_size());
+  std::string joined;
+  for (const std::string& t : tokens.tokens()) joined += t;
+  EXPECT_EQ(joined, text.text());
+  EXPECT_EQ(tokens.token_ids(tokens.token_ids_size() - 1), 1u);  // <|im_start|>
+
+  v1::TokenizeRequest chat;
+  *chat.add_messages() = Chat("What is 2+2?", 0.0f, 1).messages(0);
+  ASSERT_TRUE(tokenize(chat, &tokens).ok());
+  Generation g = Generate(*stub, Chat("What is 2+2?", 0.0f, 1));
+  EXPECT_EQ(tokens.token_ids_size(), g.last.usage().prompt_tokens());
+
+  v1::TokenizeRequest both = chat;
+  both.set_text("also text");
+  const grpc::Status s = tokenize(both, &tokens);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("exactly one of text and messages"));
+}
+
+TEST_F(ApiTest, GetModelInfoDescribesWhatIsServed) {
+  auto stub = daemon_->Stub();
+  v1::ModelInfo info;
+  ASSERT_TRUE(Unary([&](grpc::ClientContext* c, const v1::GetModelInfoRequest& r,
+                        v1::ModelInfo* o) { return stub->GetModelInfo(c, r, o); },
+                    v1::GetModelInfoRequest(), &info)
+                  .ok());
+  EXPECT_THAT(info.name(), HasSubstr("Smollm2 135M"));
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.context_length(), 8192);
+  EXPECT_EQ(info.vocab_size(), 49152);
+  EXPECT_EQ(info.chat_template(), "chatml");
+  EXPECT_EQ(info.dtype(), "Q4_1");
+  ASSERT_EQ(info.backends_size(), 2);
+  EXPECT_THAT(info.backends(0), HasSubstr("prefill: cpu"));
+  EXPECT_THAT(info.backends(1), HasSubstr("decode: cpu"));
+  EXPECT_EQ(info.kv_block_size(), 16);
+  EXPECT_EQ(info.kv_blocks(), 1456);
+  EXPECT_EQ(info.disagg_output_threshold(), 32);
+}
+
+TEST_F(ApiTest, GetLoadReportsQueueWorkersAndKv) {
+  auto stub = daemon_->Stub();
+  auto load = [&] {
+    v1::Load l;
+    EXPECT_TRUE(Unary([&](grpc::ClientContext* c, const v1::GetLoadRequest& r,
+                          v1::Load* o) { return stub->GetLoad(c, r, o); },
+                      v1::GetLoadRequest(), &l)
+                    .ok());
+    return l;
+  };
+  const v1::Load idle = load();
+  EXPECT_EQ(idle.waiting(), 0);
+  EXPECT_EQ(idle.running_prefill() + idle.running_decode(), 0);
+  EXPECT_EQ(idle.kv_used_blocks(), 0);
+  EXPECT_EQ(idle.kv_total_blocks(), 1456);
+  EXPECT_TRUE(idle.accepting());
+  // While a long stream runs.
+  v1::GenerateRequest r = Chat("Write a long story.", 0.0f, 400);
+  r.set_ignore_eos(true);
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, r);
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));
+  const v1::Load busy = load();
+  EXPECT_EQ(busy.running_prefill() + busy.running_decode(), 1);
+  EXPECT_GT(busy.kv_used_blocks(), 0);
+  EXPECT_GT(busy.kv_usage(), 0.0);
+  context.TryCancel();
+  while (reader->Read(&first)) {
+  }
+  reader->Finish();
+}
+
+TEST_F(ApiTest, LogprobsAreTheModelsDistribution) {
+  auto stub = daemon_->Stub();
+  v1::GenerateRequest r = Chat("Name a planet.", 0.0f, 12);
+  r.set_logprobs(5);
+  r.set_ignore_eos(true);
+  Generation g = Generate(*stub, r);
+  ASSERT_TRUE(g.status.ok());
+  std::vector<v1::TokenLogprobs> logprobs;
+  for (const auto& m : g.messages) logprobs.insert(logprobs.end(), m.logprobs().begin(), m.logprobs().end());
+  ASSERT_EQ(logprobs.size(), g.token_ids.size());
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    const v1::TokenLogprobs& lp = logprobs[i];
+    EXPECT_EQ(lp.token_id(), g.token_ids[i]);
+    ASSERT_EQ(lp.top_size(), 5);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(lp.top(0).token_id(), lp.token_id());
+    EXPECT_FLOAT_EQ(lp.top(0).logprob(), lp.logprob());
+    double mass = 0;
+    for (int k = 0; k < 5; ++k) {
+      if (k > 0) {
+        EXPECT_LE(lp.top(k).logprob(), lp.top(k - 1).logprob());
+      }
+      EXPECT_LE(lp.top(k).logprob(), 0.0f);
+      mass += std::exp(static_cast<double>(lp.top(k).logprob()));
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+  }
+  r.set_logprobs(21);
+  Generation bad = Generate(*stub, r);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("logprobs"));
+}
+
+TEST_F(ApiTest, TheShapeCommandReadsTheMetrics) {
+  auto stub = daemon_->Stub();
+  ASSERT_TRUE(Generate(*stub, Chat("Say yes.", 0.0f, 4)).status.ok());
+  const std::string out = ::testing::TempDir() + "/shape_" + std::to_string(daemon_->metrics_port());
+  const std::string command = PathFromEnv("TANDEM_CLI", paths::kCli) +
+                              " shape --metrics=http://127.0.0.1:" +
+                              std::to_string(daemon_->metrics_port()) + "/metrics > " + out;
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::ifstream in(out);
+  const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(report, HasSubstr("generated tokens per request"));
+  EXPECT_THAT(report, HasSubstr("Disaggregation: on at 32 output tokens."));
+}
+
+// Daemons of their own.
+
+TEST(ApiLifecycleTest, AFullQueueAnswersResourceExhausted) {
+  Daemon daemon({"--max_queued_requests=2", "--max_running=1", "--decode_threads=0"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  std::vector<std::future<Generation>> calls;
+  for (int i = 0; i < 10; ++i) {
+    calls.push_back(std::async(std::launch::async, [&daemon] {
+      auto stub = daemon.Stub();
+      v1::GenerateRequest r = Chat("Tell me a story.", 0.0f, 40);
+      r.set_ignore_eos(true);
+      return Generate(*stub, r);
+    }));
+  }
+  int exhausted = 0, ok = 0;
+  for (auto& c : calls) {
+    Generation g = c.get();
+    if (g.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_THAT(g.status.error_message(), HasSubstr("queue is full"));
+    } else {
+      EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+      ++ok;
+    }
+  }
+  EXPECT_GT(exhausted, 0);
+  EXPECT_GE(ok, 3);  // the running one and the two queued
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+TEST(ApiLifecycleTest, DrainingRefusesNewCallsAndCancelsStragglersWithUnavailable) {
+  Daemon daemon({"--drain_timeout=1500ms"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  auto start_stream = [&](int tokens) {
+    return std::async(std::launch::async, [&daemon, tokens] {
+      auto own = daemon.Stub();
+      v1::GenerateRequest r = Chat("Write an essay.", 0.0f, tokens);
+      r.set_ignore_eos(true);
+      return Generate(*own, r);
+    });
+  };
+  auto short_stream = start_stream(30);    // finishes within the drain timeout
+  auto long_stream = start_stream(3000);   // does not
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  ::kill(daemon.pid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Generation refused = Generate(*stub, Chat("Hi", 0.0f, 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(refused.messages.empty()) << "refused before any token, so callers can retry";
+  Generation finished = short_stream.get();
+  EXPECT_TRUE(finished.status.ok()) << finished.status.error_message();
+  EXPECT_EQ(finished.token_ids.size(), 30u);
+  Generation cut = long_stream.get();
+  EXPECT_EQ(cut.status.error_code(), grpc::StatusCode::UNAVAILABLE) << cut.status.error_message();
+  EXPECT_EQ(daemon.WaitExit(std::chrono::seconds(30)), 0);
+}
+
+TEST(ApiLifecycleTest, ApiKeysGuardEveryRpcButHealth) {
+  const std::string keys = ::testing::TempDir() + "/keys_" + std::to_string(FreePort());
+  std::ofstream(keys) << "# operators' keys\nsecret-key-1\n\n  secret-key-2  \n";
+  Daemon daemon({"--api_keys_file=" + keys});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();  // health needs no key
+  auto stub = daemon.Stub();
+  v1::TokenizeRequest request;
+  request.set_text("hello");
+  v1::TokenizeResponse response;
+  auto tokenize = [&](const std::string& key) {
+    return Unary([&](grpc::ClientContext* c, const v1::TokenizeRequest& r,
+                     v1::TokenizeResponse* o) { return stub->Tokenize(c, r, o); },
+                 request, &response, key);
+  };
+  EXPECT_EQ(tokenize("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(tokenize("wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(tokenize("secret-key-1").ok());
+  EXPECT_TRUE(tokenize("secret-key-2").ok());
+  EXPECT_EQ(Generate(*stub, Chat("Hi", 0.0f, 2)).status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer secret-key-1");
+  auto reader = stub->Generate(&context, Chat("Hi", 0.0f, 2));
+  v1::GenerateResponse message;
+  while (reader->Read(&message)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+  EXPECT_THAT(daemon.Log(), ::testing::Not(HasSubstr("secret-key")));
+}
+
+// Makes a CA, a server certificate for 127.0.0.1 and a client certificate.
+std::string MakeCertificates() {
+  const std::string dir = ::testing::TempDir() + "/tls_" + std::to_string(FreePort());
+  const std::string script =
+      "set -e; mkdir -p " + dir + "; cd " + dir +
+      "; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key "
+      "-out ca.pem 2>/dev/null"
+      "; printf 'subjectAltName=IP:127.0.0.1' > san.ext"
+      "; openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out "
+      "server.csr 2>/dev/null"
+      "; openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-extfile san.ext -out server.pem 2>/dev/null"
+      "; openssl req -newkey rsa:2048 -nodes -subj /CN=client -keyout client.key -out "
+      "client.csr 2>/dev/null"
+      "; openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-out client.pem 2>/dev/null";
+  EXPECT_EQ(std::system(("bash -c \"" + script + "\"").c_str()), 0);
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool TlsCallWorks(const std::string& address, const grpc::SslCredentialsOptions& ssl) {
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(address, grpc::SslCredentials(ssl)));
+  v1::ModelInfo info;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok();
+}
+
+TEST(ApiLifecycleTest, TlsAndMutualTls) {
+  const std::string dir = MakeCertificates();
+  grpc::SslCredentialsOptions trust;
+  trust.pem_root_certs = Read(dir + "/ca.pem");
+  {
+    Daemon daemon({"--tls_cert=" + dir + "/server.pem", "--tls_key=" + dir + "/server.key"});
+    // Health over an insecure channel fails against a TLS port; poll with TLS.
+    bool up = false;
+    for (int i = 0; i < 100 && !up; ++i) {
+      up = TlsCallWorks(daemon.address(), trust);
+      if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ASSERT_TRUE(up) << daemon.Log();
+    EXPECT_NE(daemon.Health(), "SERVING") << "a plaintext client must not get through";
+    EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+  }
+  {
+    Daemon daemon({"--tls_cert=" + dir + "/server.pem", "--tls_key=" + dir + "/server.key",
+                   "--tls_client_ca=" + dir + "/ca.pem"});
+    grpc::SslCredentialsOptions with_cert = trust;
+    with_cert.pem_private_key = Read(dir + "/client.key");
+    with_cert.pem_cert_chain = Read(dir + "/client.pem");
+    bool up = false;
+    for (int i = 0; i < 100 && !up; ++i) {
+      up = TlsCallWorks(daemon.address(), with_cert);
+      if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ASSERT_TRUE(up) << daemon.Log();
+    EXPECT_FALSE(TlsCallWorks(daemon.address(), trust)) << "no client certificate: refused";
+    EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+  }
+}
+
+TEST(ApiLifecycleTest, JsonLogsAreOneObjectPerLine) {
+  Daemon daemon({"--log_format=json"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  v1::GenerateRequest r = Chat("Hi \"there\"", 0.0f, 3);
+  r.set_request_id("json-\"1\"");
+  ASSERT_TRUE(Generate(*stub, r).status.ok());
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+  std::istringstream lines(daemon.Log());
+  std::string line;
+  int objects = 0;
+  bool request_line = false;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    EXPECT_EQ(line.front(), '{') << line;
+    EXPECT_EQ(line.back(), '}') << line;
+    EXPECT_THAT(line, HasSubstr("\"level\":\"")) << line;
+    ++objects;
+    if (line.find("\"event\":\"request_finished\"") != std::string::npos) {
+      request_line = true;
+      EXPECT_THAT(line, HasSubstr("\"request_id\":\"json-\\\"1\\\"\""));
+      EXPECT_THAT(line, HasSubstr("\"completion_tokens\":3"));
+      EXPECT_THAT(line, HasSubstr("\"path\":\"colocated\""));
+    }
+  }
+  EXPECT_GT(objects, 3);
+  EXPECT_TRUE(request_line);
+}
+
+TEST(ApiLifecycleTest, MetricsCountExactlyWhatWasSent) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  const std::vector<std::pair<int, int>> shapes = {{5, 3}, {17, 1}, {40, 9}, {8, 40}, {64, 2}};
+  int prompt_total = 0, generated_total = 0, gaps = 0;
+  for (const auto& [prompt, output] : shapes) {
+    v1::GenerateRequest r;
+    for (int t = 0; t < prompt; ++t) r.add_token_ids(static_cast<uint32_t>(1000 + t));
+    r.set_max_tokens(output);
+    r.set_ignore_eos(true);
+    r.mutable_sampling()->set_temperature(0.0f);
+    ASSERT_TRUE(Generate(*stub, r).status.ok());
+    prompt_total += prompt;
+    generated_total += output;
+    gaps += output - 1;
+  }
+  ASSERT_EQ(Generate(*stub, v1::GenerateRequest()).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const std::optional<std::string> text = HttpGet(daemon.metrics_port(), "/metrics");
+  ASSERT_TRUE(text.has_value());
+  auto value = [&](const std::string& name) { return MetricValue(*text, name).value_or(-1); };
+  EXPECT_EQ(value("tandem_requests_total{finish_reason=\"length\",path=\"colocated\"}") +
+                value("tandem_requests_total{finish_reason=\"length\",path=\"disaggregated\"}"),
+            5);
+  EXPECT_EQ(value("tandem_requests_total{finish_reason=\"length\",path=\"disaggregated\"}"), 1);
+  EXPECT_EQ(value("tandem_prompt_tokens_total"), prompt_total);
+  EXPECT_EQ(value("tandem_generated_tokens_total"), generated_total);
+  EXPECT_EQ(value("tandem_rejected_requests_total"), 1);
+  EXPECT_EQ(value("tandem_request_prompt_tokens_count"), 5);
+  EXPECT_EQ(value("tandem_handoffs_total"), 1);
+  EXPECT_EQ(value("tandem_inter_token_latency_seconds_count{path=\"colocated\"}") +
+                value("tandem_inter_token_latency_seconds_count{path=\"disaggregated\"}"),
+            gaps);
+  EXPECT_EQ(value("tandem_time_to_first_token_seconds_count{path=\"colocated\"}") +
+                value("tandem_time_to_first_token_seconds_count{path=\"disaggregated\"}"),
+            5);
+  EXPECT_GT(value("tandem_step_time_seconds_count{worker=\"prefill\"}"), 0);
+  EXPECT_GT(value("tandem_step_time_seconds_count{worker=\"decode\"}"), 0);
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace tandem::testing

@@ -1,0 +1,83 @@
+"""Helpers for the Python end-to-end tests: tandemd processes on free ports
+and gRPC stubs generated from the repository's .proto files at test time
+(by grpcio-tools, as any client in any language would generate them)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+DAEMON = os.environ.get("TANDEM_DAEMON", os.path.join(ROOT, "build", "bin", "tandemd"))
+MODEL = os.environ.get("TANDEM_TEST_MODEL",
+                       os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+def generated_stubs():
+    """Generates tandem/v1/generate_pb2{,_grpc}.py into a temp dir; returns the modules."""
+    from grpc_tools import protoc
+    out = tempfile.mkdtemp(prefix="tandem_stubs_")
+    proto_dir = os.path.join(ROOT, "proto")
+    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}",
+                      f"--grpc_python_out={out}", os.path.join(proto_dir, "tandem/v1/generate.proto")])
+    assert rc == 0, "protoc failed"
+    sys.path.insert(0, out)
+    from tandem.v1 import generate_pb2, generate_pb2_grpc  # noqa: E402
+    return generate_pb2, generate_pb2_grpc
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """A tandemd on free ports; stderr goes to a log file."""
+
+    def __init__(self, *flags):
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="tandemd_", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            [DAEMON, f"--model={MODEL}", f"--listen={self.address}",
+             f"--metrics_listen=127.0.0.1:{self.metrics_port}", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def health(self):
+        with grpc.insecure_channel(self.address) as channel:
+            try:
+                return health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=2).status
+            except grpc.RpcError:
+                return None
+
+    def wait_serving(self, timeout=60):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tandemd exited: {self.read_log()}")
+            if self.health() == health_pb2.HealthCheckResponse.SERVING:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"tandemd not serving: {self.read_log()}")
+
+    def read_log(self):
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
