@@ -17,8 +17,7 @@ namespace tandem::client {
 namespace {
 
 // Splits `name{a="1",le="2"}` into its labels, with `le` taken out.
-bool SplitBucket(const std::string& key, const std::string& name, std::string* labels,
-                 double* le) {
+bool SplitBucket(const std::string& key, const std::string& name, std::string* labels, double* le) {
   const std::string prefix = name + "_bucket{";
   if (key.rfind(prefix, 0) != 0 || key.back() != '}') return false;
   const std::string inside = key.substr(prefix.size(), key.size() - prefix.size() - 1);
@@ -108,7 +107,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& url) {
   const std::string path = slash == std::string::npos ? "/metrics" : rest.substr(slash);
   const size_t colon = hostport.rfind(':');
   if (colon == std::string::npos) {
-    return absl::InvalidArgumentError("the metrics URL needs host:port, e.g. http://127.0.0.1:9400/metrics");
+    return absl::InvalidArgumentError(
+        "the metrics URL needs host:port, e.g. http://127.0.0.1:9400/metrics");
   }
   addrinfo hints{};
   hints.ai_family = AF_INET;
@@ -133,7 +133,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& url) {
   std::string response;
   char buffer[16384];
   ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0)
+    response.append(buffer, static_cast<size_t>(n));
   ::close(fd);
   const size_t body = response.find("\r\n\r\n");
   if (body == std::string::npos) return absl::UnavailableError("no HTTP response from " + hostport);
@@ -149,23 +150,27 @@ std::string ShapeReport(const Metrics& m, double now_unix_seconds) {
   double colocated = 0, disaggregated = 0, duration_sum = 0;
   Histogram ttft, itl_colocated, itl_disaggregated;
   for (const char* reason : {"stop", "length", "cancelled", "error"}) {
-    colocated += m.Get(absl::StrFormat("tandem_requests_total{finish_reason=\"%s\",path=\"colocated\"}", reason));
-    disaggregated +=
-        m.Get(absl::StrFormat("tandem_requests_total{finish_reason=\"%s\",path=\"disaggregated\"}", reason));
+    colocated += m.Get(
+        absl::StrFormat("tandem_requests_total{finish_reason=\"%s\",path=\"colocated\"}", reason));
+    disaggregated += m.Get(absl::StrFormat(
+        "tandem_requests_total{finish_reason=\"%s\",path=\"disaggregated\"}", reason));
   }
   for (const char* path : {"colocated", "disaggregated"}) {
-    duration_sum += m.Get(absl::StrFormat("tandem_request_duration_seconds_sum{path=\"%s\"}", path));
+    duration_sum +=
+        m.Get(absl::StrFormat("tandem_request_duration_seconds_sum{path=\"%s\"}", path));
   }
   // TTFT over both paths: merge the two histograms (same buckets).
   const Histogram t1 = m.GetHistogram("tandem_time_to_first_token_seconds", "path=\"colocated\"");
-  const Histogram t2 = m.GetHistogram("tandem_time_to_first_token_seconds", "path=\"disaggregated\"");
+  const Histogram t2 =
+      m.GetHistogram("tandem_time_to_first_token_seconds", "path=\"disaggregated\"");
   ttft = t1;
   for (size_t i = 0; i < ttft.buckets.size() && i < t2.buckets.size(); ++i) {
     ttft.buckets[i].second += t2.buckets[i].second;
   }
   ttft.count = t1.count + t2.count;
   itl_colocated = m.GetHistogram("tandem_inter_token_latency_seconds", "path=\"colocated\"");
-  itl_disaggregated = m.GetHistogram("tandem_inter_token_latency_seconds", "path=\"disaggregated\"");
+  itl_disaggregated =
+      m.GetHistogram("tandem_inter_token_latency_seconds", "path=\"disaggregated\"");
   const double requests = colocated + disaggregated;
   const double threshold = m.Get("tandem_disagg_output_threshold", -1);
 
@@ -181,11 +186,11 @@ std::string ShapeReport(const Metrics& m, double now_unix_seconds) {
   out << absl::StrFormat("  concurrency (mean in flight):  %.2f\n", duration_sum / uptime);
   out << "  time to first token:           p50 " << Seconds(ttft.Quantile(0.5)) << ", p90 "
       << Seconds(ttft.Quantile(0.9)) << ", p99 " << Seconds(ttft.Quantile(0.99)) << "\n";
-  for (const auto& [name, h] : {std::pair{"colocated", &itl_colocated},
-                                std::pair{"disaggregated", &itl_disaggregated}}) {
+  for (const auto& [name, h] :
+       {std::pair{"colocated", &itl_colocated}, std::pair{"disaggregated", &itl_disaggregated}}) {
     if (h->count == 0) continue;
-    out << "  inter-token latency (" << name << "): p50 " << Seconds(h->Quantile(0.5))
-        << ", p99 " << Seconds(h->Quantile(0.99)) << "\n";
+    out << "  inter-token latency (" << name << "): p50 " << Seconds(h->Quantile(0.5)) << ", p99 "
+        << Seconds(h->Quantile(0.99)) << "\n";
   }
   out << absl::StrFormat("  paths: colocated %.0f (%.0f%%), disaggregated %.0f (%.0f%%)\n",
                          colocated, 100 * colocated / requests, disaggregated,
@@ -210,11 +215,11 @@ std::string ShapeReport(const Metrics& m, double now_unix_seconds) {
   } else {
     const double d = itl_disaggregated.Quantile(0.99), c = itl_colocated.Quantile(0.99);
     if (d < 0.8 * c) {
-      out << "paying for itself: disaggregated streams see p99 inter-token latency "
-          << Seconds(d) << " against " << Seconds(c) << " colocated.\n";
+      out << "paying for itself: disaggregated streams see p99 inter-token latency " << Seconds(d)
+          << " against " << Seconds(c) << " colocated.\n";
     } else {
-      out << "not paying for itself: disaggregated streams' p99 inter-token latency ("
-          << Seconds(d) << ") is no better than colocated (" << Seconds(c)
+      out << "not paying for itself: disaggregated streams' p99 inter-token latency (" << Seconds(d)
+          << ") is no better than colocated (" << Seconds(c)
           << "); consider a higher threshold or --decode_threads=0.\n";
     }
   }

@@ -12,6 +12,10 @@ SchedulerOptions WithLanes(SchedulerOptions options, bool decode_worker) {
 
 }  // namespace
 
+bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout) {
+  return load.has_work && now - load.last_step_done > timeout;
+}
+
 Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
                      step::Worker* decode, StepObserver observer)
     : max_queued_(max_queued),
@@ -29,6 +33,7 @@ Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker*
   {
     absl::MutexLock lock(&mu_);
     load_.kv = core_.kv_stats();
+    load_.last_step_done = absl::Now();  // stall detection counts from the start
   }
   thread_ = std::thread([this] { Loop(); });
 }

@@ -39,6 +39,11 @@ struct SchedulerLoad {
   bool has_work = false;
 };
 
+// Whether the scheduler looks stuck: requests are pending but no step has
+// completed for `timeout` (a hung worker, a deadlock). Health reports
+// NOT_SERVING while this holds.
+bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout);
+
 // What a worker's step was, for metrics: called on the scheduler thread
 // when the step's results arrive.
 struct StepStats {

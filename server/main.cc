@@ -304,8 +304,7 @@ int Main() {
   bool stalled = false;
   while (!shutdown.WaitForNotificationWithTimeout(absl::Seconds(1))) {
     const scheduler::SchedulerLoad load = scheduler.Load();
-    const bool now_stalled = load.has_work && load.last_step_done != absl::InfinitePast() &&
-                             absl::Now() - load.last_step_done > stall_timeout;
+    const bool now_stalled = scheduler::Stalled(load, absl::Now(), stall_timeout);
     if (now_stalled != stalled) {
       stalled = now_stalled;
       health->SetServingStatus(!stalled);

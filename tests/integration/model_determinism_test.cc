@@ -192,6 +192,19 @@ std::vector<std::vector<int32_t>> Generate(step::Worker* worker,
     sink->done.WaitForNotification();
     out.push_back(sink->tokens);
   }
+  // The load snapshot follows the work, and an idle scheduler is never
+  // "stalled", however long ago its last step was.
+  for (int i = 0; i < 100 && s.Load().has_work; ++i) absl::SleepFor(absl::Milliseconds(10));
+  const scheduler::SchedulerLoad load = s.Load();
+  EXPECT_FALSE(load.has_work);
+  EXPECT_EQ(load.kv.used_blocks, 0);
+  EXPECT_GT(load.last_step_done, absl::Now() - absl::Minutes(1));
+  EXPECT_FALSE(scheduler::Stalled(load, absl::Now() + absl::Hours(1), absl::Seconds(60)));
+  scheduler::SchedulerLoad busy = load;
+  busy.has_work = true;
+  EXPECT_FALSE(
+      scheduler::Stalled(busy, load.last_step_done + absl::Seconds(59), absl::Seconds(60)));
+  EXPECT_TRUE(scheduler::Stalled(busy, load.last_step_done + absl::Seconds(61), absl::Seconds(60)));
   return out;
 }
 
