@@ -231,7 +231,10 @@ TEST(ApiLifecycleTest, AFullQueueAnswersResourceExhausted) {
     }
   }
   EXPECT_GT(exhausted, 0);
-  EXPECT_GE(ok, 3);  // the running one and the two queued
+  // The queue always holds two; a third runs only if the scheduler moved the
+  // first call out of the queue before the others arrived, which is timing.
+  EXPECT_GE(ok, 2);
+  EXPECT_EQ(ok + exhausted, 10);
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 
