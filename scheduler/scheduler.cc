@@ -10,6 +10,25 @@ SchedulerOptions WithLanes(SchedulerOptions options, bool decode_worker) {
   return options;
 }
 
+// Holds a request's OnFinish until the scheduler has published the load
+// snapshot that no longer counts the request, so a client that sees its call
+// end and then asks GetLoad sees the blocks and the slot returned. Tokens pass
+// straight through. Used on the scheduler thread only.
+class FinishAfterPublishSink final : public RequestSink {
+ public:
+  FinishAfterPublishSink(std::shared_ptr<RequestSink> inner,
+                         std::vector<std::pair<std::shared_ptr<RequestSink>, FinishInfo>>* held)
+      : inner_(std::move(inner)), held_(held) {}
+  bool OnToken(TokenId token, bool is_stop_token, const step::TokenLogprobs* logprobs) override {
+    return inner_->OnToken(token, is_stop_token, logprobs);
+  }
+  void OnFinish(const FinishInfo& info) override { held_->emplace_back(inner_, info); }
+
+ private:
+  std::shared_ptr<RequestSink> inner_;
+  std::vector<std::pair<std::shared_ptr<RequestSink>, FinishInfo>>* held_;
+};
+
 }  // namespace
 
 bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout) {
@@ -50,6 +69,7 @@ absl::StatusOr<uint64_t> Scheduler::Submit(Request request) {
   }
   const uint64_t id = next_id_++;
   ++queued_;
+  request.sink = std::make_shared<FinishAfterPublishSink>(std::move(request.sink), &held_finishes_);
   inbox_.push_back({id, std::move(request)});
   return id;
 }
@@ -124,11 +144,9 @@ void Scheduler::Loop() {
       // Nothing new runs after Stop(); steps in flight finish first.
       core_.CancelAll(FinishReason::kCancelled,
                       absl::UnavailableError("the server is shutting down"));
-      if (!AnyBusy()) {
-        absl::MutexLock lock(&mu_);
-        queued_ = 0;
-        return;
-      }
+      PublishLoad();
+      DeliverHeldFinishes();
+      if (!AnyBusy()) return;
       progressed = false;
       continue;
     }
@@ -144,15 +162,26 @@ void Scheduler::Loop() {
       lane.thread->Run(&lane.plan);
       progressed = true;
     }
-    absl::MutexLock lock(&mu_);
-    queued_ = static_cast<int32_t>(inbox_.size()) + core_.waiting();
-    load_.waiting = core_.waiting();
-    load_.running = {core_.running(Lane::kPrefill), core_.running(Lane::kDecode)};
-    load_.preemptions = core_.preemptions();
-    load_.handoffs = core_.handoffs();
-    load_.kv = core_.kv_stats();
-    load_.has_work = core_.HasWork();
+    PublishLoad();
+    DeliverHeldFinishes();
   }
+}
+
+void Scheduler::PublishLoad() {
+  absl::MutexLock lock(&mu_);
+  queued_ = static_cast<int32_t>(inbox_.size()) + core_.waiting();
+  load_.waiting = core_.waiting();
+  load_.running = {core_.running(Lane::kPrefill), core_.running(Lane::kDecode)};
+  load_.preemptions = core_.preemptions();
+  load_.handoffs = core_.handoffs();
+  load_.kv = core_.kv_stats();
+  load_.has_work = core_.HasWork();
+}
+
+void Scheduler::DeliverHeldFinishes() {
+  std::vector<std::pair<std::shared_ptr<RequestSink>, FinishInfo>> finishes;
+  finishes.swap(held_finishes_);
+  for (auto& [sink, info] : finishes) sink->OnFinish(info);
 }
 
 }  // namespace tandem::scheduler

@@ -97,11 +97,17 @@ class Scheduler {
   };
   void Loop();
   bool AnyBusy() const;
+  // Copies the core's counts into load_ for Load().
+  void PublishLoad();
+  // Calls the OnFinish calls held back until after PublishLoad().
+  void DeliverHeldFinishes();
 
   const int32_t max_queued_;
   StepObserver observer_;
   SchedulerCore core_;                   // scheduler thread only
   std::array<LaneState, kLanes> lanes_;  // scheduler thread only (threads set at construction)
+  // Finished requests whose sinks hear of it after the next PublishLoad().
+  std::vector<std::pair<std::shared_ptr<RequestSink>, FinishInfo>> held_finishes_;  // ditto
 
   mutable absl::Mutex mu_;
   std::vector<Command> inbox_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 // tokens alone or concurrently, greedy or seeded.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 
@@ -157,10 +158,18 @@ TEST_F(ModelTest, AForkedSequenceCopiesItsPartlyFilledBlockOnWrite) {
   }
 }
 
-// Collects one request's tokens and waits for its end.
+// Collects one request's tokens and waits for its end. At its end it reads
+// the scheduler's load: a request's end is announced only after the load
+// snapshot stops counting it, so a client that sees its call end and then asks
+// for the load sees its slot and blocks returned.
 struct Collector : scheduler::RequestSink {
+  const scheduler::Scheduler* scheduler = nullptr;
+  std::atomic<int>* unfinished = nullptr;  // requests not yet ended, this one included
   std::vector<int32_t> tokens;
   scheduler::FinishInfo info;
+  int32_t counted_at_end = -1;        // waiting + running in the load read at the end
+  int32_t unfinished_after_end = -1;  // requests still to end after this one
+  int32_t kv_used_blocks_at_end = -1;
   absl::Notification done;
   bool OnToken(int32_t token, bool, const step::TokenLogprobs*) override {
     tokens.push_back(token);
@@ -168,6 +177,10 @@ struct Collector : scheduler::RequestSink {
   }
   void OnFinish(const scheduler::FinishInfo& i) override {
     info = i;
+    unfinished_after_end = --*unfinished;
+    const scheduler::SchedulerLoad load = scheduler->Load();
+    counted_at_end = load.waiting + load.running[0] + load.running[1];
+    kv_used_blocks_at_end = load.kv.used_blocks;
     done.Notify();
   }
 };
@@ -182,8 +195,11 @@ std::vector<std::vector<int32_t>> Generate(step::Worker* worker,
   options.context_length = 2048;
   scheduler::Scheduler s(options, 64, worker);
   std::vector<std::shared_ptr<Collector>> sinks;
+  std::atomic<int> unfinished = static_cast<int>(requests.size());
   for (scheduler::Request r : requests) {
     sinks.push_back(std::make_shared<Collector>());
+    sinks.back()->scheduler = &s;
+    sinks.back()->unfinished = &unfinished;
     r.sink = sinks.back();
     EXPECT_TRUE(s.Submit(std::move(r)).ok());
   }
@@ -191,10 +207,13 @@ std::vector<std::vector<int32_t>> Generate(step::Worker* worker,
   for (auto& sink : sinks) {
     sink->done.WaitForNotification();
     out.push_back(sink->tokens);
+    EXPECT_LE(sink->counted_at_end, sink->unfinished_after_end);
+    if (sink->unfinished_after_end == 0) {
+      EXPECT_EQ(sink->kv_used_blocks_at_end, 0);
+    }
   }
-  // The load snapshot follows the work, and an idle scheduler is never
-  // "stalled", however long ago its last step was.
-  for (int i = 0; i < 100 && s.Load().has_work; ++i) absl::SleepFor(absl::Milliseconds(10));
+  // Right after the last end the scheduler reads idle. An idle scheduler is
+  // never "stalled", however long ago its last step was.
   const scheduler::SchedulerLoad load = s.Load();
   EXPECT_FALSE(load.has_work);
   EXPECT_EQ(load.kv.used_blocks, 0);
