@@ -7,6 +7,11 @@
 // Decode: --decode_tokens greedy steps after it, one token per step (the
 // sampler included). Each is repeated --repeats times on a fresh KV cache;
 // the median is printed, as "key value" lines for scripts to read.
+// Verify: with --verify_widths, the time of one forward pass that runs W
+// tokens of one sequence after the prompt with logits for all W (what
+// verifying W-1 drafted tokens costs), relative to W = 1, for each width;
+// and the same for --verify_batch sequences side by side. This is the cost
+// curve behind the speculative-decoding policy.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -15,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/sampling/sampler.h"
@@ -25,6 +31,9 @@ ABSL_FLAG(int, prompt_tokens, 512, "prompt length for prefill");
 ABSL_FLAG(int, decode_tokens, 128, "tokens generated for decode");
 ABSL_FLAG(int, repeats, 3, "repetitions (the median is reported)");
 ABSL_FLAG(std::string, cpu_matmul, "f32", "CPU matmul mode: f32 or q8");
+ABSL_FLAG(std::vector<std::string>, verify_widths, {},
+          "tokens per sequence in one forward pass, e.g. 1,2,4,8 (empty: skip)");
+ABSL_FLAG(int, verify_batch, 1, "sequences per forward pass for --verify_widths");
 
 namespace tandem {
 namespace {
@@ -32,6 +41,43 @@ namespace {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Times forward passes of --verify_batch sequences with W tokens each at the
+// end of the prompt (whose KV the prefill above left in the cache; every
+// sequence reads the same blocks and writes the same slots, which costs the
+// same as distinct ones).
+int MeasureVerifyWidths(model::LlamaModel& model, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& table) {
+  const int batch = absl::GetFlag(FLAGS_verify_batch);
+  double base = 0.0;
+  std::vector<float> logits;
+  for (const std::string& text : absl::GetFlag(FLAGS_verify_widths)) {
+    int width = 0;
+    if (!absl::SimpleAtoi(text, &width) || width < 1) {
+      std::cerr << "--verify_widths: '" << text << "' is not a positive integer\n";
+      return 2;
+    }
+    std::vector<int32_t> tokens(prompt.end() - width, prompt.end());
+    std::vector<model::SequenceInput> inputs(
+        static_cast<size_t>(batch),
+        {tokens, static_cast<int32_t>(prompt.size()) - width, table, width});
+    std::vector<double> ms;
+    for (int rep = 0; rep < 4 * absl::GetFlag(FLAGS_repeats) + 1; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (auto s = model.Forward(inputs, &logits); !s.ok()) {
+        std::cerr << s << "\n";
+        return 1;
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      if (rep > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    const double median = Median(ms);
+    if (base == 0.0) base = median;
+    std::cout << "verify_batch" << batch << "_width" << width << "_ms " << median << " relative "
+              << median / base << "\n";
+  }
+  return 0;
 }
 
 int Run() {
@@ -90,7 +136,7 @@ int Run() {
             << "decode_tokens " << decode_tokens << "\n"
             << "prefill_tokens_per_second " << Median(prefill) << "\n"
             << "decode_tokens_per_second " << Median(decode) << "\n";
-  return 0;
+  return MeasureVerifyWidths(**model, prompt, table);
 }
 
 }  // namespace

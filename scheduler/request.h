@@ -61,6 +61,10 @@ struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;
+  // Speculative decoding: tokens drafted for the request and verified, and
+  // how many of them the target accepted.
+  int32_t drafted_tokens = 0;
+  int32_t accepted_tokens = 0;
 };
 
 // The request's life, stamped by the scheduler. Unset stamps stay
@@ -119,6 +123,9 @@ struct Request {
   int32_t expected_output_tokens = 0;
   // Alternatives per token to report with log-probabilities; 0: none.
   int32_t logprobs = 0;
+  // Opt out of speculative decoding (the output is the same either way;
+  // this trades the speed-up for steadier per-token timing).
+  bool disable_speculation = false;
   std::shared_ptr<RequestSink> sink;
 };
 

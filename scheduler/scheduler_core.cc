@@ -1,6 +1,7 @@
 #include "scheduler/scheduler_core.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "common/check.h"
@@ -37,6 +38,7 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   seq->tokens = request.prompt;
   seq->request = std::move(request);
   seq->decision = policy_.Admit(seq->request);
+  if (!seq->request.disable_speculation) seq->proposer = options_.speculation.proposer;
   seq->timeline.arrival = options_.clock();
   waiting_.push_back(std::move(seq));
 }
@@ -149,9 +151,15 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
   absl::flat_hash_set<uint64_t> planned;
   absl::flat_hash_set<uint64_t> preempted;
   RunningList& list = running_of(lane);
+  // Prompt work this lane could run now: drafts would take its budget.
+  bool prompt_work = Admits(lane) && !waiting_.empty();
+  for (const SequencePtr& s : list) {
+    prompt_work |= !s->in_flight && static_cast<int32_t>(s->tokens.size()) - s->computed > 1;
+  }
 
   // Running sequences: decodes first (pass 0), then unfinished prompts.
   for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1 && !prompt_work && budget > 0) budget -= PlanDrafts(lane, plan, 0, budget);
     for (auto it = list.begin(); it != list.end() && budget > 0;) {
       Sequence& seq = **it;
       const int32_t needed = static_cast<int32_t>(seq.tokens.size()) - seq.computed;
@@ -226,6 +234,58 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
   return plan;
 }
 
+int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, size_t first, int32_t budget) {
+  if (options_.speculation.proposer == step::Proposer::kNone) return 0;
+  std::vector<size_t> steps;
+  std::vector<Sequence*> seqs;
+  std::vector<DraftCandidate> candidates;
+  for (size_t i = first; i < plan.sequences.size(); ++i) {
+    const step::SequenceStep& step = plan.sequences[i];
+    if (!step.sample || step.tokens.size() != 1) continue;
+    Sequence* seq = nullptr;
+    for (SequencePtr& s : running_of(lane)) {
+      if (s->id == step.sequence_id) seq = s.get();
+    }
+    if (seq == nullptr || seq->proposer == step::Proposer::kNone) continue;
+    // The drafts and the token after them must fit max_tokens and the
+    // context (the forward pass writes positions up to computed + k).
+    const int32_t length = static_cast<int32_t>(seq->tokens.size());
+    const int32_t cap =
+        std::min(seq->request.max_tokens - seq->generated - 1, options_.context_length - length);
+    if (cap <= 0) continue;
+    steps.push_back(i);
+    seqs.push_back(seq);
+    candidates.push_back({seq->acceptance.rate(), cap});
+  }
+  if (candidates.empty()) return 0;
+  const int64_t other_tokens = plan.TokenCount() - static_cast<int64_t>(candidates.size());
+  const std::vector<int32_t> k =
+      AllocateDrafts(candidates, budget, other_tokens, options_.speculation);
+  int32_t used = 0;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    if (k[c] <= 0) continue;
+    Sequence& seq = *seqs[c];
+    step::SequenceStep& step = plan.sequences[steps[c]];
+    // Room for the drafts from free blocks only; otherwise what the table
+    // already holds beyond the decode token.
+    int32_t limit = k[c];
+    if (!kv_.Reserve(seq.id, seq.computed + 1 + limit)) {
+      const int32_t held =
+          static_cast<int32_t>(kv_.BlockTable(seq.id).size()) * options_.block_size;
+      limit = std::min(limit, held - seq.computed - 1);
+    }
+    if (limit <= 0) continue;
+    step.proposer = seq.proposer;
+    step.draft_limit = limit;
+    step.block_table = kv_.BlockTable(seq.id);
+    if (seq.proposer == step::Proposer::kNgram) {
+      step.preceding_tokens.assign(seq.tokens.begin(), seq.tokens.begin() + seq.computed);
+    }
+    used += limit;
+  }
+  return used;
+}
+
 void SchedulerCore::MaybeHandOff(Sequence& seq) {
   if (seq.lane != Lane::kPrefill || !policy_.enabled()) return;
   const bool decoding = seq.computed == static_cast<int32_t>(seq.tokens.size()) - 1;
@@ -264,31 +324,51 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
       Finish(Take(seq->id), FinishReason::kError, result.status);
       continue;
     }
-    seq->computed += static_cast<int32_t>(s.tokens.size());
+    const step::SequenceResult& r = result.sequences[i];
+    const int32_t accepted = s.sample ? r.accepted : 0;
+    TANDEM_CHECK(
+        !s.sample || (r.drafted <= s.draft_limit && accepted >= 0 && accepted <= r.drafted &&
+                      static_cast<int32_t>(r.sampled.size()) == accepted + 1),
+        "a sampling step returns its accepted drafts and one more token");
+    // Accepted drafts are known tokens whose KV this step computed.
+    seq->tokens.insert(seq->tokens.end(), r.sampled.begin(), r.sampled.begin() + accepted);
+    seq->computed += static_cast<int32_t>(s.tokens.size()) + accepted;
     kv_.Commit(seq->id, seq->tokens, seq->computed);
+    if (r.drafted > 0) {
+      seq->acceptance.Record(r.drafted, accepted);
+      seq->drafted += r.drafted;
+      seq->accepted += accepted;
+    }
     if (seq->pending_cancel.has_value()) {
       auto [reason, why] = *seq->pending_cancel;
       Finish(Take(seq->id), reason, std::move(why));
       continue;
     }
     if (!s.sample) continue;
-    TANDEM_CHECK(result.sequences[i].sampled.has_value(), "a sampling step returned no token");
-    const TokenId token = *result.sequences[i].sampled;
-    seq->tokens.push_back(token);
-    ++seq->generated;
-    if (seq->timeline.first_token == absl::InfinitePast()) {
-      seq->timeline.first_token = options_.clock();
+    seq->tokens.push_back(r.sampled.back());
+    // Hand the tokens to the sink in order, until one ends the request.
+    const int32_t length_before =
+        static_cast<int32_t>(seq->tokens.size() - r.sampled.size());  // before this step's tokens
+    std::optional<FinishReason> ended;
+    for (size_t t = 0; t < r.sampled.size() && !ended.has_value(); ++t) {
+      const TokenId token = r.sampled[t];
+      ++seq->generated;
+      if (seq->timeline.first_token == absl::InfinitePast()) {
+        seq->timeline.first_token = options_.clock();
+      }
+      const auto& stops = seq->request.stop_token_ids;
+      const bool is_stop_token = std::find(stops.begin(), stops.end(), token) != stops.end();
+      const step::TokenLogprobs* logprobs = t < r.logprobs.size() ? &r.logprobs[t] : nullptr;
+      const bool sink_stop = seq->request.sink->OnToken(token, is_stop_token, logprobs);
+      if (is_stop_token || sink_stop) {
+        ended = FinishReason::kStop;
+      } else if (seq->generated >= seq->request.max_tokens ||
+                 length_before + static_cast<int32_t>(t) + 1 >= options_.context_length) {
+        ended = FinishReason::kLength;
+      }
     }
-    const auto& stops = seq->request.stop_token_ids;
-    const bool is_stop_token = std::find(stops.begin(), stops.end(), token) != stops.end();
-    const std::optional<step::TokenLogprobs>& logprobs = result.sequences[i].logprobs;
-    const bool sink_stop = seq->request.sink->OnToken(token, is_stop_token,
-                                                      logprobs.has_value() ? &*logprobs : nullptr);
-    if (is_stop_token || sink_stop) {
-      Finish(Take(seq->id), FinishReason::kStop, absl::OkStatus());
-    } else if (seq->generated >= seq->request.max_tokens ||
-               static_cast<int32_t>(seq->tokens.size()) >= options_.context_length) {
-      Finish(Take(seq->id), FinishReason::kLength, absl::OkStatus());
+    if (ended.has_value()) {
+      Finish(Take(seq->id), *ended, absl::OkStatus());
     } else {
       MaybeHandOff(*seq);
     }
@@ -346,6 +426,8 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
   info.usage.prompt_tokens = static_cast<int32_t>(seq->request.prompt.size());
   info.usage.completion_tokens = seq->generated;
   info.usage.cached_prompt_tokens = std::max(0, seq->cached_prompt_tokens);
+  info.usage.drafted_tokens = seq->drafted;
+  info.usage.accepted_tokens = seq->accepted;
   info.timeline = seq->timeline;
   info.path = seq->handed_off ? Path::kDisaggregated : Path::kColocated;
   info.path_reason = seq->decision.reason;

@@ -26,6 +26,12 @@
 // cache. A sequence that cannot get a block preempts the lane's lowest-
 // priority, most recently admitted sequence not in this step (or itself).
 //
+// Speculative decoding: a lane's decode steps may also verify drafted tokens
+// (PlanDrafts, scheduler/speculation_policy.h) when the lane has no prompt
+// work in the step, so drafts never delay a prompt. Their KV slots are
+// reserved only from blocks that are free (speculation never preempts), and
+// only accepted drafts count as computed or enter the prefix cache.
+//
 // Each lane has at most one step in flight. Sequences in flight are not
 // touched: a cancellation or deadline that hits one takes effect when its
 // step's results arrive. Every way a sequence ends goes through Finish(),
@@ -49,6 +55,7 @@
 #include "kvcache/kv_cache_manager.h"
 #include "scheduler/disaggregation_policy.h"
 #include "scheduler/request.h"
+#include "scheduler/speculation_policy.h"
 
 namespace tandem::scheduler {
 
@@ -66,6 +73,7 @@ struct SchedulerOptions {
   bool decode_lane = false;          // a decode worker exists
   DisaggregationOptions disaggregation;
   absl::Duration priority_aging = absl::Seconds(10);  // +1 effective priority per this long waited
+  SpeculationOptions speculation;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
@@ -123,6 +131,10 @@ class SchedulerCore {
     AdmissionDecision decision;
     bool handed_off = false;
     Timeline timeline;
+    step::Proposer proposer = step::Proposer::kNone;  // its speculation (kNone: off)
+    AcceptanceEstimate acceptance;
+    int32_t drafted = 0;  // drafted tokens verified, over its life
+    int32_t accepted = 0;
   };
   using SequencePtr = std::unique_ptr<Sequence>;
   using RunningList = std::list<SequencePtr>;
@@ -140,6 +152,9 @@ class SchedulerCore {
                                    const absl::flat_hash_set<uint64_t>& planned, absl::Time now);
   void Preempt(RunningList& list, RunningList::iterator it);
   void MaybeHandOff(Sequence& seq);
+  // Gives the decode steps plan.sequences[first..] of `lane` their drafts
+  // (speculative decoding), within `budget` tokens; returns the tokens used.
+  int32_t PlanDrafts(Lane lane, step::StepPlan& plan, size_t first, int32_t budget);
   void Finish(SequencePtr seq, FinishReason reason, absl::Status why);
   step::SequenceStep MakeStep(const Sequence& seq, int32_t count) const;
   // Finds a waiting or running sequence.

@@ -217,8 +217,13 @@ absl::Status LlamaModel::CopyBlocks(std::span<const std::pair<int32_t, int32_t>>
 }
 
 absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
-                                 std::vector<float>* logits_out) {
+                                 std::vector<float>* logits_out, int layers) {
   const ModelConfig& c = config_;
+  if (layers < 0 || layers > c.layers) {
+    return absl::InvalidArgumentError(
+        StrCat("cannot run ", layers, " layers of a ", c.layers, "-layer model"));
+  }
+  const int run_layers = layers == 0 ? c.layers : layers;
   // Validate everything and flatten the batch on the host.
   std::vector<int32_t> tokens, positions, slots, logit_rows;
   std::vector<kernels::AttentionSpan> spans;
@@ -284,7 +289,7 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
                                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
 
   be.Embed(token_embedding_, tokens, x);
-  for (int i = 0; i < c.layers; ++i) {
+  for (int i = 0; i < run_layers; ++i) {
     const Layer& l = layers_[static_cast<size_t>(i)];
     be.RmsNorm(x, l.attn_norm, c.norm_eps, h);
     const Weight* qkv[] = {&l.wq, &l.wk, &l.wv};

@@ -51,7 +51,13 @@ class LlamaModel {
   // `logits` rows of config().vocab floats to `logits_out` (host memory).
   // Validates positions, token ids and block tables first; an invalid input is
   // an InvalidArgument error and nothing is computed.
-  absl::Status Forward(std::span<const SequenceInput> sequences, std::vector<float>* logits_out);
+  //
+  // `layers` > 0 runs only the first `layers` layers, then the output norm
+  // and head: the layer-skip self-draft of speculative decoding. It writes
+  // only those layers' KV, which are exactly what the full model writes for
+  // the same tokens, so the draft shares the model's KV cache.
+  absl::Status Forward(std::span<const SequenceInput> sequences, std::vector<float>* logits_out,
+                       int layers = 0);
 
   // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks
   // shared by forked sequences. InvalidArgument for a block id out of range.

@@ -1,12 +1,53 @@
 #include "engine/model/model_worker.h"
 
+#include "common/strings.h"
 #include "engine/sampling/sampler.h"
+#include "engine/speculative/ngram_proposer.h"
+#include "engine/speculative/self_draft_proposer.h"
+#include "engine/speculative/verify.h"
 
 namespace tandem::model {
 
 ModelWorker::ModelWorker(std::unique_ptr<kernels::Backend> backend,
                          std::unique_ptr<LlamaModel> model)
     : backend_(std::move(backend)), model_(std::move(model)) {}
+
+void ModelWorker::EnableNgramProposer(int32_t min_n, int32_t max_n) {
+  ngram_ = std::make_unique<speculative::NgramProposer>(min_n, max_n);
+}
+
+void ModelWorker::EnableSelfDraftProposer(int layers) {
+  draft_model_ = std::make_unique<speculative::SelfDraftProposer>(model_.get(), layers);
+}
+
+absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
+                                        std::vector<speculative::Draft>* drafts) {
+  drafts->assign(plan.sequences.size(), speculative::Draft{});
+  for (speculative::DraftProposer* proposer : {ngram_.get(), draft_model_.get()}) {
+    const step::Proposer kind =
+        proposer == ngram_.get() ? step::Proposer::kNgram : step::Proposer::kDraftModel;
+    std::vector<speculative::DraftRequest> requests;
+    std::vector<size_t> members;
+    for (size_t i = 0; i < plan.sequences.size(); ++i) {
+      const step::SequenceStep& s = plan.sequences[i];
+      if (s.proposer != kind || s.draft_limit <= 0 || !s.sample) continue;
+      requests.push_back({&s, s.draft_limit});
+      members.push_back(i);
+    }
+    if (requests.empty()) continue;
+    if (proposer == nullptr) {
+      return absl::FailedPreconditionError(
+          StrCat("the plan asks for ", kind == step::Proposer::kNgram ? "n-gram" : "draft-model",
+                 " speculation, which this worker does not offer"));
+    }
+    std::vector<speculative::Draft> proposed;
+    if (absl::Status s = proposer->Propose(requests, &proposed); !s.ok()) return s;
+    for (size_t m = 0; m < members.size(); ++m) {
+      (*drafts)[members[m]] = std::move(proposed[m]);
+    }
+  }
+  return absl::OkStatus();
+}
 
 step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   step::StepResult result;
@@ -16,14 +57,28 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
     result.status = model_->CopyBlocks(copies);
     if (!result.status.ok()) return result;
   }
+  std::vector<speculative::Draft> drafts;
+  result.status = ProposeDrafts(plan, &drafts);
+  if (!result.status.ok()) return result;
+
+  // Each sequence runs its tokens followed by its draft, with logits for the
+  // last token and every drafted one.
+  std::vector<std::vector<int32_t>> extended(plan.sequences.size());
   std::vector<SequenceInput> inputs;
   inputs.reserve(plan.sequences.size());
-  for (const step::SequenceStep& s : plan.sequences) {
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const step::SequenceStep& s = plan.sequences[i];
+    const std::vector<int32_t>& draft = drafts[i].tokens;
     SequenceInput in;
     in.tokens = s.tokens;
+    if (!draft.empty()) {
+      extended[i] = s.tokens;
+      extended[i].insert(extended[i].end(), draft.begin(), draft.end());
+      in.tokens = extended[i];
+    }
     in.first_position = s.first_position;
     in.block_table = s.block_table;
-    in.logits = s.sample ? 1 : 0;
+    in.logits = s.sample ? 1 + static_cast<int32_t>(draft.size()) : 0;
     inputs.push_back(in);
   }
   result.status = model_->Forward(inputs, &logits_);
@@ -32,16 +87,29 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   const size_t vocab = static_cast<size_t>(model_->config().vocab);
   size_t row = 0;
   result.sequences.reserve(plan.sequences.size());
-  for (const step::SequenceStep& s : plan.sequences) {
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const step::SequenceStep& s = plan.sequences[i];
     step::SequenceResult r;
     r.sequence_id = s.sequence_id;
     if (s.sample) {
-      std::span<const float> logits(logits_.data() + row * vocab, vocab);
-      r.sampled = sampling::Sample(logits, s.sampling, s.draw_index);
-      if (s.logprobs > 0) r.logprobs = sampling::Logprobs(logits, *r.sampled, s.logprobs);
-      ++row;
+      const speculative::Draft& draft = drafts[i];
+      const size_t rows = draft.tokens.size() + 1;
+      const std::span<const float> logits(logits_.data() + row * vocab, rows * vocab);
+      speculative::Verification v =
+          speculative::Verify(logits, static_cast<int32_t>(vocab), draft, s.sampling, s.draw_index);
+      if (s.logprobs > 0) {
+        for (size_t t = 0; t < v.tokens.size(); ++t) {
+          r.logprobs.push_back(
+              sampling::Logprobs(logits.subspan(t * vocab, vocab), v.tokens[t], s.logprobs));
+        }
+      }
+      r.sampled = std::move(v.tokens);
+      r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
+      r.drafted = static_cast<int32_t>(draft.tokens.size());
+      r.accepted = v.accepted;
+      row += rows;
     }
-    result.sequences.push_back(r);
+    result.sequences.push_back(std::move(r));
   }
   return result;
 }

@@ -1,6 +1,7 @@
-// Executes StepPlans with the model: block copies, one forward pass over the
-// plan's sequences (prompt chunks and decode tokens mixed), then sampling.
-// The worker kinds (engine/prefill, engine/decode) build on it.
+// Executes StepPlans with the model: block copies, drafting for the
+// sequences that speculate, one forward pass over the plan's sequences
+// (prompt chunks, decode tokens and drafts mixed), then sampling and
+// verification. The worker kinds (engine/prefill, engine/decode) build on it.
 //
 // Thread safety: Execute() is called by one thread at a time.
 #ifndef TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
@@ -12,6 +13,7 @@
 
 #include "engine/kernels/backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/speculative/proposer.h"
 #include "engine/step/step_plan.h"
 
 namespace tandem::model {
@@ -20,6 +22,13 @@ class ModelWorker : public step::Worker {
  public:
   // `model` must be bound to `backend`; the worker owns both.
   ModelWorker(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<LlamaModel> model);
+
+  // Speculative decoding: the proposers this worker offers. Plans that name
+  // a proposer the worker lacks fail with FailedPrecondition.
+  // n-gram drafting with match lengths min_n..max_n.
+  void EnableNgramProposer(int32_t min_n, int32_t max_n);
+  // Layer-skip self-drafting with the model's first `layers` layers.
+  void EnableSelfDraftProposer(int layers);
 
   // Pins the worker's thread to its backend's CPUs.
   void OnThreadStart() override { backend_->BindCallingThread(); }
@@ -31,8 +40,13 @@ class ModelWorker : public step::Worker {
   const kernels::Backend& backend() const { return *backend_; }
 
  private:
+  // Drafts for every sequence whose step asks for speculation.
+  absl::Status ProposeDrafts(const step::StepPlan& plan, std::vector<speculative::Draft>* drafts);
+
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<speculative::DraftProposer> ngram_;
+  std::unique_ptr<speculative::DraftProposer> draft_model_;
   std::vector<float> logits_;
 };
 

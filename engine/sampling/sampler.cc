@@ -59,31 +59,24 @@ double UniformDraw(uint64_t seed, uint64_t draw_index) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
-                     uint64_t draw_index) {
-  if (params.temperature <= 0.0f || logits.size() == 1) return Greedy(logits);
+namespace {
+
+// The tokens Sample() may draw when top-k or top-p cut the vocabulary, most
+// likely first, with their unnormalised weights and the weights' sum.
+struct Nucleus {
+  std::vector<Candidate> kept;
+  std::vector<double> weights;
+  double mass = 0.0;
+};
+
+Nucleus TruncatedNucleus(std::span<const float> logits, const step::SamplingParams& params,
+                         double max_logit) {
   const size_t n = logits.size();
   const size_t keep = params.top_k > 0 ? std::min<size_t>(static_cast<size_t>(params.top_k), n) : n;
-  const double u = UniformDraw(params.seed, draw_index);
   const double inverse_temperature = 1.0 / params.temperature;
-  const double max_logit = logits[static_cast<size_t>(Greedy(logits))];
   auto weight = [&](float logit) {
     return std::exp((static_cast<double>(logit) - max_logit) * inverse_temperature);
   };
-
-  if (keep == n && params.top_p >= 1.0f) {
-    // Plain temperature sampling: walk the vocabulary in id order.
-    double total = 0.0;
-    for (float l : logits) total += weight(l);
-    const double target = u * total;
-    double cumulative = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      cumulative += weight(logits[i]);
-      if (target < cumulative) return static_cast<step::TokenId>(i);
-    }
-    return Greedy(logits);
-  }
-
   std::vector<Candidate> c(n);
   for (size_t i = 0; i < n; ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
   if (keep < n) {
@@ -112,13 +105,103 @@ step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& 
     if (kept_mass >= threshold || sorted == c.size()) break;
     sorted = std::min(c.size(), sorted * 8);
   }
-  const double target = u * kept_mass;
-  double cumulative = 0.0;
-  for (size_t i = 0; i < cut; ++i) {
-    cumulative += weight(c[i].logit);
-    if (target < cumulative) return c[i].id;
+  Nucleus out;
+  c.resize(cut);
+  out.kept = std::move(c);
+  out.weights.reserve(cut);
+  for (const Candidate& cand : out.kept) out.weights.push_back(weight(cand.logit));
+  out.mass = kept_mass;
+  return out;
+}
+
+}  // namespace
+
+step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
+                     uint64_t draw_index) {
+  return SampleWithDraw(logits, params, UniformDraw(params.seed, draw_index));
+}
+
+step::TokenId SampleWithDraw(std::span<const float> logits, const step::SamplingParams& params,
+                             double u) {
+  if (params.temperature <= 0.0f || logits.size() == 1) return Greedy(logits);
+  const size_t n = logits.size();
+  const double max_logit = logits[static_cast<size_t>(Greedy(logits))];
+  if ((params.top_k <= 0 || static_cast<size_t>(params.top_k) >= n) && params.top_p >= 1.0f) {
+    // Plain temperature sampling: walk the vocabulary in id order.
+    const double inverse_temperature = 1.0 / params.temperature;
+    auto weight = [&](float logit) {
+      return std::exp((static_cast<double>(logit) - max_logit) * inverse_temperature);
+    };
+    double total = 0.0;
+    for (float l : logits) total += weight(l);
+    const double target = u * total;
+    double cumulative = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      cumulative += weight(logits[i]);
+      if (target < cumulative) return static_cast<step::TokenId>(i);
+    }
+    return Greedy(logits);
   }
-  return c[cut - 1].id;
+  const Nucleus nucleus = TruncatedNucleus(logits, params, max_logit);
+  const double target = u * nucleus.mass;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < nucleus.kept.size(); ++i) {
+    cumulative += nucleus.weights[i];
+    if (target < cumulative) return nucleus.kept[i].id;
+  }
+  return nucleus.kept.back().id;
+}
+
+std::vector<float> Probabilities(std::span<const float> logits,
+                                 const step::SamplingParams& params) {
+  std::vector<float> p(logits.size(), 0.0f);
+  if (params.temperature <= 0.0f || logits.size() == 1) {
+    p[static_cast<size_t>(Greedy(logits))] = 1.0f;
+    return p;
+  }
+  const double max_logit = logits[static_cast<size_t>(Greedy(logits))];
+  const Nucleus nucleus = TruncatedNucleus(logits, params, max_logit);
+  for (size_t i = 0; i < nucleus.kept.size(); ++i) {
+    p[static_cast<size_t>(nucleus.kept[i].id)] =
+        static_cast<float>(nucleus.weights[i] / nucleus.mass);
+  }
+  return p;
+}
+
+step::TokenId DrawFrom(std::span<const float> probabilities, double u) {
+  double total = 0.0;
+  for (float x : probabilities) total += x;
+  const double target = u * total;
+  double cumulative = 0.0;
+  size_t last_positive = 0;
+  for (size_t i = 0; i < probabilities.size(); ++i) {
+    if (probabilities[i] <= 0.0f) continue;
+    cumulative += probabilities[i];
+    last_positive = i;
+    if (target < cumulative) return static_cast<step::TokenId>(i);
+  }
+  return static_cast<step::TokenId>(last_positive);
+}
+
+bool AcceptDraft(std::span<const float> p, std::span<const float> q, step::TokenId x, double u) {
+  const double px = p[static_cast<size_t>(x)];
+  const double qx = q[static_cast<size_t>(x)];
+  // Accept with probability min(1, p/q); u < p/q without dividing by a tiny q.
+  return u * qx < px;
+}
+
+step::TokenId DrawResidual(std::span<const float> p, std::span<const float> q, double u) {
+  std::vector<float> residual(p.size());
+  double total = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    residual[i] = std::max(0.0f, p[i] - q[i]);
+    total += residual[i];
+  }
+  // Rejection has probability sum(max(0, q - p)) = sum(max(0, p - q)); when
+  // that is zero (p == q up to rounding), a rejection cannot happen in exact
+  // arithmetic, and p itself is the right fallback.
+  if (total <= 0.0) return DrawFrom(p, u);
+  return DrawFrom(residual, u);
 }
 
 }  // namespace tandem::sampling

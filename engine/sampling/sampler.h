@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "engine/step/step_plan.h"
 
@@ -18,6 +19,26 @@ namespace tandem::sampling {
 
 step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
                      uint64_t draw_index);
+// Sample() with the uniform number `u` in [0, 1) given.
+step::TokenId SampleWithDraw(std::span<const float> logits, const step::SamplingParams& params,
+                             double u);
+
+// The distribution Sample() draws from, over the whole vocabulary: the
+// temperature-scaled softmax cut by top-k and top-p and renormalised (zero
+// outside the cut). Greedy params give a point mass on the argmax.
+std::vector<float> Probabilities(std::span<const float> logits, const step::SamplingParams& params);
+
+// A token drawn from `probabilities` (need not sum to 1) by the inverse CDF in
+// id order at `u`.
+step::TokenId DrawFrom(std::span<const float> probabilities, double u);
+
+// Speculative rejection sampling (Leviathan et al., Chen et al., 2023): a
+// token x drafted from distribution q is accepted with probability
+// min(1, p(x) / q(x)), using the uniform u; when rejected, the replacement is
+// drawn from the residual max(0, p - q), renormalised. Together they give a
+// token distributed exactly as p, whatever q is.
+bool AcceptDraft(std::span<const float> p, std::span<const float> q, step::TokenId x, double u);
+step::TokenId DrawResidual(std::span<const float> p, std::span<const float> q, double u);
 
 // The log-probability of `token` and the `top` most likely tokens (ties by
 // lower id) under log-softmax(logits), computed in double precision.

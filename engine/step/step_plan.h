@@ -8,7 +8,6 @@
 #define TANDEM_ENGINE_STEP_STEP_PLAN_H_
 
 #include <cstdint>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,6 +23,13 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0: no limit
   float top_p = 1.0f;        // 1: no limit
   uint64_t seed = 0;         // with draw_index, fixes every random draw
+};
+
+// Who drafts tokens for speculative decoding (engine/speculative).
+enum class Proposer : uint8_t {
+  kNone = 0,
+  kNgram = 1,       // the continuation of the latest earlier match of the sequence's last tokens
+  kDraftModel = 2,  // the worker's draft model
 };
 
 // One sequence's work in a step: run `tokens` at positions first_position..,
@@ -42,6 +48,17 @@ struct SequenceStep {
   // With sample: also return the sampled token's log-probability and this
   // many most likely alternatives (0: no log-probabilities).
   int32_t logprobs = 0;
+
+  // Speculative decoding (with sample): `proposer` drafts up to `draft_limit`
+  // tokens to follow `tokens`, and the step verifies them in the same forward
+  // pass. The block table has room for them. Accepted drafts come back as
+  // sampled tokens; the KV written for rejected ones is garbage that no later
+  // step reads (every position is rewritten before it counts as computed).
+  Proposer proposer = Proposer::kNone;
+  int32_t draft_limit = 0;
+  // The sequence's tokens before `tokens` (prompt and generated), for
+  // proposers that search them. Set only for Proposer::kNgram.
+  std::vector<TokenId> preceding_tokens;
 };
 
 // Duplicate KV block `from` into `to` (every layer) before running the step:
@@ -72,8 +89,17 @@ struct TokenLogprobs {
 
 struct SequenceResult {
   uint64_t sequence_id = 0;
-  std::optional<TokenId> sampled;         // set when the step asked to sample
-  std::optional<TokenLogprobs> logprobs;  // set when the step asked for them
+  // When the step asked to sample: the accepted drafted tokens, then the
+  // token sampled after them (so always at least one). Empty otherwise.
+  std::vector<TokenId> sampled;
+  // When the step asked for them: one entry per sampled token.
+  std::vector<TokenLogprobs> logprobs;
+  // Speculation: tokens drafted and verified, and how many of them were
+  // accepted. The step computed the KV of `tokens` and of the accepted
+  // drafts, nothing more.
+  Proposer proposer = Proposer::kNone;
+  int32_t drafted = 0;
+  int32_t accepted = 0;
 };
 
 // Results in plan order. A failed step (status not OK) computed nothing the

@@ -4,6 +4,12 @@
 // hashes every earlier token read back through the table. So any mistake in
 // block tables, positions, chunking, copy-on-write or recompute after
 // preemption changes the generated tokens. And a sink that records them.
+//
+// Speculation: for a step with a draft limit L it drafts a few correct
+// tokens (how many depends on the position) and then a wrong one, writes
+// them all into the KV slots as a real worker would, and verifies them
+// greedily. Rejected tokens stay in the slots, so a scheduler that let a
+// later step read them would change the output.
 #ifndef TANDEM_TESTS_UNIT_FAKE_WORKER_H_
 #define TANDEM_TESTS_UNIT_FAKE_WORKER_H_
 
@@ -36,20 +42,48 @@ class FakeWorker {
       }
       step::SequenceResult r;
       r.sequence_id = s.sequence_id;
-      if (s.sample) {
-        uint64_t h = 1469598103934665603ull ^ s.sampling.seed;
-        const int32_t end = s.first_position + static_cast<int32_t>(s.tokens.size());
-        for (int32_t pos = 0; pos < end; ++pos) {
-          h = (h ^ static_cast<uint64_t>(slots_[Slot(s, pos)] + 7)) * 1099511628211ull;
-        }
-        r.sampled = static_cast<TokenId>(10 + h % 1000);
+      if (!s.sample) {
+        result.sequences.push_back(r);
+        continue;
       }
+      const int32_t last = s.first_position + static_cast<int32_t>(s.tokens.size()) - 1;
+      std::vector<TokenId> draft;
+      if (s.draft_limit > 0) {
+        // Correct tokens (found by running ahead), then a wrong one.
+        const int32_t correct = static_cast<int32_t>(Next(s, last) % (s.draft_limit + 1));
+        for (int32_t j = 0; j < s.draft_limit; ++j) {
+          const TokenId truth = static_cast<TokenId>(10 + Next(s, last + j) % 1000);
+          draft.push_back(j < correct ? truth : truth + 1);
+          slots_[Slot(s, last + j + 1)] = draft.back();
+          if (j >= correct) break;
+        }
+      }
+      // Verification: write the drafts, then sample after each position.
+      for (size_t j = 0; j < draft.size(); ++j) {
+        slots_[Slot(s, last + 1 + static_cast<int32_t>(j))] = draft[j];
+      }
+      for (size_t j = 0; j <= draft.size(); ++j) {
+        const TokenId y = static_cast<TokenId>(10 + Next(s, last + static_cast<int32_t>(j)) % 1000);
+        r.sampled.push_back(y);
+        if (j == draft.size() || y != draft[j]) break;
+        ++r.accepted;
+      }
+      r.proposer = draft.empty() ? step::Proposer::kNone : s.proposer;
+      r.drafted = static_cast<int32_t>(draft.size());
       result.sequences.push_back(r);
     }
     return result;
   }
 
  private:
+  // The hash of every token at positions 0..pos, read through the table.
+  uint64_t Next(const step::SequenceStep& s, int32_t pos) const {
+    uint64_t h = 1469598103934665603ull ^ s.sampling.seed;
+    for (int32_t p = 0; p <= pos; ++p) {
+      h = (h ^ static_cast<uint64_t>(slots_[Slot(s, p)] + 7)) * 1099511628211ull;
+    }
+    return h;
+  }
   size_t Slot(const step::SequenceStep& s, int32_t pos) const {
     return static_cast<size_t>(
         s.block_table.at(static_cast<size_t>(pos / block_size_)) * block_size_ + pos % block_size_);

@@ -9,32 +9,55 @@
 
 namespace tandem::kernels::cpu {
 
-// Activation rows that share one decoding of a weight block.
-inline constexpr int kTileRows = 4;
+// Activation rows that share one decoding of a weight block, at most.
+inline constexpr int kTileRows = 8;
 // Weight rows per panel: a panel stays in L1 while every activation tile
 // passes over it.
 inline constexpr int64_t kPanelRows = 16;
 
+// Calls dot.template operator()<R>(args...) for the runtime tile size r in
+// 1..kTileRows.
+template <typename Dot>
+inline void DispatchTile(int r, Dot& dot, int64_t first_row, int64_t n, float* dots) {
+  switch (r) {
+    case 1:
+      return dot.template operator()<1>(first_row, n, dots);
+    case 2:
+      return dot.template operator()<2>(first_row, n, dots);
+    case 3:
+      return dot.template operator()<3>(first_row, n, dots);
+    case 4:
+      return dot.template operator()<4>(first_row, n, dots);
+    case 5:
+      return dot.template operator()<5>(first_row, n, dots);
+    case 6:
+      return dot.template operator()<6>(first_row, n, dots);
+    case 7:
+      return dot.template operator()<7>(first_row, n, dots);
+    default:
+      return dot.template operator()<8>(first_row, n, dots);
+  }
+}
+
 // Computes out[r][n] (+ bias[n]) for every activation row r < rows and weight
 // row n in [n0, n1). `dot.template operator()<R>(first_row, n, dots)` fills
 // dots[0..R) with the products of activation rows first_row.. and weight row
-// n; it is called with R = kTileRows for full tiles and R = 1, row by row,
-// for the rest. Batch invariance requires both to give each row the same
-// result (the kernels do: every row gets the same instruction sequence).
+// n; it is called with R = kTileRows for full tiles and R = the remainder for
+// the last tile, so a few rows (a decode step verifying drafted tokens) cost
+// one decoding of each weight block, not one per row. Batch invariance
+// requires every R to give each row the same result (the kernels do: each
+// row has its own accumulators and the same instruction sequence).
 template <typename Dot>
 void ForEachTile(int64_t rows, int64_t n0, int64_t n1, const float* bias, const Matrix& out,
                  Dot&& dot) {
+  static_assert(kTileRows == 8, "DispatchTile covers tiles of 1..8 rows");
   for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
     const int64_t p1 = std::min(n1, p0 + kPanelRows);
     for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
       const int tile = static_cast<int>(std::min<int64_t>(kTileRows, rows - r0));
       for (int64_t n = p0; n < p1; ++n) {
         float dots[kTileRows];
-        if (tile == kTileRows) {
-          dot.template operator()<kTileRows>(r0, n, dots);
-        } else {
-          for (int r = 0; r < tile; ++r) dot.template operator()<1>(r0 + r, n, &dots[r]);
-        }
+        DispatchTile(tile, dot, r0, n, dots);
         for (int r = 0; r < tile; ++r) {
           out.Row(r0 + r)[n] = bias != nullptr ? dots[r] + bias[n] : dots[r];
         }

@@ -1,0 +1,52 @@
+#include "engine/speculative/verify.h"
+
+#include "common/check.h"
+#include "engine/sampling/sampler.h"
+
+namespace tandem::speculative {
+
+double SpeculativeDraw(uint64_t seed, DrawStream stream, uint64_t draw_index) {
+  // A different seed per stream; the golden-ratio multiplier spreads them.
+  return sampling::UniformDraw(seed ^ (static_cast<uint64_t>(stream) * 0x9E3779B97F4A7C15ull),
+                               draw_index);
+}
+
+Verification Verify(std::span<const float> logits, int32_t vocab, const Draft& draft,
+                    const step::SamplingParams& params, uint64_t draw_index) {
+  const size_t k = draft.tokens.size();
+  const size_t v = static_cast<size_t>(vocab);
+  TANDEM_CHECK(logits.size() == (k + 1) * v, "verification needs one logits row per draft + 1");
+  const bool sampled_drafts = !draft.probabilities.empty() && params.temperature > 0.0f;
+  TANDEM_CHECK(draft.probabilities.empty() || draft.probabilities.size() == k,
+               "a sampled draft needs one distribution per token");
+  Verification out;
+  for (size_t i = 0; i <= k; ++i) {
+    const std::span<const float> row = logits.subspan(i * v, v);
+    const uint64_t index = draw_index + i;
+    if (i == k) {  // every draft accepted: the bonus token
+      out.tokens.push_back(sampling::Sample(row, params, index));
+      break;
+    }
+    const TokenId drafted = draft.tokens[i];
+    if (sampled_drafts) {
+      const std::vector<float> p = sampling::Probabilities(row, params);
+      const std::span<const float> q = draft.probabilities[i];
+      if (sampling::AcceptDraft(p, q, drafted,
+                                SpeculativeDraw(params.seed, DrawStream::kAccept, index))) {
+        out.tokens.push_back(drafted);
+        ++out.accepted;
+        continue;
+      }
+      out.tokens.push_back(
+          sampling::DrawResidual(p, q, SpeculativeDraw(params.seed, DrawStream::kResidual, index)));
+      break;
+    }
+    const TokenId target = sampling::Sample(row, params, index);
+    out.tokens.push_back(target);
+    if (target != drafted) break;
+    ++out.accepted;
+  }
+  return out;
+}
+
+}  // namespace tandem::speculative

@@ -1,0 +1,57 @@
+// Verification of drafted tokens against the target model's logits.
+//
+// The step ran the sequence's last token and its k drafted tokens through the
+// target, giving k+1 rows of next-token logits: row i follows the last token
+// and the first i drafts. Verification walks the rows in order and emits
+// tokens until the first disagreement:
+//
+//  - Greedy (temperature 0): the target's argmax at each row; a draft is
+//    accepted while it equals that argmax. The output is exactly what
+//    decoding without speculation gives.
+//  - Sampling with certain drafts (n-gram, or any point-mass proposal): the
+//    target's own sample at each row, drawn with the uniform number that
+//    decoding without speculation would use for that token; a draft is
+//    accepted while it equals that sample. For a point-mass proposal this is
+//    the standard rejection rule (accept x with probability p(x); otherwise
+//    draw from p without x), and seeded outputs stay token-for-token the
+//    same as without speculation.
+//  - Sampling with drafts from a distribution q (a draft model): standard
+//    speculative rejection sampling (engine/sampling/sampler.h), with its own
+//    uniform streams; the output is distributed exactly as the target's.
+//
+// After the first rejection nothing more is emitted (later rows saw a wrong
+// token). When every draft is accepted, the last row gives one bonus token.
+#ifndef TANDEM_ENGINE_SPECULATIVE_VERIFY_H_
+#define TANDEM_ENGINE_SPECULATIVE_VERIFY_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/speculative/proposer.h"
+#include "engine/step/step_plan.h"
+
+namespace tandem::speculative {
+
+struct Verification {
+  std::vector<TokenId> tokens;  // accepted drafts, then one more token
+  int32_t accepted = 0;         // drafts accepted
+};
+
+// `logits` holds draft.tokens.size() + 1 rows of `vocab` floats. The emitted
+// tokens are the request's generated tokens draw_index, draw_index + 1, ...
+Verification Verify(std::span<const float> logits, int32_t vocab, const Draft& draft,
+                    const step::SamplingParams& params, uint64_t draw_index);
+
+// The uniform streams of speculative sampling, apart from the token stream
+// that Sample() uses, so that no draw is used twice.
+enum class DrawStream : uint64_t {
+  kDraftSample = 1,  // a draft model sampling its draft token
+  kAccept = 2,       // the acceptance test of a drafted token
+  kResidual = 3,     // the replacement after a rejection
+};
+double SpeculativeDraw(uint64_t seed, DrawStream stream, uint64_t draw_index);
+
+}  // namespace tandem::speculative
+
+#endif  // TANDEM_ENGINE_SPECULATIVE_VERIFY_H_

@@ -1,0 +1,72 @@
+// How many tokens each decoding sequence drafts in a step.
+//
+// Verifying k drafted tokens costs the target a forward pass over k more
+// tokens; it pays when the expected accepted tokens outweigh that cost. With
+// a per-position acceptance rate a, a draft of k tokens yields on average
+// 1 + a + a^2 + ... + a^k tokens, so the (j+1)-th draft token adds a^(j+1).
+// The step's time is modelled as fixed + per_token * tokens (+ the draft
+// model's rounds), measured at start-up. Starting from no drafts, the policy
+// repeatedly gives one more draft token to the sequence where it adds the
+// most expected tokens per unit of time, as long as that raises the step's
+// expected tokens per unit of time. So speculation shrinks as the batch grows
+// (the fixed cost, reading the weights, is already shared) and stops where
+// the step becomes compute-bound; sequences whose drafts keep failing stop
+// drafting, and start again when their estimate recovers.
+#ifndef TANDEM_SCHEDULER_SPECULATION_POLICY_H_
+#define TANDEM_SCHEDULER_SPECULATION_POLICY_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/step/step_plan.h"
+
+namespace tandem::scheduler {
+
+// A step's time: fixed + per_token * tokens, and for draft-model
+// speculation, each drafting round: draft_fixed + draft_per_token * sequences.
+// Any unit (the ratios matter).
+struct StepCostModel {
+  double fixed = 1.0;
+  double per_token = 0.1;
+  double draft_fixed = 0.0;
+  double draft_per_token = 0.0;
+};
+
+struct SpeculationOptions {
+  step::Proposer proposer = step::Proposer::kNone;  // the default for requests
+  int32_t max_draft = 8;                            // drafted tokens per sequence and step
+  // false: always draft max_draft tokens (for tests and measurements).
+  bool adaptive = true;
+  StepCostModel cost;
+};
+
+// A sequence's per-position acceptance rate, estimated from its recent
+// verifications (a geometric model: each drafted token is accepted with the
+// same probability, until the first rejection), with older evidence decaying.
+class AcceptanceEstimate {
+ public:
+  // `prior`: the rate assumed before any evidence (worth two observations).
+  explicit AcceptanceEstimate(double prior = 0.5);
+  void Record(int32_t drafted, int32_t accepted);
+  double rate() const;
+
+ private:
+  double accepted_;
+  double rejected_;
+};
+
+struct DraftCandidate {
+  double acceptance = 0.0;  // AcceptanceEstimate::rate()
+  int32_t max_draft = 0;    // the most this sequence may draft (context, max_tokens, KV)
+};
+
+// Draft lengths for the decode sequences of one step (same order), using at
+// most `budget` drafted tokens in all. `other_tokens`: tokens of the step
+// that are not decodes (they add to its time, not to its yield).
+std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, int32_t budget,
+                                    int64_t other_tokens, const SpeculationOptions& options);
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_SPECULATION_POLICY_H_
