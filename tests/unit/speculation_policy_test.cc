@@ -1,0 +1,83 @@
+// The draft-length policy: speculation where it pays, none where it does not.
+#include "scheduler/speculation_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::scheduler {
+namespace {
+
+SpeculationOptions Ngram(double fixed, double per_token) {
+  SpeculationOptions o;
+  o.proposer = step::Proposer::kNgram;
+  o.max_draft = 8;
+  o.cost = {fixed, per_token, 0.0, 0.0};
+  return o;
+}
+
+TEST(AcceptanceEstimateTest, FollowsRecentVerifications) {
+  AcceptanceEstimate e(0.5);
+  EXPECT_DOUBLE_EQ(e.rate(), 0.5);
+  for (int i = 0; i < 20; ++i) e.Record(8, 8);
+  EXPECT_GT(e.rate(), 0.95);
+  for (int i = 0; i < 20; ++i) e.Record(4, 0);
+  EXPECT_LT(e.rate(), 0.1);
+  const double before = e.rate();
+  e.Record(0, 0);  // nothing drafted: no evidence
+  EXPECT_DOUBLE_EQ(e.rate(), before);
+}
+
+TEST(AllocateDraftsTest, DraftsLongWhenAcceptanceIsHighAndVerificationCheap) {
+  // Batch 1, a step costs 10 + 1 per token: a 0.9 acceptance pays for a long draft.
+  const std::vector<DraftCandidate> one = {{0.9, 100}};
+  EXPECT_EQ(AllocateDrafts(one, 128, 0, Ngram(10, 1))[0], 8);
+  // Poor acceptance: a short draft at most.
+  const std::vector<DraftCandidate> poor = {{0.2, 100}};
+  EXPECT_LE(AllocateDrafts(poor, 128, 0, Ngram(10, 1))[0], 1);
+  // No fixed cost (purely compute-bound): a drafted token costs as much as
+  // a decode, and never yields as much: none.
+  EXPECT_EQ(AllocateDrafts(one, 128, 0, Ngram(0, 1))[0], 0);
+}
+
+TEST(AllocateDraftsTest, SpeculationShrinksAsTheBatchGrows) {
+  // Measured shape on the CPU: fixed ~ 2.3 per-token costs.
+  int previous = 1 << 30;
+  for (int batch : {1, 2, 4, 8, 16}) {
+    const std::vector<DraftCandidate> seqs(static_cast<size_t>(batch), {0.8, 100});
+    const std::vector<int32_t> k = AllocateDrafts(seqs, 1024, 0, Ngram(2.3, 1));
+    int total = 0;
+    for (int32_t x : k) total += x;
+    EXPECT_LE(total / batch, previous) << "batch " << batch;
+    previous = total / batch;
+  }
+  EXPECT_EQ(previous, 0);  // at 16 sequences the step is compute-bound
+}
+
+TEST(AllocateDraftsTest, RespectsCapsBudgetAndTheFixedMode) {
+  const std::vector<DraftCandidate> seqs = {{0.99, 3}, {0.99, 100}};
+  const std::vector<int32_t> k = AllocateDrafts(seqs, 128, 0, Ngram(100, 1));
+  EXPECT_EQ(k[0], 3);
+  EXPECT_EQ(k[1], 8);
+  EXPECT_EQ(
+      AllocateDrafts(seqs, 5, 0, Ngram(100, 1))[0] + AllocateDrafts(seqs, 5, 0, Ngram(100, 1))[1],
+      5);
+  SpeculationOptions fixed = Ngram(1, 1);
+  fixed.adaptive = false;
+  const std::vector<DraftCandidate> hopeless = {{0.0, 100}, {0.0, 2}};
+  EXPECT_EQ(AllocateDrafts(hopeless, 128, 0, fixed), (std::vector<int32_t>{8, 2}));
+  SpeculationOptions off = fixed;
+  off.proposer = step::Proposer::kNone;
+  EXPECT_EQ(AllocateDrafts(hopeless, 128, 0, off), (std::vector<int32_t>{0, 0}));
+}
+
+TEST(AllocateDraftsTest, ADraftModelsCostShortensItsDrafts) {
+  SpeculationOptions ngram = Ngram(10, 1);
+  SpeculationOptions draft = ngram;
+  draft.proposer = step::Proposer::kDraftModel;
+  draft.cost.draft_fixed = 4;  // each drafting round reads part of the weights
+  draft.cost.draft_per_token = 0.3;
+  const std::vector<DraftCandidate> one = {{0.8, 100}};
+  EXPECT_LT(AllocateDrafts(one, 128, 0, draft)[0], AllocateDrafts(one, 128, 0, ngram)[0]);
+}
+
+}  // namespace
+}  // namespace tandem::scheduler
