@@ -24,4 +24,16 @@ std::string_view PathReasonName(PathReason reason) {
   return "unknown";
 }
 
+std::string_view ProposerName(step::Proposer proposer) {
+  switch (proposer) {
+    case step::Proposer::kNone:
+      return "none";
+    case step::Proposer::kNgram:
+      return "ngram";
+    case step::Proposer::kDraftModel:
+      return "draft";
+  }
+  return "unknown";
+}
+
 }  // namespace tandem::scheduler

@@ -55,6 +55,8 @@ enum class PathReason : uint8_t {
 };
 
 std::string_view PathName(Path path);
+// "none", "ngram", "draft": for logs and metric labels.
+std::string_view ProposerName(step::Proposer proposer);
 std::string_view PathReasonName(PathReason reason);
 
 struct Usage {

@@ -126,8 +126,15 @@ void Scheduler::Loop() {
     for (Completion& c : completions) {
       LaneState& lane = lanes_[static_cast<size_t>(c.lane)];
       if (observer_) {
-        observer_({c.lane, lane.plan.TokenCount(), static_cast<int32_t>(lane.plan.sequences.size()),
-                   absl::Now() - lane.started});
+        StepStats stats{c.lane,
+                        lane.plan.TokenCount(),
+                        static_cast<int32_t>(lane.plan.sequences.size()),
+                        absl::Now() - lane.started,
+                        {}};
+        for (const step::SequenceResult& r : c.result.sequences) {
+          if (r.drafted > 0) stats.verifications.push_back({r.proposer, r.drafted, r.accepted});
+        }
+        observer_(stats);
       }
       core_.Update(c.lane, lane.plan, c.result);
       lane.busy = false;

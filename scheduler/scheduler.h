@@ -48,9 +48,16 @@ bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout);
 // when the step's results arrive.
 struct StepStats {
   Lane lane = Lane::kPrefill;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  // planned tokens, drafts not included
   int32_t sequences = 0;
   absl::Duration duration;  // dispatch to results
+  // Speculative decoding: one entry per sequence that verified drafts.
+  struct Verification {
+    step::Proposer proposer = step::Proposer::kNone;
+    int32_t drafted = 0;
+    int32_t accepted = 0;
+  };
+  std::vector<Verification> verifications;
 };
 using StepObserver = std::function<void(const StepStats&)>;
 

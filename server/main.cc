@@ -97,6 +97,18 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "file of accepted API keys, one per line; requests must send 'authorization: Bearer "
           "<key>' (health checks and reflection stay open)");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(std::string, speculative, "ngram",
+          "speculative decoding for requests that do not opt out: off, ngram (drafts from "
+          "earlier text of the sequence), or draft (a draft model: --draft_layers)");
+ABSL_FLAG(int, spec_max_draft, 8, "most tokens a sequence drafts per step");
+ABSL_FLAG(bool, spec_adaptive, true,
+          "choose draft lengths from each sequence's acceptance and the batch's cost (false: "
+          "always --spec_max_draft)");
+ABSL_FLAG(int, ngram_min, 1, "shortest match the n-gram proposer looks up");
+ABSL_FLAG(int, ngram_max, 3, "longest match the n-gram proposer looks up");
+ABSL_FLAG(int, draft_layers, 0,
+          "the draft model for --speculative=draft: the model's own first N layers and "
+          "output head (layer-skip self-speculation); 0: none");
 ABSL_FLAG(std::string, log_format, "text", "text, or json (one JSON object per line)");
 
 namespace tandem {
@@ -197,6 +209,26 @@ int Main() {
   }
   options.block_size = absl::GetFlag(FLAGS_block_size);
   options.context_length = absl::GetFlag(FLAGS_context_length);
+  options.ngram_min = absl::GetFlag(FLAGS_ngram_min);
+  options.ngram_max = absl::GetFlag(FLAGS_ngram_max);
+  options.draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  step::Proposer proposer = step::Proposer::kNone;
+  if (const std::string mode = absl::GetFlag(FLAGS_speculative); mode == "ngram") {
+    proposer = step::Proposer::kNgram;
+  } else if (mode == "draft") {
+    proposer = step::Proposer::kDraftModel;
+    if (options.draft_layers <= 0) {
+      spdlog::error("--speculative=draft needs a draft model: set --draft_layers");
+      return 2;
+    }
+  } else if (mode != "off") {
+    spdlog::error("--speculative='{}': expected off, ngram or draft", mode);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_spec_max_draft) < 0) {
+    spdlog::error("--spec_max_draft must be >= 0");
+    return 2;
+  }
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<server::ServingModel>> model = server::ServingModel::Load(options);
   if (!model.ok()) {
@@ -226,6 +258,21 @@ int Main() {
   sched.disaggregation.output_threshold = threshold;
   sched.disaggregation.use_max_tokens = absl::GetFlag(FLAGS_disagg_on_max_tokens);
   sched.priority_aging = absl::GetFlag(FLAGS_priority_aging);
+  sched.speculation.proposer = proposer;
+  sched.speculation.max_draft = absl::GetFlag(FLAGS_spec_max_draft);
+  sched.speculation.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  sched.speculation.cost = (*model)->step_cost();
+  {
+    const scheduler::StepCostModel& c = sched.speculation.cost;
+    spdlog::info(
+        "speculative decoding: {} (up to {} drafted tokens, {}); step cost {:.2f} ms + {:.2f} "
+        "ms/token{}",
+        absl::GetFlag(FLAGS_speculative), sched.speculation.max_draft,
+        sched.speculation.adaptive ? "adaptive" : "fixed", c.fixed, c.per_token,
+        options.draft_layers > 0 ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence",
+                                               c.draft_fixed, c.draft_per_token)
+                                 : std::string());
+  }
   if (threshold.has_value() && (*model)->decode_worker() == nullptr) {
     spdlog::warn(
         "--disagg_output_threshold={} has no effect without a decode worker "
@@ -277,6 +324,7 @@ int Main() {
   service_options.model_info = (*model)->Info();
   service_options.model_info.set_disagg_output_threshold(
       threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1);
+  service_options.model_info.set_speculative(absl::GetFlag(FLAGS_speculative));
   server::GenerationService service(model->get(), &scheduler, &metrics, service_options);
 
   server::GrpcServerOptions grpc_options;

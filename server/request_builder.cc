@@ -126,6 +126,7 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     return Invalid("logprobs", StrCat("must be in 0..", kMaxLogprobs));
   }
   r.logprobs = proto.logprobs();
+  r.disable_speculation = proto.disable_speculation();
   if (!proto.ignore_eos()) {
     const tokenizer::SpecialTokens& special = model.tokenizer->special();
     for (const auto& id : {special.eos, special.eot}) {

@@ -113,6 +113,8 @@ void ResponseStream::OnFinish(const scheduler::FinishInfo& info) {
   last.mutable_usage()->set_prompt_tokens(info.usage.prompt_tokens);
   last.mutable_usage()->set_completion_tokens(info.usage.completion_tokens);
   last.mutable_usage()->set_cached_prompt_tokens(info.usage.cached_prompt_tokens);
+  last.mutable_usage()->set_drafted_tokens(info.usage.drafted_tokens);
+  last.mutable_usage()->set_accepted_tokens(info.usage.accepted_tokens);
   *last.mutable_timeline() = TimelineToProto(info.timeline);
   last.set_path(PathToProto(info.path));
   last.set_path_reason(PathReasonToProto(info.path_reason));

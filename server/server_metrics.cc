@@ -19,7 +19,19 @@ prometheus::Histogram::BucketBoundaries ServerMetrics::TokenBuckets() {
   return b;
 }
 
+prometheus::Histogram::BucketBoundaries ServerMetrics::AcceptedLengthBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 0; v <= 16; ++v) b.push_back(v);
+  return b;
+}
+
 namespace {
+
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& registry,
+                                                       const std::string& name,
+                                                       const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
 
 prometheus::Family<prometheus::Histogram>& HistogramFamily(prometheus::Registry& registry,
                                                            const std::string& name,
@@ -82,7 +94,20 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
       step_sequences_(HistogramFamily(registry, "tandem_step_sequences",
                                       "Sequences per worker step (batch size in sequences).")),
       step_time_(HistogramFamily(registry, "tandem_step_time_seconds",
-                                 "Duration of a worker step, dispatch to results.")) {
+                                 "Duration of a worker step, dispatch to results.")),
+      drafted_tokens_(CounterFamily(registry, "tandem_speculative_drafted_tokens_total",
+                                    "Tokens drafted by speculative decoding and verified.")),
+      accepted_tokens_(CounterFamily(registry, "tandem_speculative_accepted_tokens_total",
+                                     "Drafted tokens the model accepted.")),
+      accepted_length_(HistogramFamily(registry, "tandem_speculative_accepted_length",
+                                       "Drafted tokens accepted per verification (a decode "
+                                       "step yields this plus one).")),
+      position_drafted_(CounterFamily(registry, "tandem_speculative_position_drafted_total",
+                                      "Drafted tokens by their position in the draft (1 = "
+                                      "first).")),
+      position_accepted_(CounterFamily(registry, "tandem_speculative_position_accepted_total",
+                                       "Accepted drafted tokens by their position in the "
+                                       "draft.")) {
   for (auto path : {scheduler::Path::kColocated, scheduler::Path::kDisaggregated}) {
     const std::string p(scheduler::PathName(path));
     for (auto reason : {scheduler::FinishReason::kStop, scheduler::FinishReason::kLength,
@@ -101,6 +126,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
     step_time_.Add({{"worker", worker}}, LatencyBuckets());
   }
   handoff_time_.Add({{"path", "disaggregated"}}, LatencyBuckets());
+  for (auto proposer : {step::Proposer::kNgram, step::Proposer::kDraftModel}) {
+    const std::string name(scheduler::ProposerName(proposer));
+    drafted_tokens_.Add({{"proposer", name}});
+    accepted_tokens_.Add({{"proposer", name}});
+    accepted_length_.Add({{"proposer", name}}, AcceptedLengthBuckets());
+  }
 }
 
 void ServerMetrics::OnStep(const scheduler::StepStats& step) {
@@ -109,6 +140,19 @@ void ServerMetrics::OnStep(const scheduler::StepStats& step) {
   step_sequences_.Add({{"worker", worker}}, TokenBuckets()).Observe(step.sequences);
   step_time_.Add({{"worker", worker}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(step.duration));
+  for (const scheduler::StepStats::Verification& v : step.verifications) {
+    const std::string proposer(scheduler::ProposerName(v.proposer));
+    drafted_tokens_.Add({{"proposer", proposer}}).Increment(v.drafted);
+    accepted_tokens_.Add({{"proposer", proposer}}).Increment(v.accepted);
+    accepted_length_.Add({{"proposer", proposer}}, AcceptedLengthBuckets()).Observe(v.accepted);
+    for (int32_t position = 1; position <= v.drafted; ++position) {
+      const std::string p = std::to_string(position);
+      position_drafted_.Add({{"proposer", proposer}, {"position", p}}).Increment();
+      if (position <= v.accepted) {
+        position_accepted_.Add({{"proposer", proposer}, {"position", p}}).Increment();
+      }
+    }
+  }
 }
 
 void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,

@@ -33,6 +33,8 @@ class ServerMetrics {
   static prometheus::Histogram::BucketBoundaries LatencyBuckets();
   // Token counts per request and per step: powers of two, 1 to 32768.
   static prometheus::Histogram::BucketBoundaries TokenBuckets();
+  // Accepted drafted tokens per verification: 0, 1, 2, ... 16.
+  static prometheus::Histogram::BucketBoundaries AcceptedLengthBuckets();
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
@@ -54,6 +56,12 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& step_tokens_;
   prometheus::Family<prometheus::Histogram>& step_sequences_;
   prometheus::Family<prometheus::Histogram>& step_time_;
+  // Speculative decoding, per proposer (and draft position).
+  prometheus::Family<prometheus::Counter>& drafted_tokens_;
+  prometheus::Family<prometheus::Counter>& accepted_tokens_;
+  prometheus::Family<prometheus::Histogram>& accepted_length_;
+  prometheus::Family<prometheus::Counter>& position_drafted_;
+  prometheus::Family<prometheus::Counter>& position_accepted_;
 };
 
 }  // namespace tandem::server

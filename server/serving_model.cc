@@ -47,6 +47,57 @@ v1::ModelInfo ServingModel::Info() const {
   return info;
 }
 
+namespace {
+
+// Median milliseconds of `runs` forward passes of `inputs`.
+absl::StatusOr<double> TimeForward(model::LlamaModel& model,
+                                   std::span<const model::SequenceInput> inputs, int layers) {
+  constexpr int kRuns = 5;
+  std::vector<double> ms;
+  std::vector<float> logits;
+  for (int run = 0; run <= kRuns; ++run) {  // the first run warms up
+    const absl::Time start = absl::Now();
+    if (absl::Status s = model.Forward(inputs, &logits, layers); !s.ok()) return s;
+    if (run > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Fits the speculation policy's step-time model on `model`: a decode step of
+// one sequence, the same step verifying 8 drafted tokens, and (with a
+// self-draft) draft passes over 1 and 8 sequences. It writes KV only into
+// blocks no sequence holds yet (the daemon has not started).
+absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& model,
+                                                         int draft_layers) {
+  constexpr int kWide = 9;  // the decode token and 8 drafts
+  const int block_size = model.block_size();
+  std::vector<int32_t> table((kWide + block_size - 1) / block_size + 1);
+  for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
+  const std::vector<int32_t> tokens(kWide, 0);
+  const model::SequenceInput one{std::span<const int32_t>(tokens).first(1), 0, table, 1};
+  const model::SequenceInput wide{tokens, 0, table, kWide};
+  absl::StatusOr<double> t1 = TimeForward(model, {&one, 1}, 0);
+  if (!t1.ok()) return t1.status();
+  absl::StatusOr<double> t9 = TimeForward(model, {&wide, 1}, 0);
+  if (!t9.ok()) return t9.status();
+  scheduler::StepCostModel cost;
+  cost.per_token = std::max(0.0, (*t9 - *t1) / (kWide - 1));
+  cost.fixed = std::max(*t1 - cost.per_token, 0.01 * *t1);
+  if (draft_layers > 0) {
+    const std::vector<model::SequenceInput> eight(8, one);
+    absl::StatusOr<double> d1 = TimeForward(model, {&one, 1}, draft_layers);
+    if (!d1.ok()) return d1.status();
+    absl::StatusOr<double> d8 = TimeForward(model, eight, draft_layers);
+    if (!d8.ok()) return d8.status();
+    cost.draft_per_token = std::max(0.0, (*d8 - *d1) / 7);
+    cost.draft_fixed = std::max(0.0, *d1 - cost.draft_per_token);
+  }
+  return cost;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
@@ -130,6 +181,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model =
       model::LlamaModel::Create(m->file_, prefill_backend.get(), m->kv_blocks_, options.block_size);
   if (!prefill_model.ok()) return prefill_model.status();
+  // The model that runs most decode steps (the decode worker's, if any).
+  model::LlamaModel* decoding_model = prefill_model->get();
   if (options.decode_threads > 0) {
     auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
         options.decode_threads, options.matmul_mode,
@@ -139,11 +192,33 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_model =
         model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
     if (!decode_model.ok()) return decode_model.status();
+    decoding_model = decode_model->get();
     m->decode_ =
         std::make_unique<decode::DecodeWorker>(std::move(decode_backend), *std::move(decode_model));
   }
+  if (options.draft_layers < 0 || options.draft_layers >= m->config_.layers) {
+    return absl::InvalidArgumentError(StrCat("--draft_layers=", options.draft_layers,
+                                             ": the self-draft needs 1..", m->config_.layers - 1,
+                                             " of the model's ", m->config_.layers, " layers"));
+  }
+  if (options.ngram_min < 1 || options.ngram_max < options.ngram_min) {
+    return absl::InvalidArgumentError(StrCat("--ngram_min=", options.ngram_min,
+                                             " --ngram_max=", options.ngram_max,
+                                             ": need 1 <= ngram_min <= ngram_max"));
+  }
+  // The step-time model comes from the worker that runs most decode steps.
+  absl::StatusOr<scheduler::StepCostModel> cost =
+      MeasureStepCost(*decoding_model, options.draft_layers);
+  if (!cost.ok()) return cost.status();
+  m->step_cost_ = *cost;
   m->prefill_ = std::make_unique<prefill::PrefillWorker>(std::move(prefill_backend),
                                                          *std::move(prefill_model));
+  for (model::ModelWorker* worker : {static_cast<model::ModelWorker*>(m->prefill_.get()),
+                                     static_cast<model::ModelWorker*>(m->decode_.get())}) {
+    if (worker == nullptr) continue;
+    worker->EnableNgramProposer(options.ngram_min, options.ngram_max);
+    if (options.draft_layers > 0) worker->EnableSelfDraftProposer(options.draft_layers);
+  }
   return m;
 }
 

@@ -16,6 +16,7 @@
 #include "engine/prefill/prefill_worker.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
+#include "scheduler/speculation_policy.h"
 #include "tandem/v1/generate.pb.h"
 
 namespace tandem::server {
@@ -30,6 +31,12 @@ struct ServingModelOptions {
   int64_t kv_cache_bytes = int64_t{512} << 20;
   int block_size = 16;
   int context_length = 0;  // 0: the model's
+  // Speculative decoding proposers the workers offer (the scheduler decides
+  // who uses them): n-gram matches of ngram_min..ngram_max tokens, and a
+  // layer-skip self-draft of the first draft_layers layers (0: none).
+  int ngram_min = 1;
+  int ngram_max = 3;
+  int draft_layers = 0;
 };
 
 // MemAvailable from /proc/meminfo, in bytes.
@@ -54,6 +61,9 @@ class ServingModel {
   v1::ModelInfo Info() const;
   // Start-up warnings for the log (e.g. more worker threads than CPUs).
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // The time of a step as the speculation policy models it, measured at
+  // load on the worker that decodes (ms).
+  const scheduler::StepCostModel& step_cost() const { return step_cost_; }
   step::Worker* prefill_worker() { return prefill_.get(); }
   step::Worker* decode_worker() { return decode_.get(); }  // null when there is none
 
@@ -70,6 +80,7 @@ class ServingModel {
   std::vector<std::string> backends_;  // one per worker
   std::string dtype_;
   std::vector<std::string> warnings_;
+  scheduler::StepCostModel step_cost_;
   int context_length_ = 0;
   int kv_blocks_ = 0;
   int block_size_ = 0;
