@@ -263,7 +263,10 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, size_t first,
       AllocateDrafts(candidates, budget, other_tokens, options_.speculation);
   int32_t used = 0;
   for (size_t c = 0; c < candidates.size(); ++c) {
-    if (k[c] <= 0) continue;
+    if (k[c] <= 0) {
+      seqs[c]->acceptance.Idle();
+      continue;
+    }
     Sequence& seq = *seqs[c];
     step::SequenceStep& step = plan.sequences[steps[c]];
     // Room for the drafts from free blocks only; otherwise what the table

@@ -10,16 +10,23 @@ namespace {
 // output moves between copied and new text.
 constexpr double kDecay = 0.8;
 constexpr double kPriorWeight = 2.0;
+// Per idle step, the share of the evidence kept (the rest becomes prior).
+constexpr double kIdleRecovery = 0.95;
 
 }  // namespace
 
 AcceptanceEstimate::AcceptanceEstimate(double prior)
-    : accepted_(prior * kPriorWeight), rejected_((1.0 - prior) * kPriorWeight) {}
+    : prior_(prior), accepted_(prior * kPriorWeight), rejected_((1.0 - prior) * kPriorWeight) {}
 
 void AcceptanceEstimate::Record(int32_t drafted, int32_t accepted) {
   if (drafted <= 0) return;
   accepted_ = accepted_ * kDecay + accepted;
   rejected_ = rejected_ * kDecay + (accepted < drafted ? 1.0 : 0.0);
+}
+
+void AcceptanceEstimate::Idle() {
+  accepted_ = accepted_ * kIdleRecovery + prior_ * kPriorWeight * (1.0 - kIdleRecovery);
+  rejected_ = rejected_ * kIdleRecovery + (1.0 - prior_) * kPriorWeight * (1.0 - kIdleRecovery);
 }
 
 double AcceptanceEstimate::rate() const { return accepted_ / (accepted_ + rejected_); }

@@ -44,14 +44,21 @@ struct SpeculationOptions {
 // A sequence's per-position acceptance rate, estimated from its recent
 // verifications (a geometric model: each drafted token is accepted with the
 // same probability, until the first rejection), with older evidence decaying.
+// A sequence that stopped drafting gathers no evidence, so each step it
+// spends without drafts moves the estimate slowly back to the prior: it
+// drafts again (one token first) about every 20 steps, which finds the
+// copied stretches of an output again at a small cost when there are none.
 class AcceptanceEstimate {
  public:
   // `prior`: the rate assumed before any evidence (worth two observations).
   explicit AcceptanceEstimate(double prior = 0.5);
   void Record(int32_t drafted, int32_t accepted);
+  // A decode step without drafts.
+  void Idle();
   double rate() const;
 
  private:
+  double prior_;
   double accepted_;
   double rejected_;
 };

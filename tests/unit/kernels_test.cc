@@ -313,35 +313,54 @@ TEST(HalfTest, ConversionsAreExactForEveryHalf) {
 
 // Attention over the paged cache: a sequence's outputs are bitwise the same
 // computed in one pass, in chunks of any size, or batched with another
-// sequence; and they match a float64 softmax attention.
-class AttentionTest : public ::testing::Test {
+// sequence; and they match a float64 softmax attention. Two shapes: a small
+// generic one, and the default model's head size (the vector path) over more
+// keys and rows than the kernel converts or groups at a time.
+struct AttentionCase {
+  int head_dim;
+  int block_size;
+  int length;
+};
+
+class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
  protected:
-  static constexpr int kHeads = 6, kKvHeads = 2, kHeadDim = 16, kBlockSize = 4, kLength = 23;
+  static constexpr int kHeads = 6, kKvHeads = 2, kBlocks = 32;
 
   void SetUp() override {
+    head_dim_ = GetParam().head_dim;
+    block_size_ = GetParam().block_size;
+    length_ = GetParam().length;
     backend_ = std::make_unique<CpuBackend>(3);
-    ASSERT_TRUE(backend_->CreateKvCache({1, 32, kBlockSize, kKvHeads, kHeadDim}).ok());
+    ASSERT_TRUE(backend_->CreateKvCache({1, kBlocks, block_size_, kKvHeads, head_dim_}).ok());
     std::mt19937 rng(4);
-    q_ = RandomRows(kLength, kHeads * kHeadDim, rng);
-    k_ = RandomRows(kLength, kKvHeads * kHeadDim, rng);
-    v_ = RandomRows(kLength, kKvHeads * kHeadDim, rng);
-    other_q_ = RandomRows(5, kHeads * kHeadDim, rng);
-    other_k_ = RandomRows(5, kKvHeads * kHeadDim, rng);
-    table_ = {9, 2, 30, 7, 14, 21};  // scattered blocks
-    other_table_ = {1, 3};
+    q_ = RandomRows(length_, kHeads * head_dim_, rng);
+    k_ = RandomRows(length_, kKvHeads * head_dim_, rng);
+    v_ = RandomRows(length_, kKvHeads * head_dim_, rng);
+    other_q_ = RandomRows(5, kHeads * head_dim_, rng);
+    other_k_ = RandomRows(5, kKvHeads * head_dim_, rng);
+    // Scattered blocks: 9, 16, 23, ... (7 is coprime to 32, so all differ).
+    const int blocks = (length_ + block_size_ - 1) / block_size_;
+    std::vector<bool> used(kBlocks, false);
+    for (int b = 0; b < blocks; ++b) {
+      table_.push_back((9 + 7 * b) % kBlocks);
+      used[static_cast<size_t>(table_.back())] = true;
+    }
+    for (int b = 0; b < kBlocks && static_cast<int>(other_table_.size()) * block_size_ < 5; ++b) {
+      if (!used[static_cast<size_t>(b)]) other_table_.push_back(b);
+    }
     std::vector<int32_t> slots, other_slots;
-    for (int p = 0; p < kLength; ++p)
-      slots.push_back(table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
+    for (int p = 0; p < length_; ++p)
+      slots.push_back(table_[p / block_size_] * block_size_ + p % block_size_);
     for (int p = 0; p < 5; ++p)
-      other_slots.push_back(other_table_[p / kBlockSize] * kBlockSize + p % kBlockSize);
-    backend_->WriteKv(0, View(k_, kLength, kKvHeads * kHeadDim),
-                      View(v_, kLength, kKvHeads * kHeadDim), slots);
-    backend_->WriteKv(0, View(other_k_, 5, kKvHeads * kHeadDim),
-                      View(other_k_, 5, kKvHeads * kHeadDim), other_slots);
+      other_slots.push_back(other_table_[p / block_size_] * block_size_ + p % block_size_);
+    backend_->WriteKv(0, View(k_, length_, kKvHeads * head_dim_),
+                      View(v_, length_, kKvHeads * head_dim_), slots);
+    backend_->WriteKv(0, View(other_k_, 5, kKvHeads * head_dim_),
+                      View(other_k_, 5, kKvHeads * head_dim_), other_slots);
   }
 
   AttentionShape Shape() const {
-    return {kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(float{kHeadDim})};
+    return {kHeads, kKvHeads, head_dim_, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
   }
 
   // Runs rows [first, first+count) of the sequence, optionally after the
@@ -355,64 +374,68 @@ class AttentionTest : public ::testing::Test {
       spans.push_back({0, 5, 0, other_table_});
       row = 5;
     }
-    q.insert(q.end(), q_.begin() + first * kHeads * kHeadDim,
-             q_.begin() + (first + count) * kHeads * kHeadDim);
+    q.insert(q.end(), q_.begin() + first * kHeads * head_dim_,
+             q_.begin() + (first + count) * kHeads * head_dim_);
     spans.push_back({row, count, first, table_});
     std::vector<float> out(q.size());
-    const int64_t rows = static_cast<int64_t>(q.size()) / (kHeads * kHeadDim);
-    backend_->Attention(0, View(q, rows, kHeads * kHeadDim), Shape(), spans,
-                        View(out, rows, kHeads * kHeadDim));
-    return std::vector<float>(out.begin() + row * kHeads * kHeadDim, out.end());
+    const int64_t rows = static_cast<int64_t>(q.size()) / (kHeads * head_dim_);
+    backend_->Attention(0, View(q, rows, kHeads * head_dim_), Shape(), spans,
+                        View(out, rows, kHeads * head_dim_));
+    return std::vector<float>(out.begin() + row * kHeads * head_dim_, out.end());
   }
 
+  int head_dim_ = 0, block_size_ = 0, length_ = 0;
   std::unique_ptr<CpuBackend> backend_;
   std::vector<float> q_, k_, v_, other_q_, other_k_;
   std::vector<int32_t> table_, other_table_;
 };
 
-TEST_F(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
-  const std::vector<float> whole = Run(0, kLength, false);
-  for (int chunk : {1, 2, 5, 7, 16}) {
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Values(AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150}));
+
+TEST_P(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
+  const std::vector<float> whole = Run(0, length_, false);
+  for (int chunk : {1, 2, 5, 7, 16, 33}) {
     for (bool with_other : {false, true}) {
-      for (int first = 0; first < kLength; first += chunk) {
-        const int count = std::min(chunk, kLength - first);
+      for (int first = 0; first < length_; first += chunk) {
+        const int count = std::min(chunk, length_ - first);
         const std::vector<float> part = Run(first, count, with_other);
-        ASSERT_TRUE(SameBits(part.data(), &whole[static_cast<size_t>(first * kHeads * kHeadDim)],
-                             count * kHeads * kHeadDim))
+        ASSERT_TRUE(SameBits(part.data(), &whole[static_cast<size_t>(first * kHeads * head_dim_)],
+                             count * kHeads * head_dim_))
             << "chunk " << chunk << " at " << first << (with_other ? " batched" : "");
       }
     }
   }
 }
 
-TEST_F(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
-  const std::vector<float> out = Run(0, kLength, false);
+TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
+  const std::vector<float> out = Run(0, length_, false);
   auto half = [](float f) {
     return double{HalfToFloat(FloatToHalf(f))};
   };  // the cache stores halves
-  for (int t = 0; t < kLength; ++t) {
+  for (int t = 0; t < length_; ++t) {
     for (int h = 0; h < kHeads; ++h) {
       const int kv = h / (kHeads / kKvHeads);
       std::vector<double> scores(static_cast<size_t>(t + 1));
       double max = -1e300;
       for (int j = 0; j <= t; ++j) {
         double s = 0;
-        for (int d = 0; d < kHeadDim; ++d) {
-          s += double{q_[static_cast<size_t>((t * kHeads + h) * kHeadDim + d)]} *
-               half(k_[static_cast<size_t>((j * kKvHeads + kv) * kHeadDim + d)]);
+        for (int d = 0; d < head_dim_; ++d) {
+          s += double{q_[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)]} *
+               half(k_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
         }
-        scores[static_cast<size_t>(j)] = s / std::sqrt(double{kHeadDim});
+        scores[static_cast<size_t>(j)] = s / std::sqrt(static_cast<double>(head_dim_));
         max = std::max(max, scores[static_cast<size_t>(j)]);
       }
       double total = 0;
       for (double& s : scores) total += (s = std::exp(s - max));
-      for (int d = 0; d < kHeadDim; ++d) {
+      for (int d = 0; d < head_dim_; ++d) {
         double expected = 0;
         for (int j = 0; j <= t; ++j) {
           expected += scores[static_cast<size_t>(j)] / total *
-                      half(v_[static_cast<size_t>((j * kKvHeads + kv) * kHeadDim + d)]);
+                      half(v_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
         }
-        ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * kHeadDim + d)], expected, 1e-5)
+        ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)], expected, 1e-5)
             << "token " << t << " head " << h << " dim " << d;
       }
     }

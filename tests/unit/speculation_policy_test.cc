@@ -26,6 +26,29 @@ TEST(AcceptanceEstimateTest, FollowsRecentVerifications) {
   EXPECT_DOUBLE_EQ(e.rate(), before);
 }
 
+// A sequence that stopped drafting drifts back to the prior, so it tries
+// again: a few idle steps are not enough, a few dozen are.
+TEST(AcceptanceEstimateTest, IdleStepsBringTheEstimateBackToThePrior) {
+  AcceptanceEstimate e(0.5);
+  for (int i = 0; i < 20; ++i) e.Record(4, 0);
+  const double collapsed = e.rate();
+  ASSERT_LT(collapsed, 0.1);
+  // Batch 1 with a step of 2.3 + 1 per token drafts one token from a = 1/3.3.
+  const SpeculationOptions o = Ngram(2.3, 1);
+  const std::vector<DraftCandidate> now = {{collapsed, 100}};
+  EXPECT_EQ(AllocateDrafts(now, 128, 0, o)[0], 0);
+  int idle = 0;
+  while (AllocateDrafts(std::vector<DraftCandidate>{{e.rate(), 100}}, 128, 0, o)[0] == 0) {
+    e.Idle();
+    ++idle;
+    ASSERT_LT(idle, 1000) << "never drafts again";
+  }
+  EXPECT_GE(idle, 10);
+  EXPECT_LE(idle, 40);
+  for (int i = 0; i < 500; ++i) e.Idle();
+  EXPECT_NEAR(e.rate(), 0.5, 1e-6);
+}
+
 TEST(AllocateDraftsTest, DraftsLongWhenAcceptanceIsHighAndVerificationCheap) {
   // Batch 1, a step costs 10 + 1 per token: a 0.9 acceptance pays for a long draft.
   const std::vector<DraftCandidate> one = {{0.9, 100}};

@@ -8,33 +8,81 @@
 namespace tandem::kernels::cpu {
 namespace {
 
-// q (head_dim floats) . k (head_dim halves), in a fixed order.
-inline float DotQK(const float* q, const uint16_t* k, int head_dim) {
-  int i = 0;
-  float sum = 0.0f;
+// Keys converted from halves to floats at a time (their K or V rows stay in
+// L1 while every query of the task uses them).
+constexpr int kKeyBlock = 64;
+// Query rows of one sequence per task (a prefill chunk is split; a decode
+// step's token and its drafts stay together).
+constexpr int kRowTile = 16;
+
+// One task: the query rows [row_begin, row_end) of one span (sequence), for
+// the query heads [head_begin, head_end) that share one KV head. Every query
+// of the task reads the same keys and values, converted once.
+struct Task {
+  int32_t span;
+  int32_t kv_head;
+  int32_t head_begin, head_end;
+  int32_t row_begin, row_end;
+};
+
+// scores[j] = scale * (q . keys[j]) for j in [0, n), keys rows of head_dim
+// floats. The dot product is DotF32's, in the same order for every query,
+// whatever the task holds (so results do not depend on batching).
+void ScoreBlock(const float* q, const float* keys, int n, int head_dim, float scale,
+                float* scores) {
 #ifdef TANDEM_CPU_AVX2
-  __m256 acc0 = _mm256_setzero_ps();
-  __m256 acc1 = _mm256_setzero_ps();
-  for (; i + 16 <= head_dim; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadHalf8(k + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), LoadHalf8(k + i + 8), acc1);
+  if (head_dim == 64) {
+    const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
+    const __m256 q2 = _mm256_loadu_ps(q + 16), q3 = _mm256_loadu_ps(q + 24);
+    const __m256 q4 = _mm256_loadu_ps(q + 32), q5 = _mm256_loadu_ps(q + 40);
+    const __m256 q6 = _mm256_loadu_ps(q + 48), q7 = _mm256_loadu_ps(q + 56);
+    for (int j = 0; j < n; ++j) {
+      const float* k = keys + int64_t{j} * 64;
+      __m256 acc0 = _mm256_mul_ps(q0, _mm256_loadu_ps(k));
+      __m256 acc1 = _mm256_mul_ps(q1, _mm256_loadu_ps(k + 8));
+      acc0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(k + 16), acc0);
+      acc1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(k + 24), acc1);
+      acc0 = _mm256_fmadd_ps(q4, _mm256_loadu_ps(k + 32), acc0);
+      acc1 = _mm256_fmadd_ps(q5, _mm256_loadu_ps(k + 40), acc1);
+      acc0 = _mm256_fmadd_ps(q6, _mm256_loadu_ps(k + 48), acc0);
+      acc1 = _mm256_fmadd_ps(q7, _mm256_loadu_ps(k + 56), acc1);
+      scores[j] = HorizontalSum(_mm256_add_ps(acc0, acc1)) * scale;
+    }
+    return;
   }
-  sum = HorizontalSum(_mm256_add_ps(acc0, acc1));
 #endif
-  for (; i < head_dim; ++i) sum += q[i] * HalfToFloat(k[i]);
-  return sum;
+  for (int j = 0; j < n; ++j) {
+    scores[j] = DotF32(q, keys + int64_t{j} * head_dim, head_dim) * scale;
+  }
 }
 
-// acc[0..head_dim) += p * v, elementwise.
-inline void AccumulateV(float* acc, float p, const uint16_t* v, int head_dim) {
-  int i = 0;
+// acc[0..head_dim) += p[j] * values[j] for j in [0, n), in order of j.
+void AccumulateBlock(float* acc, const float* p, const float* values, int n, int head_dim) {
 #ifdef TANDEM_CPU_AVX2
-  const __m256 pv = _mm256_set1_ps(p);
-  for (; i + 8 <= head_dim; i += 8) {
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, LoadHalf8(v + i), _mm256_loadu_ps(acc + i)));
+  if (head_dim == 64) {
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+    for (int j = 0; j < n; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float* v = values + int64_t{j} * 64;
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+    return;
   }
 #endif
-  for (; i < head_dim; ++i) acc[i] += p * HalfToFloat(v[i]);
+  for (int j = 0; j < n; ++j) {
+    const float* v = values + int64_t{j} * head_dim;
+    int i = 0;
+#ifdef TANDEM_CPU_AVX2
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (; i + 8 <= head_dim; i += 8) {
+      _mm256_storeu_ps(acc + i,
+                       _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+    }
+#endif
+    for (; i < head_dim; ++i) acc[i] += p[j] * v[i];
+  }
 }
 
 // Replaces scores[0..n) by exp(scores - max) and returns their sum.
@@ -60,63 +108,120 @@ float ExpAndSum(float* scores, int64_t n) {
   return sum;
 }
 
+// Converts the K or V rows of keys [first, first + n) of one KV head to
+// floats. (Walks the block table with counters: a division per key costs
+// more than converting it.)
+void ConvertBlock(const uint16_t* pool, const KvLayerView& kv, std::span<const int32_t> table,
+                  int kv_head, int64_t first, int n, float* out) {
+  const int64_t token_stride = int64_t{kv.kv_heads} * kv.head_dim;
+  const int64_t block_stride = token_stride * kv.block_size;
+  size_t block = static_cast<size_t>(first / kv.block_size);
+  int slot = static_cast<int>(first % kv.block_size);
+  const uint16_t* src =
+      pool + table[block] * block_stride + slot * token_stride + int64_t{kv_head} * kv.head_dim;
+  for (int j = 0; j < n; ++j) {
+    float* dst = out + int64_t{j} * kv.head_dim;
+    int i = 0;
+#ifdef TANDEM_CPU_AVX2
+    for (; i + 8 <= kv.head_dim; i += 8) _mm256_storeu_ps(dst + i, LoadHalf8(src + i));
+#endif
+    for (; i < kv.head_dim; ++i) dst[i] = HalfToFloat(src[i]);
+    if (++slot < kv.block_size) {
+      src += token_stride;
+    } else if (j + 1 < n) {
+      slot = 0;
+      src = pool + table[++block] * block_stride + int64_t{kv_head} * kv.head_dim;
+    }
+  }
+}
+
+void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
+             const AttentionSpan& span, std::vector<float>& scratch, Matrix out) {
+  const int head_dim = shape.head_dim;
+  const int heads = task.head_end - task.head_begin;
+  const int rows = task.row_end - task.row_begin;
+  const int queries = heads * rows;
+  // Query i = (row r, head h) with i = r * heads + h; it sees keys
+  // [0, first_position + r + 1).
+  const int64_t max_keys = int64_t{span.first_position} + task.row_end;
+  const size_t score_stride = static_cast<size_t>(max_keys);
+  scratch.resize(score_stride * static_cast<size_t>(queries) +
+                 static_cast<size_t>(kKeyBlock) * static_cast<size_t>(head_dim));
+  float* scores = scratch.data();
+  float* block = scores + score_stride * static_cast<size_t>(queries);
+  auto keys_of = [&](int i) {
+    return int64_t{span.first_position} + task.row_begin + i / heads + 1;
+  };
+  auto query_row = [&](int i) { return int64_t{span.first_row} + task.row_begin + i / heads; };
+  auto query_head = [&](int i) { return task.head_begin + i % heads; };
+
+  for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
+    ConvertBlock(kv.k, kv, span.block_table, task.kv_head, first, n, block);
+    for (int i = 0; i < queries; ++i) {
+      const int64_t visible = std::min<int64_t>(n, keys_of(i) - first);
+      if (visible <= 0) continue;
+      ScoreBlock(q.Row(query_row(i)) + int64_t{query_head(i)} * head_dim, block,
+                 static_cast<int>(visible), head_dim, shape.scale,
+                 scores + score_stride * static_cast<size_t>(i) + first);
+    }
+  }
+  std::vector<float> sums(static_cast<size_t>(queries));
+  for (int i = 0; i < queries; ++i) {
+    sums[static_cast<size_t>(i)] =
+        ExpAndSum(scores + score_stride * static_cast<size_t>(i), keys_of(i));
+    std::memset(out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim, 0,
+                sizeof(float) * static_cast<size_t>(head_dim));
+  }
+  for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
+    ConvertBlock(kv.v, kv, span.block_table, task.kv_head, first, n, block);
+    for (int i = 0; i < queries; ++i) {
+      const int64_t visible = std::min<int64_t>(n, keys_of(i) - first);
+      if (visible <= 0) continue;
+      AccumulateBlock(out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim,
+                      scores + score_stride * static_cast<size_t>(i) + first, block,
+                      static_cast<int>(visible), head_dim);
+    }
+  }
+  for (int i = 0; i < queries; ++i) {
+    float* acc = out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim;
+    const float inverse = 1.0f / sums[static_cast<size_t>(i)];
+    for (int d = 0; d < head_dim; ++d) acc[d] *= inverse;
+  }
+}
+
 }  // namespace
 
 void PagedAttention(ThreadPool& pool, std::vector<std::vector<float>>& scratch,
                     const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
                     std::span<const AttentionSpan> spans, Matrix out) {
-  const int head_dim = shape.head_dim;
   const int group = shape.heads / shape.kv_heads;
-  const int64_t token_stride = int64_t{kv.kv_heads} * head_dim;  // halves per token slot
-  const int64_t block_stride = token_stride * kv.block_size;
   scratch.resize(static_cast<size_t>(pool.size()));
-
-  // Tasks: (query row, head). Rows are numbered by their span in order.
-  int64_t total_rows = 0;
-  for (const AttentionSpan& s : spans) total_rows += s.rows;
-  std::vector<int32_t> span_of_row(static_cast<size_t>(total_rows));
-  {
-    int64_t i = 0;
+  // Whole head groups share the most; split them into single heads when
+  // there would be too few tasks to keep every thread busy (a decode step of
+  // one sequence). Each query's arithmetic is the same either way.
+  std::vector<Task> tasks;
+  auto plan = [&](int heads_per_task) {
+    tasks.clear();
     for (size_t s = 0; s < spans.size(); ++s) {
-      for (int32_t r = 0; r < spans[s].rows; ++r) span_of_row[static_cast<size_t>(i++)] = s;
+      for (int32_t r = 0; r < spans[s].rows; r += kRowTile) {
+        for (int kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
+          for (int h = 0; h < group; h += heads_per_task) {
+            tasks.push_back({static_cast<int32_t>(s), kv_head, kv_head * group + h,
+                             kv_head * group + std::min(group, h + heads_per_task), r,
+                             std::min(spans[s].rows, r + kRowTile)});
+          }
+        }
+      }
     }
-  }
-  std::vector<int64_t> first_index(spans.size(), 0);
-  for (size_t s = 1; s < spans.size(); ++s) first_index[s] = first_index[s - 1] + spans[s - 1].rows;
-
-  pool.ParallelFor(total_rows * shape.heads, [&](int64_t task, int thread) {
-    const int64_t flat_row = task / shape.heads;
-    const int head = static_cast<int>(task % shape.heads);
-    const AttentionSpan& span =
-        spans[static_cast<size_t>(span_of_row[static_cast<size_t>(flat_row)])];
-    const int32_t offset = static_cast<int32_t>(flat_row - first_index[span_of_row[flat_row]]);
-    const int64_t row = span.first_row + offset;
-    const int64_t position = span.first_position + offset;
-    const int64_t keys = position + 1;
-    const int kv_head = head / group;
-
-    std::vector<float>& scores = scratch[static_cast<size_t>(thread)];
-    scores.resize(static_cast<size_t>(keys) + static_cast<size_t>(head_dim));
-    const float* qh = q.Row(row) + int64_t{head} * head_dim;
-
-    for (int64_t j = 0; j < keys; ++j) {
-      const int64_t block = span.block_table[static_cast<size_t>(j / kv.block_size)];
-      const uint16_t* k = kv.k + block * block_stride + (j % kv.block_size) * token_stride +
-                          int64_t{kv_head} * head_dim;
-      scores[static_cast<size_t>(j)] = DotQK(qh, k, head_dim) * shape.scale;
-    }
-    const float sum = ExpAndSum(scores.data(), keys);
-
-    float* acc = out.Row(row) + int64_t{head} * head_dim;
-    std::memset(acc, 0, sizeof(float) * static_cast<size_t>(head_dim));
-    for (int64_t j = 0; j < keys; ++j) {
-      const int64_t block = span.block_table[static_cast<size_t>(j / kv.block_size)];
-      const uint16_t* v = kv.v + block * block_stride + (j % kv.block_size) * token_stride +
-                          int64_t{kv_head} * head_dim;
-      AccumulateV(acc, scores[static_cast<size_t>(j)], v, head_dim);
-    }
-    const float inverse = 1.0f / sum;
-    for (int i = 0; i < head_dim; ++i) acc[i] *= inverse;
+  };
+  plan(group);
+  if (group > 1 && tasks.size() < 4 * static_cast<size_t>(pool.size())) plan(1);
+  pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t, int thread) {
+    const Task& task = tasks[static_cast<size_t>(t)];
+    RunTask(task, kv, q, shape, spans[static_cast<size_t>(task.span)],
+            scratch[static_cast<size_t>(thread)], out);
   });
 }
 

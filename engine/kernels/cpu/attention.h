@@ -5,6 +5,13 @@
 // the probability-weighted sum of values in position order. Each output
 // depends only on its own query and the cached keys and values, so chunked
 // and batched prefill give bitwise the same result.
+//
+// The queries that read the same keys (the heads of one KV group, and the
+// rows of one sequence: a prompt chunk, or a decode token with its drafts)
+// run as one task that converts each block of keys and values from halves
+// once for all of them. So verifying k drafted tokens costs little more KV
+// traffic than decoding one, which is what makes speculation pay at long
+// contexts.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_
 #define TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_
 

@@ -1,0 +1,290 @@
+// tandem-spec-bench: decode speed with speculative decoding off, n-gram and
+// the layer-skip self-draft, on a code-editing workload (the prompt holds a
+// 300-line source file and asks for it back with a small change) and a chat
+// workload, at several batch sizes. In-process (ServingModel + Scheduler, no
+// gRPC), so the figures are the engine's and the scheduler's.
+//
+// For each workload, batch size and mode it prints the per-request decode
+// speed (tokens after the first / time from first to last token), its ratio
+// to "off" measured in the same run, the drafted and accepted tokens, and
+// whether the greedy tokens equal those of "off" (they must).
+//
+//   build/bin/tandem-spec-bench --batches=1,2,4,8
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "scheduler/scheduler.h"
+#include "server/serving_model.h"
+
+ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF model file");
+ABSL_FLAG(int, threads, 2, "CPU threads of the (single, colocated) worker");
+ABSL_FLAG(std::string, code_file, "scheduler/scheduler_core.cc",
+          "source file whose first --code_lines lines the code-editing prompt holds");
+ABSL_FLAG(int, code_lines, 300, "lines of --code_file in the prompt");
+ABSL_FLAG(bool, code_fence, true,
+          "the assistant's answer to a code-editing request opens with the code fence, as agent "
+          "harnesses prefill it (false: the model writes its own opening)");
+ABSL_FLAG(int, code_tokens, 256, "max_tokens of a code-editing request");
+ABSL_FLAG(int, chat_tokens, 128, "max_tokens of a chat request");
+ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}),
+          "concurrent requests per run");
+ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"off", "ngram", "draft"}),
+          "speculation modes to compare (off always runs first: the peer)");
+ABSL_FLAG(std::vector<std::string>, workloads, std::vector<std::string>({"code", "chat"}),
+          "workloads: code, chat");
+ABSL_FLAG(int, draft_layers, 20, "layers of the self-draft (mode draft)");
+ABSL_FLAG(int, max_draft, 8, "drafted tokens per sequence and step, at most");
+ABSL_FLAG(bool, adaptive, true, "adaptive draft lengths (as the daemon runs by default)");
+ABSL_FLAG(bool, print_outputs, false, "print each run's first output (to stderr)");
+ABSL_FLAG(int, batch1_requests, 3, "requests run one after another for batch size 1");
+
+namespace tandem {
+namespace {
+
+using scheduler::Request;
+
+// Small edits an agent asks for; each request of a batch gets its own.
+constexpr const char* kEdits[] = {
+    "Add the line `// Reviewed by Alice.` at the very top",
+    "Add the line `// Copyright 2026 Tandem.` at the very top",
+    "Add the line `// Do not edit by hand.` at the very top",
+    "Add the line `// Reviewed by Bob.` at the very top",
+    "Add the line `// Part of the scheduler.` at the very top",
+    "Add the line `// See docs/architecture.md.` at the very top",
+    "Add the line `// Owner: serving team.` at the very top",
+    "Add the line `// Last reviewed in November.` at the very top",
+};
+
+constexpr const char* kChats[] = {
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a refrigerator works.",
+    "What should I pack for a week of hiking?",
+    "Describe the water cycle for a ten-year-old.",
+    "Give me five tips for better sleep.",
+    "Why do leaves change color in autumn?",
+    "Write a poem about the sea.",
+    "How does a bicycle stay upright?",
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  scheduler::FinishInfo info;
+};
+
+class Sink : public scheduler::RequestSink {
+ public:
+  bool OnToken(int32_t token, bool, const step::TokenLogprobs*) override {
+    result_.tokens.push_back(token);
+    return false;
+  }
+  void OnFinish(const scheduler::FinishInfo& info) override {
+    result_.info = info;
+    done_.Notify();
+  }
+  Result Wait() {
+    done_.WaitForNotification();
+    return result_;
+  }
+
+ private:
+  Result result_;
+  absl::Notification done_;
+};
+
+struct Figures {
+  double decode_tokens = 0;   // tokens after each request's first
+  double decode_seconds = 0;  // summed over requests
+  double wall_seconds = 0;    // first first token to last finish, per batch, summed
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  std::vector<std::vector<int32_t>> outputs;
+  double PerRequest() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0; }
+  double Total() const { return wall_seconds > 0 ? decode_tokens / wall_seconds : 0; }
+};
+
+class Bench {
+ public:
+  explicit Bench(server::ServingModel* model) : model_(model) {}
+
+  std::vector<int32_t> Chat(const std::string& text) const {
+    const std::vector<tokenizer::ChatMessage> messages = {{"user", text}};
+    return model_->chat_template().Encode(model_->tokenizer(), messages);
+  }
+
+  Request Greedy(std::vector<int32_t> prompt, int32_t max_tokens) const {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    const tokenizer::SpecialTokens& special = model_->tokenizer().special();
+    for (const auto& id : {special.eos, special.eot}) {
+      if (id.has_value()) r.stop_token_ids.push_back(*id);
+    }
+    return r;
+  }
+
+  // Runs the requests in groups of `batch` concurrent ones on a scheduler
+  // with `proposer`.
+  Figures Run(step::Proposer proposer, const std::vector<Request>& requests, int batch) {
+    scheduler::SchedulerOptions options;
+    options.max_batched_tokens = 512;
+    options.block_size = model_->block_size();
+    options.kv_blocks = model_->kv_blocks();
+    options.context_length = model_->context_length();
+    options.speculation.proposer = proposer;
+    options.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
+    options.speculation.adaptive = absl::GetFlag(FLAGS_adaptive);
+    options.speculation.cost = model_->step_cost();
+    scheduler::Scheduler s(options, 1024, model_->prefill_worker());
+    // The shared part of the prompts (the file) is prefilled before timing.
+    Submit(s, Greedy(requests[0].prompt, 1))->Wait();
+    Figures f;
+    for (size_t first = 0; first < requests.size(); first += static_cast<size_t>(batch)) {
+      std::vector<std::shared_ptr<Sink>> sinks;
+      for (size_t i = first; i < std::min(requests.size(), first + batch); ++i) {
+        sinks.push_back(Submit(s, requests[i]));
+      }
+      absl::Time start = absl::InfiniteFuture(), end = absl::InfinitePast();
+      for (auto& sink : sinks) {
+        const Result r = sink->Wait();
+        const scheduler::Timeline& t = r.info.timeline;
+        start = std::min(start, t.first_token);
+        end = std::max(end, t.finished);
+        f.decode_tokens += static_cast<double>(r.tokens.size()) - 1;
+        f.decode_seconds += absl::ToDoubleSeconds(t.finished - t.first_token);
+        f.drafted += r.info.usage.drafted_tokens;
+        f.accepted += r.info.usage.accepted_tokens;
+        f.outputs.push_back(r.tokens);
+      }
+      f.wall_seconds += absl::ToDoubleSeconds(end - start);
+    }
+    return f;
+  }
+
+ private:
+  std::shared_ptr<Sink> Submit(scheduler::Scheduler& s, Request r) {
+    auto sink = std::make_shared<Sink>();
+    r.sink = sink;
+    if (!s.Submit(std::move(r)).ok()) {
+      std::fprintf(stderr, "submit failed\n");
+      std::exit(1);
+    }
+    return sink;
+  }
+
+  server::ServingModel* model_;
+};
+
+std::string FileHead(const std::string& path, int lines) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "cannot read --code_file=%s\n", path.c_str());
+    std::exit(2);
+  }
+  std::string line, text;
+  for (int i = 0; i < lines && std::getline(in, line); ++i) text += line + "\n";
+  return text;
+}
+
+step::Proposer ParseMode(const std::string& mode) {
+  if (mode == "ngram") return step::Proposer::kNgram;
+  if (mode == "draft") return step::Proposer::kDraftModel;
+  if (mode == "off") return step::Proposer::kNone;
+  std::fprintf(stderr, "unknown mode '%s' (off, ngram, draft)\n", mode.c_str());
+  std::exit(2);
+}
+
+int Main() {
+  server::ServingModelOptions options;
+  options.model_path = absl::GetFlag(FLAGS_model);
+  options.prefill_threads = absl::GetFlag(FLAGS_threads);
+  options.decode_threads = 0;
+  options.kv_cache_bytes = int64_t{1} << 30;
+  options.draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  auto model = server::ServingModel::Load(options);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  Bench bench(model->get());
+  const scheduler::StepCostModel& c = (*model)->step_cost();
+  std::printf(
+      "model %s, %d threads, step cost %.2f ms + %.2f ms/token, self-draft %d layers "
+      "(%.2f ms + %.2f ms/sequence a round), max draft %d, %s\n",
+      options.model_path.c_str(), options.prefill_threads, c.fixed, c.per_token,
+      options.draft_layers, c.draft_fixed, c.draft_per_token, absl::GetFlag(FLAGS_max_draft),
+      absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length");
+
+  const std::string code =
+      FileHead(absl::GetFlag(FLAGS_code_file), absl::GetFlag(FLAGS_code_lines));
+  std::vector<std::string> modes = absl::GetFlag(FLAGS_modes);
+  modes.erase(std::remove(modes.begin(), modes.end(), "off"), modes.end());
+  modes.insert(modes.begin(), "off");
+
+  std::printf("%-5s %5s %-6s %10s %7s %11s %7s %8s %8s %6s %5s\n", "work", "batch", "mode",
+              "req tok/s", "ratio", "total tok/s", "ratio", "drafted", "accepted", "rate", "same");
+  for (const std::string& workload : absl::GetFlag(FLAGS_workloads)) {
+    for (const std::string& batch_text : absl::GetFlag(FLAGS_batches)) {
+      const int batch = std::stoi(batch_text);
+      const int count = batch == 1 ? absl::GetFlag(FLAGS_batch1_requests) : batch;
+      std::vector<Request> requests;
+      for (int i = 0; i < count; ++i) {
+        if (workload == "code") {
+          const std::string prompt = std::string(kEdits[i % 8]) +
+                                     " of this source file and return the whole file, otherwise "
+                                     "unchanged:\n```cpp\n" +
+                                     code + "```";
+          std::vector<int32_t> tokens = bench.Chat(prompt);
+          if (absl::GetFlag(FLAGS_code_fence)) {
+            for (int32_t t : (*model)->tokenizer().Encode("```cpp\n", false)) tokens.push_back(t);
+          }
+          requests.push_back(bench.Greedy(std::move(tokens), absl::GetFlag(FLAGS_code_tokens)));
+        } else {
+          requests.push_back(
+              bench.Greedy(bench.Chat(kChats[i % 8]), absl::GetFlag(FLAGS_chat_tokens)));
+        }
+      }
+      if (batch_text == absl::GetFlag(FLAGS_batches)[0]) {
+        std::printf("# %s: prompt %zu tokens, up to %d generated\n", workload.c_str(),
+                    requests[0].prompt.size(), requests[0].max_tokens);
+      }
+      Figures off;
+      for (const std::string& mode : modes) {
+        const Figures f = bench.Run(ParseMode(mode), requests, batch);
+        if (mode == "off") off = f;
+        if (absl::GetFlag(FLAGS_print_outputs)) {
+          std::fprintf(stderr, "--- %s %s batch %d:\n%s\n---\n", workload.c_str(), mode.c_str(),
+                       batch, (*model)->tokenizer().Decode(f.outputs[0], true).c_str());
+        }
+        const double rate =
+            f.drafted > 0 ? 100.0 * static_cast<double>(f.accepted) / static_cast<double>(f.drafted)
+                          : 0.0;
+        std::printf("%-5s %5d %-6s %10.1f %6.2fx %11.1f %6.2fx %8lld %8lld %5.1f%% %5s\n",
+                    workload.c_str(), batch, mode.c_str(), f.PerRequest(),
+                    f.PerRequest() / off.PerRequest(), f.Total(), f.Total() / off.Total(),
+                    static_cast<long long>(f.drafted), static_cast<long long>(f.accepted), rate,
+                    f.outputs == off.outputs ? "yes" : "NO");
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::Main();
+}
