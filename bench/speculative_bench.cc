@@ -47,6 +47,9 @@ ABSL_FLAG(int, draft_layers, 20, "layers of the self-draft (mode draft)");
 ABSL_FLAG(int, max_draft, 8, "drafted tokens per sequence and step, at most");
 ABSL_FLAG(bool, adaptive, true, "adaptive draft lengths (as the daemon runs by default)");
 ABSL_FLAG(bool, print_outputs, false, "print each run's first output (to stderr)");
+ABSL_FLAG(int, rounds, 2,
+          "runs of every mode, interleaved (off, ngram, draft, off, ...); figures are summed, "
+          "so slow spells of a shared machine hit every mode alike");
 ABSL_FLAG(int, batch1_requests, 3, "requests run one after another for batch size 1");
 
 namespace tandem {
@@ -146,8 +149,13 @@ class Bench {
     options.speculation.adaptive = absl::GetFlag(FLAGS_adaptive);
     options.speculation.cost = model_->step_cost();
     scheduler::Scheduler s(options, 1024, model_->prefill_worker());
-    // The shared part of the prompts (the file) is prefilled before timing.
-    Submit(s, Greedy(requests[0].prompt, 1))->Wait();
+    // Every prompt is prefilled (into the prefix cache) before timing, so a
+    // timed batch decodes together instead of waiting on its own prefills.
+    {
+      std::vector<std::shared_ptr<Sink>> warm;
+      for (const Request& r : requests) warm.push_back(Submit(s, Greedy(r.prompt, 1)));
+      for (auto& sink : warm) sink->Wait();
+    }
     Figures f;
     for (size_t first = 0; first < requests.size(); first += static_cast<size_t>(batch)) {
       std::vector<std::shared_ptr<Sink>> sinks;
@@ -219,10 +227,12 @@ int Main() {
   Bench bench(model->get());
   const scheduler::StepCostModel& c = (*model)->step_cost();
   std::printf(
-      "model %s, %d threads, step cost %.2f ms + %.2f ms/token, self-draft %d layers "
-      "(%.2f ms + %.2f ms/sequence a round), max draft %d, %s\n",
+      "model %s, %d threads, step cost %.2f ms + %.2f ms/token + %.2f ms (+ %.2f ms per extra "
+      "row) per 1,000 context tokens, self-draft %d layers (%.2f ms + %.2f ms/sequence a "
+      "round), max draft %d, %s\n",
       options.model_path.c_str(), options.prefill_threads, c.fixed, c.per_token,
-      options.draft_layers, c.draft_fixed, c.draft_per_token, absl::GetFlag(FLAGS_max_draft),
+      1000 * c.per_context, 1000 * c.per_context_extra, options.draft_layers, c.draft_fixed,
+      c.draft_per_token, absl::GetFlag(FLAGS_max_draft),
       absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length");
 
   const std::string code =
@@ -240,10 +250,11 @@ int Main() {
       std::vector<Request> requests;
       for (int i = 0; i < count; ++i) {
         if (workload == "code") {
-          const std::string prompt = std::string(kEdits[i % 8]) +
-                                     " of this source file and return the whole file, otherwise "
-                                     "unchanged:\n```cpp\n" +
-                                     code + "```";
+          // The file first (every edit of it shares that prefix, as an
+          // agent's successive requests do), then the instruction.
+          const std::string prompt = "Here is a source file:\n```cpp\n" + code + "```\n" +
+                                     kEdits[i % 8] +
+                                     " and return the whole file, otherwise unchanged.";
           std::vector<int32_t> tokens = bench.Chat(prompt);
           if (absl::GetFlag(FLAGS_code_fence)) {
             for (int32_t t : (*model)->tokenizer().Encode("```cpp\n", false)) tokens.push_back(t);
@@ -258,10 +269,22 @@ int Main() {
         std::printf("# %s: prompt %zu tokens, up to %d generated\n", workload.c_str(),
                     requests[0].prompt.size(), requests[0].max_tokens);
       }
-      Figures off;
+      std::map<std::string, Figures> figures;
+      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+        for (const std::string& mode : modes) {
+          const Figures f = bench.Run(ParseMode(mode), requests, batch);
+          Figures& sum = figures[mode];
+          sum.decode_tokens += f.decode_tokens;
+          sum.decode_seconds += f.decode_seconds;
+          sum.wall_seconds += f.wall_seconds;
+          sum.drafted += f.drafted;
+          sum.accepted += f.accepted;
+          if (sum.outputs.empty()) sum.outputs = f.outputs;
+        }
+      }
+      const Figures& off = figures["off"];
       for (const std::string& mode : modes) {
-        const Figures f = bench.Run(ParseMode(mode), requests, batch);
-        if (mode == "off") off = f;
+        const Figures& f = figures[mode];
         if (absl::GetFlag(FLAGS_print_outputs)) {
           std::fprintf(stderr, "--- %s %s batch %d:\n%s\n---\n", workload.c_str(), mode.c_str(),
                        batch, (*model)->tokenizer().Decode(f.outputs[0], true).c_str());

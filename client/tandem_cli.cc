@@ -34,6 +34,7 @@ ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
 ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
 ABSL_FLAG(std::string, prompt_file, "", "read the question or prompt from this file");
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache salt (requests share cache only within one)");
+ABSL_FLAG(bool, disable_speculation, false, "no speculative decoding for this request");
 ABSL_FLAG(std::string, metrics, "http://127.0.0.1:9400/metrics", "metrics URL (shape)");
 
 namespace {
@@ -84,6 +85,7 @@ int Run(const std::string& command, const std::string& text) {
   }
   for (const std::string& s : absl::GetFlag(FLAGS_stop)) request.add_stop(s);
   request.set_cache_salt(absl::GetFlag(FLAGS_cache_salt));
+  request.set_disable_speculation(absl::GetFlag(FLAGS_disable_speculation));
 
   auto channel =
       grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
@@ -110,6 +112,8 @@ int Run(const std::string& command, const std::string& text) {
             << " prompt_tokens=" << last.usage().prompt_tokens()
             << " completion_tokens=" << last.usage().completion_tokens()
             << " cached_prompt_tokens=" << last.usage().cached_prompt_tokens()
+            << " drafted_tokens=" << last.usage().drafted_tokens()
+            << " accepted_tokens=" << last.usage().accepted_tokens()
             << " first_token_ms=" << last.timeline().first_token_ms()
             << " total_ms=" << last.timeline().total_ms() << "\n";
   return 0;

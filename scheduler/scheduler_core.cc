@@ -255,7 +255,7 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, size_t first,
     if (cap <= 0) continue;
     steps.push_back(i);
     seqs.push_back(seq);
-    candidates.push_back({seq->acceptance.rate(), cap});
+    candidates.push_back({seq->acceptance.rate(), cap, length});
   }
   if (candidates.empty()) return 0;
   const int64_t other_tokens = plan.TokenCount() - static_cast<int64_t>(candidates.size());

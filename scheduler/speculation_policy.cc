@@ -47,6 +47,9 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
   // Expected tokens and time of the step as planned so far.
   double yield = static_cast<double>(candidates.size());
   double time = c.fixed + c.per_token * static_cast<double>(other_tokens + candidates.size());
+  for (const DraftCandidate& candidate : candidates) {
+    time += c.per_context * static_cast<double>(candidate.context);
+  }
   std::vector<int32_t> drafting_in_round;  // [r]: sequences drafting a (r+1)-th token
   while (budget > 0) {
     // The best next draft token: the most expected tokens per added time.
@@ -56,10 +59,12 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
       const int32_t limit = std::min(candidates[i].max_draft, options.max_draft);
       if (k[i] >= limit) continue;
       const double gain = std::pow(candidates[i].acceptance, k[i] + 1);
-      double cost = c.per_token;
+      const double context = static_cast<double>(candidates[i].context);
+      double cost = c.per_token + c.per_context_extra * context;
       if (draft_model) {
         const size_t round = static_cast<size_t>(k[i]);
-        cost += c.draft_per_token + (round >= drafting_in_round.size() ? c.draft_fixed : 0.0);
+        cost += c.draft_per_token + c.draft_per_context * context +
+                (round >= drafting_in_round.size() ? c.draft_fixed : 0.0);
       }
       const double ratio = gain / cost;
       if (ratio > best_ratio) {

@@ -23,14 +23,24 @@
 
 namespace tandem::scheduler {
 
-// A step's time: fixed + per_token * tokens, and for draft-model
-// speculation, each drafting round: draft_fixed + draft_per_token * sequences.
-// Any unit (the ratios matter).
+// A step's time, in any unit (the ratios matter):
+//   fixed + per_token * tokens
+//   + for each sequence, context * (per_context + per_context_extra * (rows - 1))
+// where context is the tokens its attention reads and rows its tokens in
+// the step: the first row of a sequence pays for reading its KV, and the
+// extra rows of a verification share that read and pay only their own
+// arithmetic. So at long contexts a sequence's step is dominated by its KV,
+// and drafts are cheap next to it. With a draft model, each drafting round
+// adds draft_fixed + draft_per_token * sequences (+ their contexts times
+// draft_per_context).
 struct StepCostModel {
   double fixed = 1.0;
   double per_token = 0.1;
+  double per_context = 0.0;
+  double per_context_extra = 0.0;
   double draft_fixed = 0.0;
   double draft_per_token = 0.0;
+  double draft_per_context = 0.0;
 };
 
 struct SpeculationOptions {
@@ -66,6 +76,7 @@ class AcceptanceEstimate {
 struct DraftCandidate {
   double acceptance = 0.0;  // AcceptanceEstimate::rate()
   int32_t max_draft = 0;    // the most this sequence may draft (context, max_tokens, KV)
+  int32_t context = 0;      // tokens its attention reads (its length)
 };
 
 // Draft lengths for the decode sequences of one step (same order), using at

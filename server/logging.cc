@@ -87,22 +87,26 @@ std::string RequestFinishedLine(const std::string& request_id, int32_t prompt_to
     return fmt::format(
         R"({{"event":"request_finished","request_id":{},"finish_reason":"{}","path":"{}",)"
         R"("path_reason":"{}","prompt_tokens":{},"cached_prompt_tokens":{},)"
-        R"("completion_tokens":{},"queued_ms":{:.1f},"prefill_ms":{:.1f},"first_token_ms":{:.1f},)"
+        R"("completion_tokens":{},"drafted_tokens":{},"accepted_tokens":{},)"
+        R"("queued_ms":{:.1f},"prefill_ms":{:.1f},"first_token_ms":{:.1f},)"
         R"("handoff_ms":{:.1f},"decode_ms":{:.1f},"total_ms":{:.1f}{}}})",
         JsonString(request_id), scheduler::FinishReasonName(info.reason),
         scheduler::PathName(info.path), scheduler::PathReasonName(info.path_reason), prompt_tokens,
-        info.usage.cached_prompt_tokens, info.usage.completion_tokens, t.queued_ms(),
-        t.prefill_ms(), t.first_token_ms(), t.handoff_ms(), t.decode_ms(), t.total_ms(),
+        info.usage.cached_prompt_tokens, info.usage.completion_tokens, info.usage.drafted_tokens,
+        info.usage.accepted_tokens, t.queued_ms(), t.prefill_ms(), t.first_token_ms(),
+        t.handoff_ms(), t.decode_ms(), t.total_ms(),
         error.empty() ? "" : ",\"error\":" + JsonString(error));
   }
   return fmt::format(
       "request {} finished: reason={} path={} path_reason={} prompt_tokens={} "
-      "cached_prompt_tokens={} completion_tokens={} queued_ms={:.1f} prefill_ms={:.1f} "
-      "first_token_ms={:.1f} handoff_ms={:.1f} decode_ms={:.1f} total_ms={:.1f}{}",
+      "cached_prompt_tokens={} completion_tokens={} drafted_tokens={} accepted_tokens={} "
+      "queued_ms={:.1f} prefill_ms={:.1f} first_token_ms={:.1f} handoff_ms={:.1f} "
+      "decode_ms={:.1f} total_ms={:.1f}{}",
       request_id, scheduler::FinishReasonName(info.reason), scheduler::PathName(info.path),
       scheduler::PathReasonName(info.path_reason), prompt_tokens, info.usage.cached_prompt_tokens,
-      info.usage.completion_tokens, t.queued_ms(), t.prefill_ms(), t.first_token_ms(),
-      t.handoff_ms(), t.decode_ms(), t.total_ms(), error.empty() ? "" : " error=" + error);
+      info.usage.completion_tokens, info.usage.drafted_tokens, info.usage.accepted_tokens,
+      t.queued_ms(), t.prefill_ms(), t.first_token_ms(), t.handoff_ms(), t.decode_ms(),
+      t.total_ms(), error.empty() ? "" : " error=" + error);
 }
 
 }  // namespace tandem::server

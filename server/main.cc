@@ -266,9 +266,11 @@ int Main() {
     const scheduler::StepCostModel& c = sched.speculation.cost;
     spdlog::info(
         "speculative decoding: {} (up to {} drafted tokens, {}); step cost {:.2f} ms + {:.2f} "
-        "ms/token{}",
+        "ms/token + {:.2f} ms (+ {:.2f} ms per extra row) per 1,000 context tokens of a "
+        "sequence{}",
         absl::GetFlag(FLAGS_speculative), sched.speculation.max_draft,
         sched.speculation.adaptive ? "adaptive" : "fixed", c.fixed, c.per_token,
+        1000 * c.per_context, 1000 * c.per_context_extra,
         options.draft_layers > 0 ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence",
                                                c.draft_fixed, c.draft_per_token)
                                  : std::string());

@@ -65,26 +65,50 @@ absl::StatusOr<double> TimeForward(model::LlamaModel& model,
 }
 
 // Fits the speculation policy's step-time model on `model`: a decode step of
-// one sequence, the same step verifying 8 drafted tokens, and (with a
-// self-draft) draft passes over 1 and 8 sequences. It writes KV only into
-// blocks no sequence holds yet (the daemon has not started).
+// one sequence and the same step verifying 8 drafted tokens, both at the
+// start of a sequence and after `kContext` tokens (for what reading the KV
+// costs), and (with a self-draft) draft passes over 1 and 8 sequences. It
+// writes KV only into blocks no sequence holds yet (the daemon has not
+// started). The long context's KV is one computed block copied into the
+// others: real, distinct memory (pages never written would all read the one
+// shared zero page, from cache, and hide the cost of reading the KV).
 absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& model,
                                                          int draft_layers) {
   constexpr int kWide = 9;  // the decode token and 8 drafts
   const int block_size = model.block_size();
-  std::vector<int32_t> table((kWide + block_size - 1) / block_size + 1);
+  const int context = std::min(1024, (model.kv_blocks() - 1) * block_size - kWide);
+  std::vector<int32_t> table((context + kWide + block_size - 1) / block_size);
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
   const std::vector<int32_t> tokens(kWide, 0);
-  const model::SequenceInput one{std::span<const int32_t>(tokens).first(1), 0, table, 1};
-  const model::SequenceInput wide{tokens, 0, table, kWide};
-  absl::StatusOr<double> t1 = TimeForward(model, {&one, 1}, 0);
-  if (!t1.ok()) return t1.status();
-  absl::StatusOr<double> t9 = TimeForward(model, {&wide, 1}, 0);
-  if (!t9.ok()) return t9.status();
+  const std::span<const int32_t> first = std::span<const int32_t>(tokens).first(1);
+  {
+    const std::vector<int32_t> block_tokens(static_cast<size_t>(block_size), 0);
+    const model::SequenceInput fill{block_tokens, 0, table, 0};
+    std::vector<float> unused;
+    if (absl::Status s = model.Forward({&fill, 1}, &unused); !s.ok()) return s;
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    for (size_t b = 1; b < table.size(); ++b) copies.emplace_back(table[0], table[b]);
+    if (absl::Status s = model.CopyBlocks(copies); !s.ok()) return s;
+  }
+  auto time = [&](std::span<const int32_t> t, int32_t position, int logits,
+                  int layers) -> absl::StatusOr<double> {
+    const model::SequenceInput in{t, position, table, logits};
+    return TimeForward(model, {&in, 1}, layers);
+  };
+  absl::StatusOr<double> t1 = time(first, 0, 1, 0);
+  absl::StatusOr<double> t9 = time(tokens, 0, kWide, 0);
+  absl::StatusOr<double> c1 = time(first, context, 1, 0);
+  absl::StatusOr<double> c9 = time(tokens, context, kWide, 0);
+  for (const auto* t : {&t1, &t9, &c1, &c9}) {
+    if (!t->ok()) return t->status();
+  }
   scheduler::StepCostModel cost;
   cost.per_token = std::max(0.0, (*t9 - *t1) / (kWide - 1));
   cost.fixed = std::max(*t1 - cost.per_token, 0.01 * *t1);
+  cost.per_context = std::max(0.0, (*c1 - *t1) / context);
+  cost.per_context_extra = std::max(0.0, ((*c9 - *c1) - (*t9 - *t1)) / ((kWide - 1.0) * context));
   if (draft_layers > 0) {
+    const model::SequenceInput one{first, 0, table, 1};
     const std::vector<model::SequenceInput> eight(8, one);
     absl::StatusOr<double> d1 = TimeForward(model, {&one, 1}, draft_layers);
     if (!d1.ok()) return d1.status();
@@ -92,6 +116,8 @@ absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& mode
     if (!d8.ok()) return d8.status();
     cost.draft_per_token = std::max(0.0, (*d8 - *d1) / 7);
     cost.draft_fixed = std::max(0.0, *d1 - cost.draft_per_token);
+    cost.draft_per_context =
+        cost.per_context * draft_layers / static_cast<double>(model.config().layers);
   }
   return cost;
 }

@@ -46,6 +46,7 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   int block_size() const { return block_size_; }
+  int kv_blocks() const { return kv_blocks_; }
 
   // Runs the sequences as one batch. Writes, for each sequence in order, its
   // `logits` rows of config().vocab floats to `logits_out` (host memory).

@@ -75,6 +75,26 @@ TEST(AllocateDraftsTest, SpeculationShrinksAsTheBatchGrows) {
   EXPECT_EQ(previous, 0);  // at 16 sequences the step is compute-bound
 }
 
+// At long contexts a sequence's step is dominated by reading its KV, which
+// its drafts share: speculation pays at batch sizes where, at short
+// contexts, the step is compute-bound and it does not. (Coefficients of the
+// shape measured on the CPU: per 1,000 context tokens 6 per-token units for
+// the first row, 0.9 for each extra one.)
+TEST(AllocateDraftsTest, LongContextsKeepSpeculationWorthwhileAtLargerBatches) {
+  SpeculationOptions o = Ngram(2.3, 1);
+  o.cost.per_context = 0.006;
+  o.cost.per_context_extra = 0.0009;
+  auto drafted = [&](int batch, int32_t context) {
+    const std::vector<DraftCandidate> seqs(static_cast<size_t>(batch), {0.8, 100, context});
+    int total = 0;
+    for (int32_t x : AllocateDrafts(seqs, 1024, 0, o)) total += x;
+    return total;
+  };
+  EXPECT_EQ(drafted(16, 16), 0);
+  EXPECT_GE(drafted(16, 4000), 16);
+  EXPECT_GT(drafted(1, 4000), drafted(1, 16));
+}
+
 TEST(AllocateDraftsTest, RespectsCapsBudgetAndTheFixedMode) {
   const std::vector<DraftCandidate> seqs = {{0.99, 3}, {0.99, 100}};
   const std::vector<int32_t> k = AllocateDrafts(seqs, 128, 0, Ngram(100, 1));

@@ -1,0 +1,166 @@
+// Speculative decoding through tandemd: the flags, GetModelInfo, the
+// per-request opt-out, the usage fields and the metrics, which must count
+// exactly what the responses report.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <map>
+#include <sstream>
+
+#include "tests/e2e/daemon.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The sum of the samples of `name` whose labels contain every one of
+// `labels` (e.g. proposer="ngram"), from Prometheus text.
+double LabelledSum(const std::string& text, const std::string& name,
+                   const std::vector<std::string>& labels) {
+  double sum = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    const size_t close = line.find('}');
+    const std::string label_text = line.substr(name.size() + 1, close - name.size() - 1);
+    bool match = true;
+    for (const std::string& l : labels) match &= label_text.find(l) != std::string::npos;
+    if (match) sum += std::stod(line.substr(close + 1));
+  }
+  return sum;
+}
+
+// A request whose answer repeats its prompt: n-gram drafts get accepted.
+v1::GenerateRequest CopyRequest() {
+  return Chat(
+      "Repeat this list exactly, one item per line:\napple\nbanana\ncherry\ndate\nelderberry\n"
+      "fig\ngrape\nhoneydew\nkiwi\nlemon",
+      0.0f, 40);
+}
+
+struct Totals {
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+};
+
+void ExpectMetricsMatch(Daemon& daemon, const std::string& proposer, const Totals& totals) {
+  const std::optional<std::string> metrics = HttpGet(daemon.metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  const std::string label = "proposer=\"" + proposer + "\"";
+  EXPECT_EQ(LabelledSum(*metrics, "tandem_speculative_drafted_tokens_total", {label}),
+            totals.drafted);
+  EXPECT_EQ(LabelledSum(*metrics, "tandem_speculative_accepted_tokens_total", {label}),
+            totals.accepted);
+  // Acceptance by position adds up to the same totals, and falls with the
+  // position (a token is accepted only after every one before it).
+  EXPECT_EQ(LabelledSum(*metrics, "tandem_speculative_position_drafted_total", {label}),
+            totals.drafted);
+  EXPECT_EQ(LabelledSum(*metrics, "tandem_speculative_position_accepted_total", {label}),
+            totals.accepted);
+  const double first = LabelledSum(*metrics, "tandem_speculative_position_accepted_total",
+                                   {label, "position=\"1\""});
+  const double second = LabelledSum(*metrics, "tandem_speculative_position_accepted_total",
+                                    {label, "position=\"2\""});
+  EXPECT_GE(first, second);
+  // The accepted-length histogram: one observation per verification, their
+  // sum the accepted tokens.
+  EXPECT_EQ(LabelledSum(*metrics, "tandem_speculative_accepted_length_sum", {label}),
+            totals.accepted);
+  EXPECT_EQ(LabelledSum(*metrics, "tandem_speculative_accepted_length_count", {label}),
+            LabelledSum(*metrics, "tandem_speculative_position_drafted_total",
+                        {label, "position=\"1\""}));
+}
+
+TEST(SpeculationE2eTest, NgramDraftsChangeNoTokenAndAreReportedExactly) {
+  Daemon daemon({"--speculative=ngram", "--spec_adaptive=false", "--spec_max_draft=6"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  EXPECT_THAT(daemon.Log(), HasSubstr("speculative decoding: ngram"));
+  auto stub = daemon.Stub();
+  {
+    grpc::ClientContext context;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.speculative(), "ngram");
+  }
+  Totals totals;
+  const Generation drafted = Generate(*stub, CopyRequest());
+  ASSERT_TRUE(drafted.status.ok()) << drafted.status.error_message();
+  const v1::Usage& usage = drafted.last.usage();
+  EXPECT_GT(usage.accepted_tokens(), 0);
+  EXPECT_LE(usage.accepted_tokens(), usage.drafted_tokens());
+  totals.drafted += usage.drafted_tokens();
+  totals.accepted += usage.accepted_tokens();
+
+  // The opt-out: the same tokens, nothing drafted.
+  v1::GenerateRequest opt_out = CopyRequest();
+  opt_out.set_disable_speculation(true);
+  const Generation plain = Generate(*stub, opt_out);
+  ASSERT_TRUE(plain.status.ok());
+  EXPECT_EQ(plain.token_ids, drafted.token_ids);
+  EXPECT_EQ(plain.text, drafted.text);
+  EXPECT_EQ(plain.last.usage().drafted_tokens(), 0);
+  EXPECT_EQ(plain.last.usage().accepted_tokens(), 0);
+
+  // Seeded sampling with n-gram drafts: the very tokens of no drafts.
+  v1::GenerateRequest sampled = CopyRequest();
+  sampled.mutable_sampling()->set_temperature(0.7f);
+  sampled.mutable_sampling()->set_seed(99);
+  const Generation with = Generate(*stub, sampled);
+  sampled.set_disable_speculation(true);
+  const Generation without = Generate(*stub, sampled);
+  ASSERT_TRUE(with.status.ok() && without.status.ok());
+  EXPECT_EQ(with.token_ids, without.token_ids);
+  totals.drafted += with.last.usage().drafted_tokens();
+  totals.accepted += with.last.usage().accepted_tokens();
+
+  ExpectMetricsMatch(daemon, "ngram", totals);
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+TEST(SpeculationE2eTest, SelfDraftGivesTheSameGreedyTokens) {
+  Daemon daemon({"--speculative=draft", "--draft_layers=20", "--spec_adaptive=false",
+                 "--spec_max_draft=4", "--disagg_output_threshold=off"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  Totals totals;
+  for (const char* question : {"What is the capital of France?", "Name three animals."}) {
+    v1::GenerateRequest request = Chat(question, 0.0f, 24);
+    const Generation drafted = Generate(*stub, request);
+    request.set_disable_speculation(true);
+    const Generation plain = Generate(*stub, request);
+    ASSERT_TRUE(drafted.status.ok() && plain.status.ok());
+    EXPECT_EQ(drafted.token_ids, plain.token_ids) << question;
+    EXPECT_GT(drafted.last.usage().drafted_tokens(), 0);
+    totals.drafted += drafted.last.usage().drafted_tokens();
+    totals.accepted += drafted.last.usage().accepted_tokens();
+  }
+  EXPECT_LT(totals.accepted, totals.drafted) << "no rejection: the check saw nothing";
+  ExpectMetricsMatch(daemon, "draft", totals);
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+TEST(SpeculationE2eTest, BadSpeculationFlagsStopTheDaemonWithAClearMessage) {
+  struct Case {
+    std::vector<std::string> flags;
+    int exit_code;  // 2: a bad flag; 1: the model cannot be served so
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--speculative=bogus"}, 2, "--speculative='bogus': expected off, ngram or draft"},
+      {{"--speculative=draft"}, 2, "--speculative=draft needs a draft model: set --draft_layers"},
+      {{"--speculative=draft", "--draft_layers=30"},
+       1,
+       "--draft_layers=30: the self-draft needs 1..29 of the model's 30 layers"},
+  };
+  for (const Case& c : cases) {
+    Daemon daemon(c.flags);
+    EXPECT_EQ(daemon.WaitExit(std::chrono::seconds(60)), c.exit_code) << c.flags.back();
+    EXPECT_THAT(daemon.Log(), HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing
