@@ -97,15 +97,19 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "file of accepted API keys, one per line; requests must send 'authorization: Bearer "
           "<key>' (health checks and reflection stay open)");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent");
-ABSL_FLAG(std::string, speculative, "ngram",
-          "speculative decoding for requests that do not opt out: off, ngram (drafts from "
-          "earlier text of the sequence), or draft (a draft model: --draft_layers)");
+ABSL_FLAG(
+    std::string, speculative, "ngram",
+    "speculative decoding for requests that do not opt out: off, ngram (drafts from "
+    "earlier text of the sequence), or draft (a draft model: --draft_model or --draft_layers)");
 ABSL_FLAG(int, spec_max_draft, 8, "most tokens a sequence drafts per step");
 ABSL_FLAG(bool, spec_adaptive, true,
           "choose draft lengths from each sequence's acceptance and the batch's cost (false: "
           "always --spec_max_draft)");
 ABSL_FLAG(int, ngram_min, 1, "shortest match the n-gram proposer looks up");
 ABSL_FLAG(int, ngram_max, 3, "longest match the n-gram proposer looks up");
+ABSL_FLAG(std::string, draft_model, "",
+          "the draft model for --speculative=draft: a smaller GGUF model with the same "
+          "vocabulary (its KV takes memory beyond --kv_cache_bytes)");
 ABSL_FLAG(int, draft_layers, 0,
           "the draft model for --speculative=draft: the model's own first N layers and "
           "output head (layer-skip self-speculation); 0: none");
@@ -212,13 +216,14 @@ int Main() {
   options.ngram_min = absl::GetFlag(FLAGS_ngram_min);
   options.ngram_max = absl::GetFlag(FLAGS_ngram_max);
   options.draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  options.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   step::Proposer proposer = step::Proposer::kNone;
   if (const std::string mode = absl::GetFlag(FLAGS_speculative); mode == "ngram") {
     proposer = step::Proposer::kNgram;
   } else if (mode == "draft") {
     proposer = step::Proposer::kDraftModel;
-    if (options.draft_layers <= 0) {
-      spdlog::error("--speculative=draft needs a draft model: set --draft_layers");
+    if (options.draft_layers <= 0 && options.draft_model_path.empty()) {
+      spdlog::error("--speculative=draft needs a draft model: set --draft_model or --draft_layers");
       return 2;
     }
   } else if (mode != "off") {
@@ -271,9 +276,13 @@ int Main() {
         absl::GetFlag(FLAGS_speculative), sched.speculation.max_draft,
         sched.speculation.adaptive ? "adaptive" : "fixed", c.fixed, c.per_token,
         1000 * c.per_context, 1000 * c.per_context_extra,
-        options.draft_layers > 0 ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence",
-                                               c.draft_fixed, c.draft_per_token)
-                                 : std::string());
+        options.draft_layers > 0 || !options.draft_model_path.empty()
+            ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence ({})", c.draft_fixed,
+                          c.draft_per_token,
+                          options.draft_model_path.empty()
+                              ? fmt::format("the first {} layers", options.draft_layers)
+                              : options.draft_model_path)
+            : std::string());
   }
   if (threshold.has_value() && (*model)->decode_worker() == nullptr) {
     spdlog::warn(

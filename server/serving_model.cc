@@ -73,6 +73,7 @@ absl::StatusOr<double> TimeForward(model::LlamaModel& model,
 // others: real, distinct memory (pages never written would all read the one
 // shared zero page, from cache, and hide the cost of reading the KV).
 absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& model,
+                                                         model::LlamaModel* draft_model,
                                                          int draft_layers) {
   constexpr int kWide = 9;  // the decode token and 8 drafts
   const int block_size = model.block_size();
@@ -107,17 +108,25 @@ absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& mode
   cost.fixed = std::max(*t1 - cost.per_token, 0.01 * *t1);
   cost.per_context = std::max(0.0, (*c1 - *t1) / context);
   cost.per_context_extra = std::max(0.0, ((*c9 - *c1) - (*t9 - *t1)) / ((kWide - 1.0) * context));
-  if (draft_layers > 0) {
+  if (draft_layers > 0 || draft_model != nullptr) {
+    model::LlamaModel& drafter = draft_model != nullptr ? *draft_model : model;
+    const int layers = draft_model != nullptr ? 0 : draft_layers;
     const model::SequenceInput one{first, 0, table, 1};
     const std::vector<model::SequenceInput> eight(8, one);
-    absl::StatusOr<double> d1 = TimeForward(model, {&one, 1}, draft_layers);
+    absl::StatusOr<double> d1 = TimeForward(drafter, {&one, 1}, layers);
     if (!d1.ok()) return d1.status();
-    absl::StatusOr<double> d8 = TimeForward(model, eight, draft_layers);
+    absl::StatusOr<double> d8 = TimeForward(drafter, eight, layers);
     if (!d8.ok()) return d8.status();
     cost.draft_per_token = std::max(0.0, (*d8 - *d1) / 7);
     cost.draft_fixed = std::max(0.0, *d1 - cost.draft_per_token);
-    cost.draft_per_context =
-        cost.per_context * draft_layers / static_cast<double>(model.config().layers);
+    // Reading the KV scales with its size per token.
+    const model::ModelConfig& t = model.config();
+    const model::ModelConfig& d = drafter.config();
+    const double kv_share = draft_model != nullptr
+                                ? static_cast<double>(d.layers * d.kv_heads * d.head_dim) /
+                                      static_cast<double>(t.layers * t.kv_heads * t.head_dim)
+                                : static_cast<double>(draft_layers) / static_cast<double>(t.layers);
+    cost.draft_per_context = cost.per_context * kv_share;
   }
   return cost;
 }
@@ -232,11 +241,6 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                                              " --ngram_max=", options.ngram_max,
                                              ": need 1 <= ngram_min <= ngram_max"));
   }
-  // The step-time model comes from the worker that runs most decode steps.
-  absl::StatusOr<scheduler::StepCostModel> cost =
-      MeasureStepCost(*decoding_model, options.draft_layers);
-  if (!cost.ok()) return cost.status();
-  m->step_cost_ = *cost;
   m->prefill_ = std::make_unique<prefill::PrefillWorker>(std::move(prefill_backend),
                                                          *std::move(prefill_model));
   for (model::ModelWorker* worker : {static_cast<model::ModelWorker*>(m->prefill_.get()),
@@ -245,7 +249,72 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     worker->EnableNgramProposer(options.ngram_min, options.ngram_max);
     if (options.draft_layers > 0) worker->EnableSelfDraftProposer(options.draft_layers);
   }
+  model::LlamaModel* decoding_draft = nullptr;
+  if (!options.draft_model_path.empty()) {
+    if (options.draft_layers > 0) {
+      return absl::InvalidArgumentError(
+          "--draft_model and --draft_layers each name a draft model: set one");
+    }
+    absl::Status s = m->LoadDraftModel(options, cpus_for(0, options.prefill_threads),
+                                       cpus_for(options.prefill_threads, options.decode_threads));
+    if (!s.ok()) return s;
+    decoding_draft = (m->decode_ != nullptr ? m->decode_.get()
+                                            : static_cast<model::ModelWorker*>(m->prefill_.get()))
+                         ->draft_model();
+  }
+  // The step-time model comes from the worker that runs most decode steps.
+  absl::StatusOr<scheduler::StepCostModel> cost =
+      MeasureStepCost(*decoding_model, decoding_draft, options.draft_layers);
+  if (!cost.ok()) return cost.status();
+  m->step_cost_ = *cost;
   return m;
+}
+
+absl::Status ServingModel::LoadDraftModel(const ServingModelOptions& options,
+                                          std::vector<int> prefill_cpus,
+                                          std::vector<int> decode_cpus) {
+  const std::string& path = options.draft_model_path;
+  absl::StatusOr<std::unique_ptr<model::GgufFile>> opened = model::GgufFile::Open(path);
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<const model::GgufFile> file(*std::move(opened));
+  absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> tok =
+      tokenizer::BpeTokenizer::FromGguf(*file);
+  if (!tok.ok()) {
+    return absl::Status(tok.status().code(),
+                        StrCat("draft model '", path, "': tokenizer: ", tok.status().message()));
+  }
+  // Drafted token ids must mean the same text to both models.
+  const tokenizer::BpeTokenizer& mine = *tokenizer_;
+  if ((*tok)->vocab_size() != mine.vocab_size()) {
+    return absl::InvalidArgumentError(StrCat("draft model '", path, "' has ", (*tok)->vocab_size(),
+                                             " tokens; the model has ", mine.vocab_size(),
+                                             ": a draft model needs the same vocabulary"));
+  }
+  for (int id = 0; id < mine.vocab_size(); ++id) {
+    if ((*tok)->TokenBytes(id) != mine.TokenBytes(id)) {
+      return absl::InvalidArgumentError(StrCat("draft model '", path, "': token ", id,
+                                               " differs from the model's: a draft model needs "
+                                               "the same vocabulary"));
+    }
+  }
+  auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
+      options.prefill_threads, options.matmul_mode, std::move(prefill_cpus));
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_draft =
+      model::LlamaModel::Create(file, prefill_backend.get(), kv_blocks_, block_size_);
+  if (!prefill_draft.ok()) {
+    return absl::Status(prefill_draft.status().code(),
+                        StrCat("draft model '", path, "': ", prefill_draft.status().message()));
+  }
+  if (decode_ != nullptr) {
+    auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
+        options.decode_threads, options.matmul_mode, std::move(decode_cpus));
+    absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_draft =
+        model::LlamaModel::CreateSharingKv(**prefill_draft, decode_backend.get());
+    if (!decode_draft.ok()) return decode_draft.status();
+    decode_->EnableDraftModel(std::move(decode_backend), *std::move(decode_draft));
+  }
+  prefill_->EnableDraftModel(std::move(prefill_backend), *std::move(prefill_draft));
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::server

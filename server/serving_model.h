@@ -37,6 +37,10 @@ struct ServingModelOptions {
   int ngram_min = 1;
   int ngram_max = 3;
   int draft_layers = 0;
+  // A separate draft model file (same vocabulary); empty: none. Its KV uses
+  // the same block ids as the target's, in storage of its own (extra memory:
+  // kv_blocks x its bytes per block).
+  std::string draft_model_path;
 };
 
 // MemAvailable from /proc/meminfo, in bytes.
@@ -69,6 +73,9 @@ class ServingModel {
 
  private:
   ServingModel() = default;
+  // Loads options.draft_model_path for both workers (after they exist).
+  absl::Status LoadDraftModel(const ServingModelOptions& options, std::vector<int> prefill_cpus,
+                              std::vector<int> decode_cpus);
 
   std::shared_ptr<const model::GgufFile> file_;
   model::ModelConfig config_;

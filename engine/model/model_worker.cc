@@ -18,6 +18,19 @@ void ModelWorker::EnableNgramProposer(int32_t min_n, int32_t max_n) {
 
 void ModelWorker::EnableSelfDraftProposer(int layers) {
   draft_model_ = std::make_unique<speculative::SelfDraftProposer>(model_.get(), layers);
+  separate_draft_ = nullptr;
+}
+
+void ModelWorker::EnableDraftModel(std::unique_ptr<kernels::Backend> backend,
+                                   std::unique_ptr<LlamaModel> draft) {
+  auto proposer =
+      std::make_unique<speculative::DraftModelProposer>(std::move(backend), std::move(draft));
+  separate_draft_ = proposer.get();
+  draft_model_ = std::move(proposer);
+}
+
+LlamaModel* ModelWorker::draft_model() {
+  return separate_draft_ != nullptr ? &separate_draft_->model() : nullptr;
 }
 
 absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
@@ -55,6 +68,11 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
     std::vector<std::pair<int32_t, int32_t>> copies;
     for (const step::BlockCopy& c : plan.block_copies) copies.emplace_back(c.from, c.to);
     result.status = model_->CopyBlocks(copies);
+    if (!result.status.ok()) return result;
+  }
+  // A separate draft model sees every token the target computes.
+  if (separate_draft_ != nullptr) {
+    result.status = separate_draft_->Shadow(plan);
     if (!result.status.ok()) return result;
   }
   std::vector<speculative::Draft> drafts;
@@ -110,6 +128,12 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
       row += rows;
     }
     result.sequences.push_back(std::move(r));
+  }
+  if (separate_draft_ != nullptr) {
+    std::vector<int32_t> accepted;
+    for (const step::SequenceResult& r : result.sequences) accepted.push_back(r.accepted);
+    result.status = separate_draft_->CatchUp(plan, drafts, accepted);
+    if (!result.status.ok()) result.sequences.clear();
   }
   return result;
 }

@@ -13,6 +13,7 @@
 
 #include "engine/kernels/backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/speculative/draft_model_proposer.h"
 #include "engine/speculative/proposer.h"
 #include "engine/step/step_plan.h"
 
@@ -29,6 +30,13 @@ class ModelWorker : public step::Worker {
   void EnableNgramProposer(int32_t min_n, int32_t max_n);
   // Layer-skip self-drafting with the model's first `layers` layers.
   void EnableSelfDraftProposer(int layers);
+  // Drafting with a separate draft model (same vocabulary, the same KV block
+  // ids, its own KV storage; engine/speculative/draft_model_proposer.h),
+  // bound to its own `backend`. Replaces a self-draft.
+  void EnableDraftModel(std::unique_ptr<kernels::Backend> backend,
+                        std::unique_ptr<LlamaModel> draft);
+  // The separate draft model, or null.
+  LlamaModel* draft_model();
 
   // Pins the worker's thread to its backend's CPUs.
   void OnThreadStart() override { backend_->BindCallingThread(); }
@@ -47,6 +55,7 @@ class ModelWorker : public step::Worker {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<speculative::DraftProposer> ngram_;
   std::unique_ptr<speculative::DraftProposer> draft_model_;
+  speculative::DraftModelProposer* separate_draft_ = nullptr;  // draft_model_, when separate
   std::vector<float> logits_;
 };
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tests/e2e/daemon.h"
+#include "tests/test_paths.h"
 
 namespace tandem::testing {
 namespace {
@@ -142,7 +143,32 @@ TEST(SpeculationE2eTest, SelfDraftGivesTheSameGreedyTokens) {
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 
+// A separate draft model file on both workers: a request handed from the
+// prefill worker to the decode worker mid-decode keeps drafting with the
+// draft KV both share. The draft is the target's own file, so every draft
+// must be accepted (a draft KV out of step would be rejected).
+TEST(SpeculationE2eTest, ASeparateDraftModelServesBothWorkers) {
+  const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
+  Daemon daemon({"--speculative=draft", "--draft_model=" + model, "--spec_adaptive=false",
+                 "--spec_max_draft=4"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  EXPECT_THAT(daemon.Log(), HasSubstr(model));
+  auto stub = daemon.Stub();
+  v1::GenerateRequest request = Chat("Write a short poem about the sea.", 0.0f, 48);
+  request.set_ignore_eos(true);
+  const Generation drafted = Generate(*stub, request);
+  request.set_disable_speculation(true);
+  const Generation plain = Generate(*stub, request);
+  ASSERT_TRUE(drafted.status.ok() && plain.status.ok());
+  EXPECT_EQ(drafted.token_ids, plain.token_ids);
+  EXPECT_EQ(drafted.last.path(), v1::PATH_DISAGGREGATED);
+  EXPECT_GT(drafted.last.usage().drafted_tokens(), 0);
+  EXPECT_EQ(drafted.last.usage().accepted_tokens(), drafted.last.usage().drafted_tokens());
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
 TEST(SpeculationE2eTest, BadSpeculationFlagsStopTheDaemonWithAClearMessage) {
+  const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
   struct Case {
     std::vector<std::string> flags;
     int exit_code;  // 2: a bad flag; 1: the model cannot be served so
@@ -150,10 +176,18 @@ TEST(SpeculationE2eTest, BadSpeculationFlagsStopTheDaemonWithAClearMessage) {
   };
   const std::vector<Case> cases = {
       {{"--speculative=bogus"}, 2, "--speculative='bogus': expected off, ngram or draft"},
-      {{"--speculative=draft"}, 2, "--speculative=draft needs a draft model: set --draft_layers"},
+      {{"--speculative=draft"},
+       2,
+       "--speculative=draft needs a draft model: set --draft_model or --draft_layers"},
       {{"--speculative=draft", "--draft_layers=30"},
        1,
        "--draft_layers=30: the self-draft needs 1..29 of the model's 30 layers"},
+      {{"--speculative=draft", "--draft_model=/nonexistent/draft.gguf"},
+       1,
+       "/nonexistent/draft.gguf"},
+      {{"--speculative=draft", "--draft_model=" + model, "--draft_layers=4"},
+       1,
+       "--draft_model and --draft_layers each name a draft model: set one"},
   };
   for (const Case& c : cases) {
     Daemon daemon(c.flags);

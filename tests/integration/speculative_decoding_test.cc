@@ -124,6 +124,18 @@ struct Mode {
   bool cheap_drafts = false;
 };
 
+Request Sampled(const std::vector<int32_t>& prompt, int32_t max_tokens, float temperature,
+                uint64_t seed) {
+  Request r;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = temperature;
+  r.sampling.top_k = 40;
+  r.sampling.top_p = 0.95f;
+  r.sampling.seed = seed;
+  return r;
+}
+
 class SpeculativeDecodingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -257,6 +269,55 @@ TEST_F(SpeculativeDecodingTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) 
   }
 }
 
+// A separate draft model (--draft_model) keeps its own KV in step with the
+// target's: it runs every prompt chunk and decode token, drafts, and catches
+// up on accepted drafts it has not run. Drafted with the target's own file,
+// every draft must be accepted, greedy or sampled: a draft KV that missed a
+// token (a prompt chunk, a prefix-cache hit, the last draft of a fully
+// accepted run) would draft differently from the target and be rejected.
+TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
+  server::ServingModelOptions options;
+  options.model_path = testing::TestModelPath();
+  options.prefill_threads = 2;
+  options.decode_threads = 0;
+  options.pin_threads = false;
+  options.kv_cache_bytes = int64_t{96} << 20;
+  options.context_length = 2048;
+  options.draft_model_path = testing::TestModelPath();
+  auto loaded = server::ServingModel::Load(options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  server::ServingModel* target = model_;
+  model_ = loaded->get();  // Run() and the helpers use model_
+
+  std::vector<Request> requests;
+  for (size_t i : {0u, 5u, 12u, 13u, 16u, 19u}) requests.push_back(Greedy(Prompts()[i], 24));
+  requests.push_back(requests[2]);  // the same prompt again: a prefix-cache hit
+  for (int i = 0; i < 2; ++i) {
+    requests.push_back(Sampled(ChatPrompt(Prompts()[14 + i]), 24, 0.8f, 5 + i));
+  }
+  const std::vector<Output> off = Run({}, requests);
+  for (bool together : {false, true}) {
+    SCOPED_TRACE(together ? "batched" : "alone");
+    std::vector<Output> drafted;
+    if (together) {
+      drafted = Run({Proposer::kDraftModel, false, false}, requests);
+    } else {
+      for (const Request& r : requests) {
+        drafted.push_back(Run({Proposer::kDraftModel, false, false}, {r})[0]);
+      }
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const scheduler::Usage& u = drafted[i].info.usage;
+      EXPECT_GT(u.drafted_tokens, 0) << "request " << i;
+      EXPECT_EQ(u.accepted_tokens, u.drafted_tokens) << "request " << i;
+      if (requests[i].sampling.temperature == 0.0f) {
+        EXPECT_EQ(drafted[i].tokens, off[i].tokens) << "request " << i;
+      }
+    }
+  }
+  model_ = target;
+}
+
 // Greedy with log-probabilities: every token's logprobs (from the
 // verification pass, after earlier rejections) are bitwise those of a run
 // that never drafted, so no rejected token's KV was read.
@@ -353,18 +414,6 @@ TEST_F(SpeculativeDecodingTest, RejectedDraftsLeaveNoTraceInTheNextStepsLogits) 
   std::vector<float> with_rejected;
   ASSERT_TRUE(m.Forward({&dirty, 1}, &with_rejected).ok());
   EXPECT_NE(std::memcmp(with_rejected.data(), reference.data(), reference.size() * 4), 0);
-}
-
-Request Sampled(const std::vector<int32_t>& prompt, int32_t max_tokens, float temperature,
-                uint64_t seed) {
-  Request r;
-  r.prompt = prompt;
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = temperature;
-  r.sampling.top_k = 40;
-  r.sampling.top_p = 0.95f;
-  r.sampling.seed = seed;
-  return r;
 }
 
 // n-gram drafts are point masses: verification keeps a drafted token exactly

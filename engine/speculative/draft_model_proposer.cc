@@ -1,0 +1,94 @@
+#include "engine/speculative/draft_model_proposer.h"
+
+#include <algorithm>
+
+#include "engine/speculative/draft_rounds.h"
+
+namespace tandem::speculative {
+namespace {
+
+// The position of a step's last token.
+int32_t LastPosition(const step::SequenceStep& s) {
+  return s.first_position + static_cast<int32_t>(s.tokens.size()) - 1;
+}
+
+}  // namespace
+
+DraftModelProposer::DraftModelProposer(std::unique_ptr<kernels::Backend> backend,
+                                       std::unique_ptr<model::LlamaModel> model)
+    : backend_(std::move(backend)), model_(std::move(model)) {}
+
+absl::Status DraftModelProposer::Shadow(const step::StepPlan& plan) {
+  first_round_row_.clear();
+  seen_through_.clear();
+  if (!plan.block_copies.empty()) {
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    for (const step::BlockCopy& c : plan.block_copies) copies.emplace_back(c.from, c.to);
+    if (absl::Status s = model_->CopyBlocks(copies); !s.ok()) return s;
+  }
+  std::vector<model::SequenceInput> inputs;
+  size_t rows = 0;
+  for (const step::SequenceStep& s : plan.sequences) {
+    const bool drafts = s.sample && s.proposer == step::Proposer::kDraftModel && s.draft_limit > 0;
+    model::SequenceInput in;
+    in.tokens = s.tokens;
+    in.first_position = s.first_position;
+    in.block_table = s.block_table;
+    in.logits = drafts ? 1 : 0;
+    inputs.push_back(in);
+    if (drafts) first_round_row_[&s] = rows++;
+    seen_through_[&s] = LastPosition(s);
+  }
+  if (inputs.empty()) return absl::OkStatus();
+  return model_->Forward(inputs, &shadow_logits_);
+}
+
+absl::Status DraftModelProposer::Propose(std::span<const DraftRequest> requests,
+                                         std::vector<Draft>* drafts) {
+  const size_t vocab = static_cast<size_t>(model_->config().vocab);
+  std::vector<float> first_round(requests.size() * vocab);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto row = first_round_row_.find(requests[i].step);
+    if (row == first_round_row_.end()) {
+      return absl::InternalError("draft model: a drafting step was not shadowed");
+    }
+    std::copy_n(shadow_logits_.begin() + static_cast<std::ptrdiff_t>(row->second * vocab), vocab,
+                first_round.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+  }
+  if (absl::Status s = DraftRounds(*model_, 0, requests, first_round, drafts, &logits_); !s.ok()) {
+    return s;
+  }
+  // Round r ran the draft model at LastPosition + r for r >= 1 (on drafts
+  // 1..k-1); the k-th draft itself has not been run.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const int32_t k = static_cast<int32_t>((*drafts)[i].tokens.size());
+    if (k > 1) seen_through_[requests[i].step] = LastPosition(*requests[i].step) + k - 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftModelProposer::CatchUp(const step::StepPlan& plan, std::span<const Draft> drafts,
+                                         std::span<const int32_t> accepted) {
+  std::vector<model::SequenceInput> inputs;
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const step::SequenceStep& s = plan.sequences[i];
+    if (!s.sample || accepted[i] <= 0) continue;
+    const int32_t last = LastPosition(s);
+    const int32_t seen = seen_through_.contains(&s) ? seen_through_[&s] : last;
+    // Positions last+1 .. last+accepted hold drafts 1..accepted.
+    const int32_t from = std::max(seen, last) + 1 - last;  // first draft (1-based) not yet run
+    if (from > accepted[i]) continue;
+    model::SequenceInput in;
+    in.tokens =
+        std::span<const TokenId>(drafts[i].tokens)
+            .subspan(static_cast<size_t>(from - 1), static_cast<size_t>(accepted[i] - from + 1));
+    in.first_position = last + from;
+    in.block_table = s.block_table;
+    in.logits = 0;
+    inputs.push_back(in);
+  }
+  if (inputs.empty()) return absl::OkStatus();
+  return model_->Forward(inputs, &logits_);
+}
+
+}  // namespace tandem::speculative
