@@ -10,12 +10,14 @@
 //  - Rejected tokens leave no trace: the logits after a rejection are bitwise
 //    those of a sequence that never saw the rejected tokens, and every
 //    token's log-probabilities are bitwise those of a run without drafts.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -28,6 +30,7 @@
 #include "scheduler/scheduler.h"
 #include "server/serving_model.h"
 #include "tests/integration/test_model.h"
+#include "tests/unit/gguf_builder.h"
 
 namespace tandem {
 namespace {
@@ -316,6 +319,55 @@ TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
     }
   }
   model_ = target;
+}
+
+// A draft model must speak the target's vocabulary: a smaller one, or one
+// with a single token spelled differently, is refused at load with the file
+// and the difference named. (The files hold only the tokenizer: the check
+// comes before any weight is read.)
+TEST_F(SpeculativeDecodingTest, ADraftModelWithAnotherVocabularyIsRefused) {
+  auto file = model::GgufFile::Open(testing::TestModelPath());
+  ASSERT_TRUE(file.ok());
+  const std::vector<std::string_view> tokens = *(*file)->GetStringArray("tokenizer.ggml.tokens");
+  const std::vector<std::string_view> merges = *(*file)->GetStringArray("tokenizer.ggml.merges");
+  auto write = [](const std::string& name, std::vector<std::string> vocab,
+                  std::vector<std::string> merge_list) {
+    const std::string path = ::testing::TempDir() + "/" + name;
+    const std::vector<uint8_t> bytes = testing::GgufBuilder()
+                                           .String("general.architecture", "llama")
+                                           .String("tokenizer.ggml.model", "gpt2")
+                                           .StringArray("tokenizer.ggml.tokens", vocab)
+                                           .StringArray("tokenizer.ggml.merges", merge_list)
+                                           .Build();
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    return path;
+  };
+  std::vector<std::string> all(tokens.begin(), tokens.end());
+  std::vector<std::string> all_merges(merges.begin(), merges.end());
+  std::vector<std::string> renamed = all;
+  renamed[0] = "<|not_the_same|>";  // a special token: no merge refers to it
+  const std::vector<std::string> first_300(all.begin(), all.begin() + 300);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {write("small-vocab.gguf", first_300, {}), "has 300 tokens; the model has 49152"},
+      {write("renamed-vocab.gguf", renamed, all_merges), "token 0 differs from the model's"},
+  };
+  for (const auto& [path, message] : cases) {
+    server::ServingModelOptions options;
+    options.model_path = testing::TestModelPath();
+    options.prefill_threads = 1;
+    options.decode_threads = 0;
+    options.pin_threads = false;
+    options.kv_cache_bytes = int64_t{96} << 20;
+    options.context_length = 2048;
+    options.draft_model_path = path;
+    auto loaded = server::ServingModel::Load(options);
+    ASSERT_FALSE(loaded.ok()) << path;
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(loaded.status().message()), ::testing::HasSubstr(message));
+    EXPECT_THAT(std::string(loaded.status().message()), ::testing::HasSubstr(path));
+  }
 }
 
 // Greedy with log-probabilities: every token's logprobs (from the
