@@ -141,7 +141,8 @@ Request Sampled(const std::vector<int32_t>& prompt, int32_t max_tokens, float te
 
 class SpeculativeDecodingTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  // The real model on one 2-thread worker, a small KV cache, no proposers.
+  static server::ServingModelOptions TestOptions() {
     server::ServingModelOptions options;
     options.model_path = testing::TestModelPath();
     options.prefill_threads = 2;
@@ -149,6 +150,11 @@ class SpeculativeDecodingTest : public ::testing::Test {
     options.pin_threads = false;
     options.kv_cache_bytes = int64_t{96} << 20;
     options.context_length = 2048;
+    return options;
+  }
+
+  static void SetUpTestSuite() {
+    server::ServingModelOptions options = TestOptions();
     options.draft_layers = kDraftLayers;
     auto model = server::ServingModel::Load(options);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -279,13 +285,7 @@ TEST_F(SpeculativeDecodingTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) 
 // token (a prompt chunk, a prefix-cache hit, the last draft of a fully
 // accepted run) would draft differently from the target and be rejected.
 TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
-  server::ServingModelOptions options;
-  options.model_path = testing::TestModelPath();
-  options.prefill_threads = 2;
-  options.decode_threads = 0;
-  options.pin_threads = false;
-  options.kv_cache_bytes = int64_t{96} << 20;
-  options.context_length = 2048;
+  server::ServingModelOptions options = SpeculativeDecodingTest::TestOptions();
   options.draft_model_path = testing::TestModelPath();
   auto loaded = server::ServingModel::Load(options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -354,13 +354,7 @@ TEST_F(SpeculativeDecodingTest, ADraftModelWithAnotherVocabularyIsRefused) {
       {write("renamed-vocab.gguf", renamed, all_merges), "token 0 differs from the model's"},
   };
   for (const auto& [path, message] : cases) {
-    server::ServingModelOptions options;
-    options.model_path = testing::TestModelPath();
-    options.prefill_threads = 1;
-    options.decode_threads = 0;
-    options.pin_threads = false;
-    options.kv_cache_bytes = int64_t{96} << 20;
-    options.context_length = 2048;
+    server::ServingModelOptions options = SpeculativeDecodingTest::TestOptions();
     options.draft_model_path = path;
     auto loaded = server::ServingModel::Load(options);
     ASSERT_FALSE(loaded.ok()) << path;
