@@ -117,6 +117,13 @@ SchedulerCore::Sequence* SchedulerCore::Find(uint64_t id) {
   return nullptr;
 }
 
+SchedulerCore::Sequence* SchedulerCore::FindRunning(Lane lane, uint64_t id) {
+  for (SequencePtr& s : running_of(lane)) {
+    if (s->id == id) return s.get();
+  }
+  return nullptr;
+}
+
 SchedulerCore::SequencePtr SchedulerCore::Take(uint64_t id) {
   for (std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
     for (auto it = list->begin(); it != list->end(); ++it) {
@@ -159,7 +166,7 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
 
   // Running sequences: decodes first (pass 0), then unfinished prompts.
   for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 1 && !prompt_work && budget > 0) budget -= PlanDrafts(lane, plan, 0, budget);
+    if (pass == 1 && !prompt_work && budget > 0) budget -= PlanDrafts(lane, plan, budget);
     for (auto it = list.begin(); it != list.end() && budget > 0;) {
       Sequence& seq = **it;
       const int32_t needed = static_cast<int32_t>(seq.tokens.size()) - seq.computed;
@@ -234,18 +241,15 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
   return plan;
 }
 
-int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, size_t first, int32_t budget) {
+int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budget) {
   if (options_.speculation.proposer == step::Proposer::kNone) return 0;
   std::vector<size_t> steps;
   std::vector<Sequence*> seqs;
   std::vector<DraftCandidate> candidates;
-  for (size_t i = first; i < plan.sequences.size(); ++i) {
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& step = plan.sequences[i];
     if (!step.sample || step.tokens.size() != 1) continue;
-    Sequence* seq = nullptr;
-    for (SequencePtr& s : running_of(lane)) {
-      if (s->id == step.sequence_id) seq = s.get();
-    }
+    Sequence* seq = FindRunning(lane, step.sequence_id);
     if (seq == nullptr || seq->proposer == step::Proposer::kNone) continue;
     // The drafts and the token after them must fit max_tokens and the
     // context (the forward pass writes positions up to computed + k).
@@ -317,10 +321,7 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
                "a step result must answer every sequence of its plan");
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& s = plan.sequences[i];
-    Sequence* seq = nullptr;
-    for (SequencePtr& candidate : running_of(lane)) {
-      if (candidate->id == s.sequence_id) seq = candidate.get();
-    }
+    Sequence* seq = FindRunning(lane, s.sequence_id);
     TANDEM_CHECK(seq != nullptr && seq->in_flight, "a planned sequence left its lane mid-step");
     seq->in_flight = false;
     if (!result.status.ok()) {

@@ -152,13 +152,15 @@ class SchedulerCore {
                                    const absl::flat_hash_set<uint64_t>& planned, absl::Time now);
   void Preempt(RunningList& list, RunningList::iterator it);
   void MaybeHandOff(Sequence& seq);
-  // Gives the decode steps plan.sequences[first..] of `lane` their drafts
-  // (speculative decoding), within `budget` tokens; returns the tokens used.
-  int32_t PlanDrafts(Lane lane, step::StepPlan& plan, size_t first, int32_t budget);
+  // Gives the decode steps of `lane`'s plan their drafts (speculative
+  // decoding), within `budget` tokens; returns the tokens used.
+  int32_t PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budget);
   void Finish(SequencePtr seq, FinishReason reason, absl::Status why);
   step::SequenceStep MakeStep(const Sequence& seq, int32_t count) const;
   // Finds a waiting or running sequence.
   Sequence* Find(uint64_t id);
+  // Finds a sequence running in `lane`, or null.
+  Sequence* FindRunning(Lane lane, uint64_t id);
   // Removes and returns a sequence that is not in flight.
   SequencePtr Take(uint64_t id);
 

@@ -20,7 +20,6 @@ DraftModelProposer::DraftModelProposer(std::unique_ptr<kernels::Backend> backend
 
 absl::Status DraftModelProposer::Shadow(const step::StepPlan& plan) {
   first_round_row_.clear();
-  seen_through_.clear();
   if (!plan.block_copies.empty()) {
     std::vector<std::pair<int32_t, int32_t>> copies;
     for (const step::BlockCopy& c : plan.block_copies) copies.emplace_back(c.from, c.to);
@@ -37,7 +36,6 @@ absl::Status DraftModelProposer::Shadow(const step::StepPlan& plan) {
     in.logits = drafts ? 1 : 0;
     inputs.push_back(in);
     if (drafts) first_round_row_[&s] = rows++;
-    seen_through_[&s] = LastPosition(s);
   }
   if (inputs.empty()) return absl::OkStatus();
   return model_->Forward(inputs, &shadow_logits_);
@@ -55,16 +53,7 @@ absl::Status DraftModelProposer::Propose(std::span<const DraftRequest> requests,
     std::copy_n(shadow_logits_.begin() + static_cast<std::ptrdiff_t>(row->second * vocab), vocab,
                 first_round.begin() + static_cast<std::ptrdiff_t>(i * vocab));
   }
-  if (absl::Status s = DraftRounds(*model_, 0, requests, first_round, drafts, &logits_); !s.ok()) {
-    return s;
-  }
-  // Round r ran the draft model at LastPosition + r for r >= 1 (on drafts
-  // 1..k-1); the k-th draft itself has not been run.
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const int32_t k = static_cast<int32_t>((*drafts)[i].tokens.size());
-    if (k > 1) seen_through_[requests[i].step] = LastPosition(*requests[i].step) + k - 1;
-  }
-  return absl::OkStatus();
+  return DraftRounds(*model_, 0, requests, first_round, drafts, &logits_);
 }
 
 absl::Status DraftModelProposer::CatchUp(const step::StepPlan& plan, std::span<const Draft> drafts,
@@ -73,10 +62,13 @@ absl::Status DraftModelProposer::CatchUp(const step::StepPlan& plan, std::span<c
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& s = plan.sequences[i];
     if (!s.sample || accepted[i] <= 0) continue;
+    // Positions last+1 .. last+accepted hold drafts 1..accepted. The shadow
+    // pass ran the step's tokens; drafting rounds 2..k ran this model's own
+    // drafts 1..k-1, not the k-th; other proposers' drafts it never ran.
     const int32_t last = LastPosition(s);
-    const int32_t seen = seen_through_.contains(&s) ? seen_through_[&s] : last;
-    // Positions last+1 .. last+accepted hold drafts 1..accepted.
-    const int32_t from = std::max(seen, last) + 1 - last;  // first draft (1-based) not yet run
+    const int32_t k = static_cast<int32_t>(drafts[i].tokens.size());
+    const int32_t run = s.proposer == step::Proposer::kDraftModel ? std::max(k - 1, 0) : 0;
+    const int32_t from = run + 1;  // the first accepted draft (1-based) not yet run
     if (from > accepted[i]) continue;
     model::SequenceInput in;
     in.tokens =

@@ -51,10 +51,8 @@ class DraftModelProposer final : public DraftProposer {
  private:
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<model::LlamaModel> model_;
-  // From Shadow(): the first-round logits row of each drafting step, and for
-  // every step the last position the draft model has run.
+  // From Shadow(): the first-round logits row of each drafting step.
   absl::flat_hash_map<const step::SequenceStep*, size_t> first_round_row_;
-  absl::flat_hash_map<const step::SequenceStep*, int32_t> seen_through_;
   std::vector<float> shadow_logits_;
   std::vector<float> logits_;
 };
