@@ -215,8 +215,8 @@ step::Proposer ParseMode(const std::string& mode) {
 int Main() {
   server::ServingModelOptions options;
   options.model_path = absl::GetFlag(FLAGS_model);
-  options.prefill_threads = absl::GetFlag(FLAGS_threads);
-  options.decode_threads = 0;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.decode_worker = false;
   options.kv_cache_bytes = int64_t{1} << 30;
   options.draft_layers = absl::GetFlag(FLAGS_draft_layers);
   auto model = server::ServingModel::Load(options);
@@ -230,9 +230,9 @@ int Main() {
       "model %s, %d threads, step cost %.2f ms + %.2f ms/token + %.2f ms (+ %.2f ms per extra "
       "row) per 1,000 context tokens, self-draft %d layers (%.2f ms + %.2f ms/sequence a "
       "round), max draft %d, %s\n",
-      options.model_path.c_str(), options.prefill_threads, c.fixed, c.per_token,
-      1000 * c.per_context, 1000 * c.per_context_extra, options.draft_layers, c.draft_fixed,
-      c.draft_per_token, absl::GetFlag(FLAGS_max_draft),
+      options.model_path.c_str(), options.threads, c.fixed, c.per_token, 1000 * c.per_context,
+      1000 * c.per_context_extra, options.draft_layers, c.draft_fixed, c.draft_per_token,
+      absl::GetFlag(FLAGS_max_draft),
       absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length");
 
   const std::string code =

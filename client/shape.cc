@@ -208,7 +208,7 @@ std::string ShapeReport(const Metrics& m, double now_unix_seconds) {
   out << absl::StrFormat("on at %.0f output tokens. ", threshold);
   if (disaggregated == 0) {
     out << "No request reached it, so it buys nothing while the decode worker's cores idle: "
-           "raise no further, but consider --decode_threads=0 for this traffic.\n";
+           "raise no further, but consider --disagg_output_threshold=off for this traffic.\n";
   } else if (itl_colocated.count == 0) {
     out << "Every request was disaggregated: no colocated baseline to compare with; the "
            "threshold may be too low for short requests to stay colocated.\n";
@@ -220,7 +220,7 @@ std::string ShapeReport(const Metrics& m, double now_unix_seconds) {
     } else {
       out << "not paying for itself: disaggregated streams' p99 inter-token latency (" << Seconds(d)
           << ") is no better than colocated (" << Seconds(c)
-          << "); consider a higher threshold or --decode_threads=0.\n";
+          << "); consider a higher threshold or --disagg_output_threshold=off.\n";
     }
   }
   return out.str();

@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/time/clock.h"
 #include "client/shape.h"
 #include "tandem/v1/generate.grpc.pb.h"
@@ -123,7 +124,20 @@ int Run(const std::string& command, const std::string& text) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tandem chat \"QUESTION\" | tandem generate \"PROMPT\" | tandem shape  [--flags]");
+      "a command-line client for tandemd.\n\n"
+      "  tandem chat \"QUESTION\"        one user turn through the model's chat template\n"
+      "  tandem generate \"PROMPT\"      a raw prompt, no template (or --prompt_file=FILE)\n"
+      "  tandem shape                  the traffic's token shape from --metrics, and whether\n"
+      "                                disaggregation pays\n\n"
+      "The answer streams to stdout; a summary goes to stderr. Flags:");
+  // --help lists this client's flags (Abseil's default matches only a file
+  // named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::string_view(file).find("client/") != absl::string_view::npos;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() == 2 && std::string(args[1]) == "shape") {
     absl::StatusOr<std::string> text = tandem::client::HttpGet(absl::GetFlag(FLAGS_metrics));

@@ -17,19 +17,26 @@ function(tandem_library name)
   tandem_warnings(${name})
 endfunction()
 
-# tandem_test(NAME SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary
-# whose tests are registered with ctest one by one.
+# tandem_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT SECONDS]): a
+# GoogleTest binary whose tests are registered with ctest one by one. Every
+# test has a timeout: TIMEOUT, else 120 s for unit tests and 600 s for the
+# others (a hung test fails instead of stalling CI).
 function(tandem_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   tandem_warnings(${name})
   set(labels unit)
+  set(timeout 120)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
+    set(timeout 600)
+  endif()
+  if(ARG_TIMEOUT)
+    set(timeout ${ARG_TIMEOUT})
   endif()
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${labels}"
+    PROPERTIES LABELS "${labels}" TIMEOUT ${timeout}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -1,6 +1,18 @@
 #include "scheduler/disaggregation_policy.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace tandem::scheduler {
+
+std::optional<int32_t> AutoOutputThreshold(const DisaggregationCosts& costs) {
+  const double interference = costs.chunk_with_decode - costs.decode_pass;
+  const double extra_pass = costs.decode_pass - (costs.chunk_with_decode - costs.chunk_step);
+  const double gain = interference - extra_pass;
+  if (!(gain > 0) || !(costs.decode_pass > 0)) return std::nullopt;
+  const double tokens = std::ceil(costs.decode_pass / gain);
+  return static_cast<int32_t>(std::clamp(tokens, 1.0, 1e6));
+}
 
 DisaggregationPolicy::DisaggregationPolicy(DisaggregationOptions options, bool enabled)
     : options_(options), enabled_(enabled && options.output_threshold.has_value()) {}

@@ -35,6 +35,35 @@ struct AdmissionDecision {
   PathReason reason = PathReason::kDisaggregationOff;
 };
 
+// What the `auto` threshold is set from, measured at start-up on shared
+// compute (milliseconds):
+//   decode_pass       a batch-1 decode step alone: the decode worker's own
+//                     pass over the weights;
+//   chunk_step        a step of one prompt chunk (--max_batched_tokens);
+//   chunk_with_decode the same chunk with one decode token riding along.
+struct DisaggregationCosts {
+  double decode_pass = 0;
+  double chunk_step = 0;
+  double chunk_with_decode = 0;
+};
+
+// The output length from which moving a request to the decode worker pays,
+// or nullopt (off) when it never does.
+//
+// A colocated decode token whose step carries a prompt chunk waits for the
+// whole mixed step instead of a decode step: interference
+//   I = chunk_with_decode - decode_pass per token.
+// A disaggregated token is computed in a pass of its own instead of riding
+// along: extra compute
+//   P = decode_pass - (chunk_with_decode - chunk_step) per token.
+// The move itself costs about one decode step once (the request sits out one
+// step between the lanes): H = decode_pass. While prompts keep arriving (the
+// only time the choice matters), a request that produces L tokens after the
+// move gains L * (I - P) - H, which is positive from L > H / (I - P). So the
+// threshold is ceil(H / (I - P)), at least 1, and off when I <= P (hardware
+// on which a chunk barely slows a decode step: a GPU at small chunks).
+std::optional<int32_t> AutoOutputThreshold(const DisaggregationCosts& costs);
+
 class DisaggregationPolicy {
  public:
   // `enabled` is false when there is no decode worker to hand off to.

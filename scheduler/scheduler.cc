@@ -39,7 +39,8 @@ Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker*
                      step::Worker* decode, StepObserver observer)
     : max_queued_(max_queued),
       observer_(std::move(observer)),
-      core_(WithLanes(std::move(options), decode != nullptr)) {
+      core_(WithLanes(options, decode != nullptr)),
+      pacer_(options.decode_pacing) {
   step::Worker* workers[kLanes] = {prefill, decode};
   for (int lane = 0; lane < kLanes; ++lane) {
     if (workers[lane] == nullptr) continue;
@@ -102,6 +103,7 @@ bool Scheduler::AnyBusy() const {
 
 void Scheduler::Loop() {
   bool progressed = true;
+  absl::Time held_decode_until = absl::InfiniteFuture();
   for (;;) {
     std::vector<Command> commands;
     std::vector<Completion> completions;
@@ -112,8 +114,11 @@ void Scheduler::Loop() {
         return stopping_ || !inbox_.empty() || !completions_.empty();
       };
       // Sleep unless the last round changed something (then an idle worker
-      // may have work now) or there is news.
-      if (!progressed) mu_.AwaitWithDeadline(absl::Condition(&ready), core_.NextDeadline());
+      // may have work now) or there is news; a paced decode step wakes us.
+      if (!progressed) {
+        mu_.AwaitWithDeadline(absl::Condition(&ready),
+                              std::min(core_.NextDeadline(), held_decode_until));
+      }
       commands.swap(inbox_);
       completions.swap(completions_);
       stopping = stopping_;
@@ -130,6 +135,7 @@ void Scheduler::Loop() {
                         lane.plan.TokenCount(),
                         static_cast<int32_t>(lane.plan.sequences.size()),
                         absl::Now() - lane.started,
+                        c.result.start_delay,
                         {}};
         for (const step::SequenceResult& r : c.result.sequences) {
           if (r.drafted > 0) stats.verifications.push_back({r.proposer, r.drafted, r.accepted});
@@ -137,6 +143,7 @@ void Scheduler::Loop() {
         observer_(stats);
       }
       core_.Update(c.lane, lane.plan, c.result);
+      if (c.lane == Lane::kDecode) pacer_.OnEnd(absl::Now());
       lane.busy = false;
       lane.plan = {};
     }
@@ -158,14 +165,24 @@ void Scheduler::Loop() {
       continue;
     }
     core_.ExpireDeadlines(absl::Now());
+    held_decode_until = absl::InfiniteFuture();
     for (int i = 0; i < kLanes; ++i) {
       LaneState& lane = lanes_[static_cast<size_t>(i)];
       if (lane.thread == nullptr || lane.busy) continue;
+      const absl::Time now = absl::Now();
+      // A decode step waits for its turn while a prefill step runs (the
+      // prefill lane is dispatched first, so "busy" includes its next step).
+      if (static_cast<Lane>(i) == Lane::kDecode &&
+          !pacer_.MayStart(now, lanes_[static_cast<size_t>(Lane::kPrefill)].busy)) {
+        if (core_.running(Lane::kDecode) > 0) held_decode_until = pacer_.NextStart();
+        continue;
+      }
       step::StepPlan plan = core_.Schedule(static_cast<Lane>(i));
       if (plan.sequences.empty()) continue;
+      if (static_cast<Lane>(i) == Lane::kDecode) pacer_.OnStart(now);
       lane.plan = std::move(plan);
       lane.busy = true;
-      lane.started = absl::Now();
+      lane.started = now;
       lane.thread->Run(&lane.plan);
       progressed = true;
     }

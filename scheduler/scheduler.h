@@ -3,7 +3,8 @@
 // worker busy: whenever a worker is idle it gets its lane's next step, runs
 // it on its own thread (WorkerThread), and its results come back through the
 // inbox. So the prefill and decode workers run concurrently, one step in
-// flight each.
+// flight each. On shared compute the decode lane's steps go first; while the
+// prefill lane is busy they are paced (scheduler/decode_pacer.h).
 //
 // Thread safety: Submit(), Cancel() and Load() may be called from any thread.
 // RequestSinks are called on the scheduler thread only.
@@ -51,6 +52,8 @@ struct StepStats {
   int64_t tokens = 0;  // planned tokens, drafts not included
   int32_t sequences = 0;
   absl::Duration duration;  // dispatch to results
+  // How long the step waited for compute held by the other lane.
+  absl::Duration start_delay;
   // Speculative decoding: one entry per sequence that verified drafts.
   struct Verification {
     step::Proposer proposer = step::Proposer::kNone;
@@ -112,6 +115,7 @@ class Scheduler {
   const int32_t max_queued_;
   StepObserver observer_;
   SchedulerCore core_;                   // scheduler thread only
+  DecodePacer pacer_;                    // scheduler thread only
   std::array<LaneState, kLanes> lanes_;  // scheduler thread only (threads set at construction)
   // Finished requests whose sinks hear of it after the next PublishLoad().
   std::vector<std::pair<std::shared_ptr<RequestSink>, FinishInfo>> held_finishes_;  // ditto

@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -52,16 +53,23 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
           "Prometheus metrics address (IPv4 host:port); empty disables");
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: cpu, or auto (CPU; the CUDA module is probed and reported)");
-ABSL_FLAG(int, prefill_threads, 1,
-          "CPU threads (and cores) of the prefill worker: prompts, and the decode steps of "
-          "colocated requests");
-ABSL_FLAG(int, decode_threads, 1,
-          "CPU threads (and cores) of the decode worker; 0: no decode worker, everything "
-          "colocated on the prefill worker");
-ABSL_FLAG(bool, pin_threads, true, "pin each worker's threads to CPUs of its own");
+ABSL_FLAG(int, threads, 0,
+          "CPU threads that compute, shared by the prefill and decode workers (decode steps "
+          "first); 0: one per CPU the process may use");
+ABSL_FLAG(int, decode_reserved_threads, 0,
+          "threads of --threads set aside for the decode worker alone, on CPUs of their own "
+          "(hard isolation); 0: one shared pool");
+ABSL_FLAG(bool, pin_threads, true, "pin compute threads to CPUs");
+ABSL_FLAG(absl::Duration, decode_step_interval, absl::Milliseconds(25),
+          "while prompts are being prefilled, decode-worker steps start at most this often (the "
+          "inter-token target of disaggregated streams); 0: as soon as ready");
+ABSL_FLAG(double, prefill_min_share, 0.5,
+          "the least share of time the prefill worker keeps while both workers have work, "
+          "when decode steps grow long; in [0, 1)");
 ABSL_FLAG(std::string, disagg_output_threshold, "32",
           "hand a request to the decode worker when its output reaches this many tokens "
-          "(or earlier when it is known to); 0: every request; off: never");
+          "(or earlier when it is known to); 0: every request; off: never (no decode worker); "
+          "auto: measured at start-up");
 ABSL_FLAG(bool, disagg_on_max_tokens, false,
           "treat max_tokens as the expected output length when nothing better is known");
 ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
@@ -83,6 +91,9 @@ ABSL_FLAG(int, max_running, 64, "sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256,
           "requests waiting to run; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_tokens_default, 2048, "max_tokens for requests that set none");
+ABSL_FLAG(double, default_temperature, 0.8, "sampling temperature for requests that set none");
+ABSL_FLAG(double, default_top_p, 0.95, "top-p, in (0, 1], for requests that set none");
+ABSL_FLAG(int, default_top_k, 40, "top-k for requests that set none (0: off)");
 ABSL_FLAG(std::string, chat_template, "",
           "chat template family (chatml, llama3); empty: detected from the model");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
@@ -184,21 +195,43 @@ int Main() {
   options.matmul_mode = *matmul_mode;
   options.model_path = absl::GetFlag(FLAGS_model);
   options.chat_template = absl::GetFlag(FLAGS_chat_template);
-  options.prefill_threads = absl::GetFlag(FLAGS_prefill_threads);
-  options.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.decode_reserved_threads = absl::GetFlag(FLAGS_decode_reserved_threads);
   options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
-  if (options.prefill_threads < 1 || options.decode_threads < 0) {
-    spdlog::error("--prefill_threads must be >= 1 and --decode_threads >= 0");
+  if (options.threads < 0) {
+    spdlog::error("--threads={}: must be >= 0 (0: one per CPU)", options.threads);
     return 2;
   }
   std::optional<int32_t> threshold;
-  if (const std::string t = absl::GetFlag(FLAGS_disagg_output_threshold); t != "off") {
+  const std::string threshold_flag = absl::GetFlag(FLAGS_disagg_output_threshold);
+  const bool auto_threshold = threshold_flag == "auto";
+  if (threshold_flag != "off" && !auto_threshold) {
     int32_t value = 0;
-    if (!absl::SimpleAtoi(t, &value) || value < 0) {
-      spdlog::error("--disagg_output_threshold='{}': expected a token count >= 0 or 'off'", t);
+    if (!absl::SimpleAtoi(threshold_flag, &value) || value < 0) {
+      spdlog::error("--disagg_output_threshold='{}': expected a token count >= 0, 'auto' or 'off'",
+                    threshold_flag);
       return 2;
     }
     threshold = value;
+  }
+  options.decode_worker = threshold_flag != "off";
+  scheduler::DecodePacingOptions pacing;
+  pacing.interval = absl::GetFlag(FLAGS_decode_step_interval);
+  pacing.prefill_min_share = absl::GetFlag(FLAGS_prefill_min_share);
+  if (absl::Status s = scheduler::ValidatePacing(pacing); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
+  // Reserved decode threads share nothing with prefill: nothing to pace.
+  if (options.decode_reserved_threads > 0) pacing = {absl::ZeroDuration(), 0.0};
+  server::RequestDefaults defaults;
+  defaults.max_tokens = absl::GetFlag(FLAGS_max_tokens_default);
+  defaults.temperature = static_cast<float>(absl::GetFlag(FLAGS_default_temperature));
+  defaults.top_p = static_cast<float>(absl::GetFlag(FLAGS_default_top_p));
+  defaults.top_k = absl::GetFlag(FLAGS_default_top_k);
+  if (absl::Status s = server::ValidateDefaults(defaults); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
   }
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction > 0) {
@@ -260,7 +293,6 @@ int Main() {
   sched.kv_blocks = (*model)->kv_blocks();
   sched.context_length = (*model)->context_length();
   sched.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
-  sched.disaggregation.output_threshold = threshold;
   sched.disaggregation.use_max_tokens = absl::GetFlag(FLAGS_disagg_on_max_tokens);
   sched.priority_aging = absl::GetFlag(FLAGS_priority_aging);
   sched.speculation.proposer = proposer;
@@ -284,17 +316,30 @@ int Main() {
                               : options.draft_model_path)
             : std::string());
   }
-  if (threshold.has_value() && (*model)->decode_worker() == nullptr) {
-    spdlog::warn(
-        "--disagg_output_threshold={} has no effect without a decode worker "
-        "(--decode_threads=0): everything runs colocated",
-        *threshold);
-  }
   for (const std::string& warning : (*model)->warnings()) spdlog::warn("{}", warning);
   if (sched.max_batched_tokens < 1 || sched.max_running < 1) {
     spdlog::error("--max_batched_tokens and --max_running must be at least 1");
     return 2;
   }
+  sched.decode_pacing = pacing;
+  scheduler::DisaggregationCosts disagg_costs;
+  if (auto_threshold) {
+    absl::StatusOr<scheduler::DisaggregationCosts> costs =
+        (*model)->MeasureDisaggregationCosts(sched.max_batched_tokens);
+    if (!costs.ok()) {
+      spdlog::error("--disagg_output_threshold=auto: {}", costs.status().ToString());
+      return 1;
+    }
+    disagg_costs = *costs;
+    threshold = scheduler::AutoOutputThreshold(disagg_costs);
+    spdlog::info(
+        "disaggregation threshold auto: decode pass {:.2f} ms, {}-token chunk step {:.2f} ms, "
+        "with a decode token {:.2f} ms -> {}",
+        disagg_costs.decode_pass, sched.max_batched_tokens, disagg_costs.chunk_step,
+        disagg_costs.chunk_with_decode,
+        threshold.has_value() ? fmt::format("{} tokens", *threshold) : std::string("off"));
+  }
+  sched.disaggregation.output_threshold = threshold;
   auto registry = std::make_shared<prometheus::Registry>();
   server::ServerMetrics metrics(*registry);
   scheduler::Scheduler scheduler(
@@ -308,7 +353,8 @@ int Main() {
                    : std::string("off"));
 
   auto scheduler_collector = std::make_shared<server::SchedulerCollector>(
-      &scheduler, threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1);
+      &scheduler, threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1,
+      auto_threshold ? std::optional(disagg_costs) : std::nullopt);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
     try {
@@ -322,7 +368,7 @@ int Main() {
   }
 
   server::ServiceOptions service_options;
-  service_options.defaults.max_tokens = absl::GetFlag(FLAGS_max_tokens_default);
+  service_options.defaults = defaults;
   if (const std::string keys = absl::GetFlag(FLAGS_api_keys_file); !keys.empty()) {
     absl::StatusOr<std::vector<std::string>> read = server::ReadApiKeys(keys);
     if (!read.ok()) {
@@ -335,6 +381,7 @@ int Main() {
   service_options.model_info = (*model)->Info();
   service_options.model_info.set_disagg_output_threshold(
       threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1);
+  service_options.model_info.set_disagg_output_threshold_auto(auto_threshold);
   service_options.model_info.set_speculative(absl::GetFlag(FLAGS_speculative));
   server::GenerationService service(model->get(), &scheduler, &metrics, service_options);
 
@@ -402,7 +449,16 @@ int Main() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tandemd: LLM inference serving daemon (see docs/operations.md)");
+  absl::SetProgramUsageMessage(
+      "the Tandem LLM inference serving daemon (docs/operations.md). Flags:");
+  // --help lists the daemon's flags (Abseil's default matches only a file
+  // named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::string_view(file).find("server/") != absl::string_view::npos;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   // Logs go to stderr (stdout stays free for tools that wrap the daemon).
   if (absl::Status s = tandem::server::ConfigureLogging(absl::GetFlag(FLAGS_log_format)); !s.ok()) {

@@ -13,6 +13,25 @@ absl::Status Invalid(std::string_view field, std::string_view problem) {
 
 }  // namespace
 
+absl::Status ValidateDefaults(const RequestDefaults& d) {
+  if (!std::isfinite(d.temperature) || d.temperature < 0.0f) {
+    return absl::InvalidArgumentError(
+        StrCat("--default_temperature=", d.temperature, ": must be a finite number >= 0"));
+  }
+  if (!(d.top_p > 0.0f && d.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(StrCat("--default_top_p=", d.top_p, ": must be in (0, 1]"));
+  }
+  if (d.top_k < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("--default_top_k=", d.top_k, ": must be >= 0 (0 disables it)"));
+  }
+  if (d.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("--max_tokens_default=", d.max_tokens, ": must be >= 1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
                                           const ModelLimits& model, const RequestDefaults& defaults,
                                           uint64_t random_seed) {

@@ -24,6 +24,9 @@ struct RequestDefaults {
   float top_p = 0.95f;
 };
 
+// InvalidArgument naming the --default_* flag that is out of range.
+absl::Status ValidateDefaults(const RequestDefaults& defaults);
+
 // What the builder needs to know about the model.
 struct ModelLimits {
   const tokenizer::BpeTokenizer* tokenizer = nullptr;

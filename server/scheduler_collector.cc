@@ -40,7 +40,7 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
   const scheduler::SchedulerLoad load = scheduler_->Load();
   using prometheus::MetricType;
   const double total = load.kv.total_blocks;
-  return {
+  std::vector<prometheus::MetricFamily> families = {
       Family("tandem_start_time_seconds", "When the daemon started (Unix time).", MetricType::Gauge,
              absl::ToDoubleSeconds(start_ - absl::UnixEpoch())),
       Family("tandem_disagg_output_threshold",
@@ -75,6 +75,17 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
              "Prompt tokens found in the prefix cache (not recomputed).", MetricType::Counter,
              static_cast<double>(load.kv.prefix_hit_tokens)),
   };
+  if (auto_costs_.has_value()) {
+    families.push_back(Family(
+        "tandem_disagg_auto_cost_seconds",
+        "What --disagg_output_threshold=auto was set from, measured at start-up: a decode pass "
+        "alone, a prompt-chunk step, and the chunk step with a decode token riding along.",
+        MetricType::Gauge,
+        {Sample{{{"measure", "decode_pass"}}, auto_costs_->decode_pass / 1000},
+         Sample{{{"measure", "chunk_step"}}, auto_costs_->chunk_step / 1000},
+         Sample{{{"measure", "chunk_with_decode"}}, auto_costs_->chunk_with_decode / 1000}}));
+  }
+  return families;
 }
 
 }  // namespace tandem::server

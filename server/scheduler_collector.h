@@ -3,6 +3,7 @@
 #ifndef TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
 #define TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
 
+#include <optional>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -15,15 +16,21 @@ namespace tandem::server {
 class SchedulerCollector final : public prometheus::Collectable {
  public:
   // `scheduler` must outlive the collector's registration. `threshold` is
-  // --disagg_output_threshold (-1: off), exported for `tandem shape`.
-  SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t disagg_threshold)
-      : scheduler_(scheduler), threshold_(disagg_threshold), start_(absl::Now()) {}
+  // --disagg_output_threshold (-1: off), exported for `tandem shape`;
+  // `auto_costs`, when set, what the auto threshold was measured from.
+  SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t disagg_threshold,
+                     std::optional<scheduler::DisaggregationCosts> auto_costs = std::nullopt)
+      : scheduler_(scheduler),
+        threshold_(disagg_threshold),
+        auto_costs_(auto_costs),
+        start_(absl::Now()) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const scheduler::Scheduler* scheduler_;
   int32_t threshold_;
+  std::optional<scheduler::DisaggregationCosts> auto_costs_;
   absl::Time start_;
 };
 

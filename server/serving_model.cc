@@ -133,6 +133,39 @@ absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& mode
 
 }  // namespace
 
+absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregationCosts(
+    int chunk_tokens) {
+  model::LlamaModel& model = *prefill_->mutable_model();
+  const int block_size = model.block_size();
+  // The chunk's sequence in blocks from 0, the decoding sequence (at a
+  // modest context) in the blocks after them. The daemon has not started:
+  // no block holds anything yet.
+  constexpr int kDecodeContext = 256;
+  const int chunk_blocks = (chunk_tokens + block_size - 1) / block_size;
+  const int decode_blocks = kDecodeContext / block_size + 1;
+  if (chunk_blocks + decode_blocks > model.kv_blocks()) {
+    return absl::FailedPreconditionError("the KV cache is too small to measure the costs");
+  }
+  std::vector<int32_t> chunk_table(static_cast<size_t>(chunk_blocks));
+  std::vector<int32_t> decode_table(static_cast<size_t>(decode_blocks));
+  for (int b = 0; b < chunk_blocks; ++b) chunk_table[static_cast<size_t>(b)] = b;
+  for (int b = 0; b < decode_blocks; ++b) decode_table[static_cast<size_t>(b)] = chunk_blocks + b;
+  // Real text-like tokens (distinct ids) rather than one repeated id.
+  std::vector<int32_t> chunk(static_cast<size_t>(chunk_tokens));
+  for (int i = 0; i < chunk_tokens; ++i) chunk[static_cast<size_t>(i)] = 1000 + i;
+  const std::vector<int32_t> one = {42};
+  const model::SequenceInput chunk_in{chunk, 0, chunk_table, 1};
+  const model::SequenceInput decode_in{one, kDecodeContext, decode_table, 1};
+  const std::vector<model::SequenceInput> mixed = {chunk_in, decode_in};
+  absl::StatusOr<double> decode_pass = TimeForward(model, {&decode_in, 1}, 0);
+  if (!decode_pass.ok()) return decode_pass.status();
+  absl::StatusOr<double> chunk_step = TimeForward(model, {&chunk_in, 1}, 0);
+  if (!chunk_step.ok()) return chunk_step.status();
+  absl::StatusOr<double> chunk_with_decode = TimeForward(model, mixed, 0);
+  if (!chunk_with_decode.ok()) return chunk_with_decode.status();
+  return scheduler::DisaggregationCosts{*decode_pass, *chunk_step, *chunk_with_decode};
+}
+
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
@@ -194,10 +227,18 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                " bytes); raise it or lower --context_length"));
   }
 
-  // Each worker gets its own CPUs (the first ones to the prefill worker), so
-  // that a prefill step never competes with a decode step for a core.
-  std::vector<int> cpus = AllowedCpus();
-  const int total_threads = options.prefill_threads + options.decode_threads;
+  // One compute pool for both workers (the decode worker's steps go first),
+  // or, with a reservation, a pool of the decode worker's own on its own CPUs.
+  const std::vector<int> cpus = AllowedCpus();
+  const int threads =
+      options.threads > 0 ? options.threads : std::max(1, static_cast<int>(cpus.size()));
+  const int reserved = options.decode_worker ? options.decode_reserved_threads : 0;
+  if (reserved < 0 || reserved >= threads) {
+    return absl::InvalidArgumentError(
+        StrCat("--decode_reserved_threads=", options.decode_reserved_threads,
+               ": must be 0 (one shared pool) or leave the prefill worker at least one of the ",
+               threads, " threads (--threads)"));
+  }
   auto cpus_for = [&](int first, int count) {
     std::vector<int> out;
     if (!options.pin_threads || cpus.empty()) return out;
@@ -205,12 +246,18 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       out.push_back(cpus[static_cast<size_t>(first + i) % cpus.size()]);
     return out;
   };
-  if (options.pin_threads && total_threads > static_cast<int>(cpus.size())) {
-    m->warnings_.push_back(StrCat(total_threads, " worker threads share ", cpus.size(),
-                                  " CPUs: prefill and decode steps will compete for cores"));
+  if (options.pin_threads && threads > static_cast<int>(cpus.size())) {
+    m->warnings_.push_back(StrCat(threads, " compute threads share ", cpus.size(),
+                                  " CPUs: threads will compete for cores"));
   }
+  auto prefill_pool = std::make_shared<kernels::cpu::ComputePool>(
+      threads - reserved, cpus_for(0, threads - reserved), /*pin_callers=*/reserved > 0);
+  auto decode_pool = reserved > 0 ? std::make_shared<kernels::cpu::ComputePool>(
+                                        reserved, cpus_for(threads - reserved, reserved),
+                                        /*pin_callers=*/true)
+                                  : prefill_pool;
   auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
-      options.prefill_threads, options.matmul_mode, cpus_for(0, options.prefill_threads));
+      prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode);
   m->backend_name_ = prefill_backend->name();
   m->backends_.push_back("prefill: " + prefill_backend->name());
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model =
@@ -218,12 +265,13 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   if (!prefill_model.ok()) return prefill_model.status();
   // The model that runs most decode steps (the decode worker's, if any).
   model::LlamaModel* decoding_model = prefill_model->get();
-  if (options.decode_threads > 0) {
+  if (options.decode_worker) {
     auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
-        options.decode_threads, options.matmul_mode,
-        cpus_for(options.prefill_threads, options.decode_threads));
-    m->backend_name_ += StrCat(" + decode ", decode_backend->name());
-    m->backends_.push_back("decode: " + decode_backend->name());
+        decode_pool, kernels::LanePriority::kLatency, options.matmul_mode);
+    m->backend_name_ += reserved > 0 ? StrCat(" + decode ", decode_backend->name(), " reserved")
+                                     : std::string(" shared with decode (decode first)");
+    m->backends_.push_back(StrCat("decode: ", decode_backend->name(),
+                                  reserved > 0 ? " reserved" : " shared, decode first"));
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_model =
         model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
     if (!decode_model.ok()) return decode_model.status();
@@ -243,8 +291,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   }
   m->prefill_ = std::make_unique<prefill::PrefillWorker>(std::move(prefill_backend),
                                                          *std::move(prefill_model));
-  for (model::ModelWorker* worker : {static_cast<model::ModelWorker*>(m->prefill_.get()),
-                                     static_cast<model::ModelWorker*>(m->decode_.get())}) {
+  for (worker::ModelWorker* worker : {static_cast<worker::ModelWorker*>(m->prefill_.get()),
+                                      static_cast<worker::ModelWorker*>(m->decode_.get())}) {
     if (worker == nullptr) continue;
     worker->EnableNgramProposer(options.ngram_min, options.ngram_max);
     if (options.draft_layers > 0) worker->EnableSelfDraftProposer(options.draft_layers);
@@ -255,11 +303,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       return absl::InvalidArgumentError(
           "--draft_model and --draft_layers each name a draft model: set one");
     }
-    absl::Status s = m->LoadDraftModel(options, cpus_for(0, options.prefill_threads),
-                                       cpus_for(options.prefill_threads, options.decode_threads));
+    absl::Status s = m->LoadDraftModel(options, prefill_pool, decode_pool);
     if (!s.ok()) return s;
     decoding_draft = (m->decode_ != nullptr ? m->decode_.get()
-                                            : static_cast<model::ModelWorker*>(m->prefill_.get()))
+                                            : static_cast<worker::ModelWorker*>(m->prefill_.get()))
                          ->draft_model();
   }
   // The step-time model comes from the worker that runs most decode steps.
@@ -270,9 +317,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   return m;
 }
 
-absl::Status ServingModel::LoadDraftModel(const ServingModelOptions& options,
-                                          std::vector<int> prefill_cpus,
-                                          std::vector<int> decode_cpus) {
+absl::Status ServingModel::LoadDraftModel(
+    const ServingModelOptions& options,
+    const std::shared_ptr<kernels::cpu::ComputePool>& prefill_pool,
+    const std::shared_ptr<kernels::cpu::ComputePool>& decode_pool) {
   const std::string& path = options.draft_model_path;
   absl::StatusOr<std::unique_ptr<model::GgufFile>> opened = model::GgufFile::Open(path);
   if (!opened.ok()) return opened.status();
@@ -298,7 +346,7 @@ absl::Status ServingModel::LoadDraftModel(const ServingModelOptions& options,
     }
   }
   auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
-      options.prefill_threads, options.matmul_mode, std::move(prefill_cpus));
+      prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode);
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_draft =
       model::LlamaModel::Create(file, prefill_backend.get(), kv_blocks_, block_size_);
   if (!prefill_draft.ok()) {
@@ -307,7 +355,7 @@ absl::Status ServingModel::LoadDraftModel(const ServingModelOptions& options,
   }
   if (decode_ != nullptr) {
     auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
-        options.decode_threads, options.matmul_mode, std::move(decode_cpus));
+        decode_pool, kernels::LanePriority::kLatency, options.matmul_mode);
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_draft =
         model::LlamaModel::CreateSharingKv(**prefill_draft, decode_backend.get());
     if (!decode_draft.ok()) return decode_draft.status();

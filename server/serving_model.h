@@ -10,12 +10,14 @@
 
 #include "absl/status/statusor.h"
 #include "engine/decode/decode_worker.h"
+#include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/model_config.h"
 #include "engine/prefill/prefill_worker.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
+#include "scheduler/disaggregation_policy.h"
 #include "scheduler/speculation_policy.h"
 #include "tandem/v1/generate.pb.h"
 
@@ -24,9 +26,14 @@ namespace tandem::server {
 struct ServingModelOptions {
   std::string model_path;
   std::string chat_template;  // empty: detect from the model
-  int prefill_threads = 1;    // CPU threads of the prefill worker
-  int decode_threads = 1;     // of the decode worker; 0: none (everything colocated)
-  bool pin_threads = true;    // each worker's threads on their own CPUs
+  // CPU threads that compute, shared by both workers (0: one per CPU the
+  // process may use). The decode worker's steps go first (compute_pool.h).
+  int threads = 0;
+  // Threads of `threads` set aside for the decode worker alone (hard
+  // isolation: two pools on separate CPUs); 0: one shared pool.
+  int decode_reserved_threads = 0;
+  bool decode_worker = true;  // false: everything colocated on the prefill worker
+  bool pin_threads = true;    // pin compute threads to CPUs
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
   int64_t kv_cache_bytes = int64_t{512} << 20;
   int block_size = 16;
@@ -68,14 +75,19 @@ class ServingModel {
   // The time of a step as the speculation policy models it, measured at
   // load on the worker that decodes (ms).
   const scheduler::StepCostModel& step_cost() const { return step_cost_; }
+  // Times, on all the compute, what the `auto` disaggregation threshold is
+  // set from (scheduler/disaggregation_policy.h), with prompt chunks of
+  // `chunk_tokens`. Before the scheduler starts only: it writes KV blocks.
+  absl::StatusOr<scheduler::DisaggregationCosts> MeasureDisaggregationCosts(int chunk_tokens);
   step::Worker* prefill_worker() { return prefill_.get(); }
   step::Worker* decode_worker() { return decode_.get(); }  // null when there is none
 
  private:
   ServingModel() = default;
   // Loads options.draft_model_path for both workers (after they exist).
-  absl::Status LoadDraftModel(const ServingModelOptions& options, std::vector<int> prefill_cpus,
-                              std::vector<int> decode_cpus);
+  absl::Status LoadDraftModel(const ServingModelOptions& options,
+                              const std::shared_ptr<kernels::cpu::ComputePool>& prefill_pool,
+                              const std::shared_ptr<kernels::cpu::ComputePool>& decode_pool);
 
   std::shared_ptr<const model::GgufFile> file_;
   model::ModelConfig config_;

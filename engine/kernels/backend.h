@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/kernels/dtype.h"
 
 namespace tandem::kernels {
@@ -115,6 +116,15 @@ struct AttentionShape {
   float scale = 0.0f;  // usually 1/sqrt(head_dim)
 };
 
+// Which lane of work a backend computes for, when two lanes (workers) share
+// one device's compute. The latency lane (decode) goes first: a step of it
+// takes the compute from the throughput lane (prefill) within a small bound
+// and gives it back when it ends; otherwise the throughput lane uses all of
+// it. The CPU backend maps this to one thread pool with preemption between
+// small tasks (cpu/compute_pool.h); a GPU backend maps it to stream
+// priorities or resizable SM partitions.
+enum class LanePriority : uint8_t { kLatency, kThroughput };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -124,6 +134,15 @@ class Backend {
   // Binds the calling thread (the one that will run this backend's
   // operations) to the backend's CPUs or device. Default: nothing to do.
   virtual void BindCallingThread() {}
+
+  // Brackets one worker step; every BeginStep() is followed by one
+  // EndStep() on the same thread. On compute shared by two lanes:
+  // BeginStep() on the latency lane takes the compute from the throughput
+  // lane and returns how long that took (the start delay); EndStep() on the
+  // throughput lane returns how long, during the step, the latency lane held
+  // the compute (time the step yielded). Zero where nothing is shared.
+  virtual absl::Duration BeginStep() { return absl::ZeroDuration(); }
+  virtual absl::Duration EndStep() { return absl::ZeroDuration(); }
 
   // --- memory ---------------------------------------------------------------
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;

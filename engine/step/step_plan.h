@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace tandem::step {
 
@@ -107,6 +108,11 @@ struct SequenceResult {
 struct StepResult {
   absl::Status status;
   std::vector<SequenceResult> sequences;
+  // On compute shared by two lanes (kernels::Backend::BeginStep): how long
+  // the step waited for the compute before it started (decode), and how long
+  // it yielded the compute to the other lane while it ran (prefill).
+  absl::Duration start_delay;
+  absl::Duration yielded;
 };
 
 // Runs plans. Implementations: the model workers (engine/prefill,

@@ -208,7 +208,7 @@ TEST_F(ApiTest, TheShapeCommandReadsTheMetrics) {
 // Daemons of their own.
 
 TEST(ApiLifecycleTest, AFullQueueAnswersResourceExhausted) {
-  Daemon daemon({"--max_queued_requests=2", "--max_running=1", "--decode_threads=0"});
+  Daemon daemon({"--max_queued_requests=2", "--max_running=1", "--disagg_output_threshold=off"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   std::vector<std::future<Generation>> calls;
   for (int i = 0; i < 10; ++i) {

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "engine/kernels/cpu/cpu_backend.h"
@@ -251,6 +253,95 @@ TEST_F(ModelTest, RequestsGetTheSameTokensAloneAndConcurrentlyGreedyAndSeeded) {
     EXPECT_EQ(alone[i].size(), 12u);
     EXPECT_EQ(together[i], alone[i]) << "request " << i << " batched";
     EXPECT_EQ(small_budget[i], alone[i]) << "request " << i << " chunked";
+  }
+}
+
+// Two lanes on one shared compute pool, as in the daemon: a prefill model
+// running a long prompt in chunks (throughput lane) while a decode model runs
+// decode steps that preempt it (latency lane). Every logit is bitwise what
+// each computes alone: the interleaving changes when work runs, never what
+// it computes. The prompt waits after its first chunk until a decode step
+// has run, so the lanes interleave by construction.
+TEST_F(ModelTest, LanesSharingOnePoolComputeBitwiseWhatEachComputesAlone) {
+  const std::vector<int32_t> prompt = Prompt(300, 7);
+  const std::vector<int32_t> context = Prompt(40, 8);
+  std::vector<int32_t> prompt_table, decode_table;
+  for (int b = 0; b < 19; ++b) prompt_table.push_back(b);
+  for (int b = 19; b < 23; ++b) decode_table.push_back(b);
+  constexpr int kChunk = 64;
+  constexpr int kDecodeSteps = 12;
+
+  // The decode sequence: its context, then kDecodeSteps tokens one by one;
+  // the logits of each step.
+  auto decode_steps = [&](model::LlamaModel& m, kernels::Backend& backend,
+                          const std::function<void(int)>& after_step) {
+    std::vector<std::vector<float>> out;
+    Logits(m, context, 40, decode_table);
+    for (int i = 0; i < kDecodeSteps; ++i) {
+      const int32_t token = 300 + i;
+      model::SequenceInput in{{&token, 1}, 40 + i, decode_table, 1};
+      std::vector<float> logits;
+      backend.BeginStep();
+      EXPECT_TRUE(m.Forward({&in, 1}, &logits).ok());
+      backend.EndStep();
+      out.push_back(std::move(logits));
+      after_step(i);
+    }
+    return out;
+  };
+
+  // Alone, each on a pool of its own.
+  Loaded alone = Load(2);
+  const std::vector<float> prompt_alone = Logits(*alone.model, prompt, kChunk, prompt_table);
+  const auto decode_alone = decode_steps(*alone.model, *alone.backend, [](int) {});
+
+  // Together on one pool of 3 threads.
+  auto pool = std::make_shared<kernels::cpu::ComputePool>(3);
+  auto prefill_backend =
+      std::make_unique<kernels::cpu::CpuBackend>(pool, kernels::LanePriority::kThroughput);
+  auto decode_backend =
+      std::make_unique<kernels::cpu::CpuBackend>(pool, kernels::LanePriority::kLatency);
+  auto prefill_model = model::LlamaModel::Create(file_, prefill_backend.get(), kBlocks, kBlockSize);
+  ASSERT_TRUE(prefill_model.ok()) << prefill_model.status();
+  auto decode_model = model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
+  ASSERT_TRUE(decode_model.ok()) << decode_model.status();
+
+  std::atomic<int> decode_done{0};
+  std::vector<std::vector<float>> decode_shared;
+  std::thread decoder([&] {
+    decode_shared =
+        decode_steps(**decode_model, *decode_backend, [&](int i) { decode_done.store(i + 1); });
+  });
+  std::vector<float> prompt_shared;
+  prefill_backend->BeginStep();
+  for (size_t pos = 0; pos < prompt.size(); pos += kChunk) {
+    const size_t n = std::min<size_t>(kChunk, prompt.size() - pos);
+    model::SequenceInput in{{prompt.data() + pos, n},
+                            static_cast<int32_t>(pos),
+                            prompt_table,
+                            pos + n == prompt.size() ? 1 : 0};
+    ASSERT_TRUE((*prefill_model)->Forward({&in, 1}, &prompt_shared).ok());
+    if (pos == 0) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      while (decode_done.load() == 0 && absl::Now() < deadline) std::this_thread::yield();
+      ASSERT_GT(decode_done.load(), 0) << "no decode step within 60 s";
+    }
+  }
+  const absl::Duration yielded = prefill_backend->EndStep();
+  decoder.join();
+
+  EXPECT_GT(yielded, absl::ZeroDuration()) << "the lanes did not interleave";
+  ASSERT_EQ(prompt_shared.size(), prompt_alone.size());
+  EXPECT_EQ(
+      std::memcmp(prompt_shared.data(), prompt_alone.data(), prompt_alone.size() * sizeof(float)),
+      0);
+  ASSERT_EQ(decode_shared.size(), decode_alone.size());
+  for (size_t i = 0; i < decode_alone.size(); ++i) {
+    ASSERT_EQ(decode_shared[i].size(), decode_alone[i].size());
+    EXPECT_EQ(std::memcmp(decode_shared[i].data(), decode_alone[i].data(),
+                          decode_alone[i].size() * sizeof(float)),
+              0)
+        << "decode step " << i;
   }
 }
 

@@ -145,8 +145,8 @@ class SpeculativeDecodingTest : public ::testing::Test {
   static server::ServingModelOptions TestOptions() {
     server::ServingModelOptions options;
     options.model_path = testing::TestModelPath();
-    options.prefill_threads = 2;
-    options.decode_threads = 0;
+    options.threads = 2;
+    options.decode_worker = false;
     options.pin_threads = false;
     options.kv_cache_bytes = int64_t{96} << 20;
     options.context_length = 2048;

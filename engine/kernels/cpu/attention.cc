@@ -193,7 +193,7 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
 
 }  // namespace
 
-void PagedAttention(ThreadPool& pool, std::vector<std::vector<float>>& scratch,
+void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
                     const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
                     std::span<const AttentionSpan> spans, Matrix out) {
   const int group = shape.heads / shape.kv_heads;

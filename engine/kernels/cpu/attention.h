@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/kernels/backend.h"
-#include "engine/kernels/cpu/thread_pool.h"
+#include "engine/kernels/cpu/compute_pool.h"
 
 namespace tandem::kernels::cpu {
 
@@ -33,7 +33,7 @@ struct KvLayerView {
   int head_dim = 0;
 };
 
-void PagedAttention(ThreadPool& pool, std::vector<std::vector<float>>& scratch,
+void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
                     const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
                     std::span<const AttentionSpan> spans, Matrix out);
 

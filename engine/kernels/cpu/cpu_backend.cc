@@ -19,8 +19,13 @@ constexpr size_t kAlignment = 64;
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode, std::vector<int> cpus)
-    : pool_(threads < 1 ? 1 : threads, std::move(cpus)), matmul_mode_(matmul_mode) {}
+CpuBackend::CpuBackend(std::shared_ptr<ComputePool> pool, LanePriority priority,
+                       MatMulMode matmul_mode)
+    : pool_(std::move(pool)), lane_(pool_->lane(priority)), matmul_mode_(matmul_mode) {}
+
+CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode)
+    : CpuBackend(std::make_shared<ComputePool>(threads < 1 ? 1 : threads),
+                 LanePriority::kThroughput, matmul_mode) {}
 
 std::string CpuBackend::name() const {
 #if defined(TANDEM_CPU_AVX512)
@@ -30,7 +35,7 @@ std::string CpuBackend::name() const {
 #else
   constexpr std::string_view kIsa = "portable";
 #endif
-  return StrCat("cpu (", kIsa, ", ", pool_.size(), " threads, ", MatMulModeName(matmul_mode_),
+  return StrCat("cpu (", kIsa, ", ", lane_.size(), " threads, ", MatMulModeName(matmul_mode_),
                 " matmul)");
 }
 
@@ -86,7 +91,7 @@ void CpuBackend::CopyFromHost(const float* src, Matrix dst) {
 void CpuBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) {
   const size_t row_bytes = RowBytes(table.dtype, table.cols);
   const auto* base = static_cast<const uint8_t*>(table.data);
-  pool_.ParallelFor(static_cast<int64_t>(ids.size()), [&](int64_t i, int) {
+  lane_.ParallelFor(static_cast<int64_t>(ids.size()), [&](int64_t i, int) {
     DequantizeRow(table.dtype, base + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes,
                   table.cols, out.Row(i));
   });
@@ -94,16 +99,16 @@ void CpuBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matrix
 
 void CpuBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights,
                         std::span<const Weight* const> biases, std::span<const Matrix> outs) {
-  cpu::MatMul(matmul_mode_, pool_, matmul_scratch_, x, weights, biases, outs);
+  cpu::MatMul(matmul_mode_, lane_, matmul_scratch_, x, weights, biases, outs);
 }
 
 void CpuBackend::RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) {
-  cpu::RmsNorm(pool_, x, static_cast<const float*>(weight.data), eps, out);
+  cpu::RmsNorm(lane_, x, static_cast<const float*>(weight.data), eps, out);
 }
 
 void CpuBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
                       const RopeSpec& rope) {
-  cpu::Rope(pool_, x, heads, head_dim, positions, rope);
+  cpu::Rope(lane_, x, heads, head_dim, positions, rope);
 }
 
 void CpuBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) {
@@ -150,14 +155,14 @@ void CpuBackend::Attention(int layer, const Matrix& q, const AttentionShape& sha
   view.block_size = kv_shape_.block_size;
   view.kv_heads = kv_shape_.kv_heads;
   view.head_dim = kv_shape_.head_dim;
-  PagedAttention(pool_, attention_scratch_, view, q, shape, spans, out);
+  PagedAttention(lane_, attention_scratch_, view, q, shape, spans, out);
 }
 
 void CpuBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
-  cpu::SiluMul(pool_, gate, up, out);
+  cpu::SiluMul(lane_, gate, up, out);
 }
 
-void CpuBackend::Add(Matrix acc, const Matrix& x) { cpu::Add(pool_, acc, x); }
+void CpuBackend::Add(Matrix acc, const Matrix& x) { cpu::Add(lane_, acc, x); }
 
 void CpuBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) {
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -1,5 +1,6 @@
-// The CPU backend: our own batch-invariant kernels (see backend.h), run on a
-// pool of `threads` threads owned by the backend.
+// The CPU backend: our own batch-invariant kernels (see backend.h), run on
+// one lane of a compute pool (cpu/compute_pool.h), shared with another
+// backend (the other worker's) or its own.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_CPU_BACKEND_H_
 #define TANDEM_ENGINE_KERNELS_CPU_CPU_BACKEND_H_
 
@@ -7,19 +8,24 @@
 #include <vector>
 
 #include "engine/kernels/backend.h"
+#include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul.h"
-#include "engine/kernels/cpu/thread_pool.h"
 
 namespace tandem::kernels::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  // `cpus`: the CPUs the pool's threads (the caller's included) are pinned
-  // to, one each in order; empty: no pinning.
-  CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32, std::vector<int> cpus = {});
+  // Computes on `priority`'s lane of `pool` (shared with whoever else holds
+  // the pool).
+  CpuBackend(std::shared_ptr<ComputePool> pool, LanePriority priority,
+             MatMulMode matmul_mode = MatMulMode::kF32);
+  // Computes on a pool of its own of `threads` threads (the throughput lane).
+  explicit CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32);
 
   std::string name() const override;
-  void BindCallingThread() override { pool_.PinCallingThread(); }
+  void BindCallingThread() override { lane_.PinCallingThread(); }
+  absl::Duration BeginStep() override { return lane_.BeginStep(); }
+  absl::Duration EndStep() override { return lane_.EndStep(); }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
@@ -46,7 +52,8 @@ class CpuBackend final : public Backend {
   void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
 
  private:
-  ThreadPool pool_;
+  std::shared_ptr<ComputePool> pool_;
+  ComputeLane& lane_;
   MatMulMode matmul_mode_;
   MatMulScratch matmul_scratch_;
   std::vector<std::vector<float>> attention_scratch_;

@@ -12,12 +12,12 @@ void RmsNormRow(const float* x, const float* weight, int64_t n, float eps, float
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * weight[i];
 }
 
-void RmsNorm(ThreadPool& pool, const Matrix& x, const float* weight, float eps, Matrix out) {
+void RmsNorm(ComputeLane& pool, const Matrix& x, const float* weight, float eps, Matrix out) {
   pool.ParallelFor(x.rows,
                    [&](int64_t r, int) { RmsNormRow(x.Row(r), weight, x.cols, eps, out.Row(r)); });
 }
 
-void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+void Rope(ComputeLane& pool, Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
           const RopeSpec& rope) {
   const int pairs = rope.rotary_dims / 2;
   const auto* table = static_cast<const float*>(rope.table.data);
@@ -40,7 +40,7 @@ void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim, std::span<const i
   });
 }
 
-void SiluMul(ThreadPool& pool, const Matrix& gate, const Matrix& up, Matrix out) {
+void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
   pool.ParallelFor(gate.rows, [&](int64_t r, int) {
     const float* g = gate.Row(r);
     const float* u = up.Row(r);
@@ -59,7 +59,7 @@ void SiluMul(ThreadPool& pool, const Matrix& gate, const Matrix& up, Matrix out)
   });
 }
 
-void Add(ThreadPool& pool, Matrix acc, const Matrix& x) {
+void Add(ComputeLane& pool, Matrix acc, const Matrix& x) {
   pool.ParallelFor(acc.rows, [&](int64_t r, int) {
     float* a = acc.Row(r);
     const float* b = x.Row(r);

@@ -8,16 +8,16 @@
 #include <span>
 
 #include "engine/kernels/backend.h"
-#include "engine/kernels/cpu/thread_pool.h"
+#include "engine/kernels/cpu/compute_pool.h"
 
 namespace tandem::kernels::cpu {
 
 void RmsNormRow(const float* x, const float* weight, int64_t n, float eps, float* out);
-void RmsNorm(ThreadPool& pool, const Matrix& x, const float* weight, float eps, Matrix out);
-void Rope(ThreadPool& pool, Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+void RmsNorm(ComputeLane& pool, const Matrix& x, const float* weight, float eps, Matrix out);
+void Rope(ComputeLane& pool, Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
           const RopeSpec& rope);
-void SiluMul(ThreadPool& pool, const Matrix& gate, const Matrix& up, Matrix out);
-void Add(ThreadPool& pool, Matrix acc, const Matrix& x);
+void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out);
+void Add(ComputeLane& pool, Matrix acc, const Matrix& x);
 
 }  // namespace tandem::kernels::cpu
 

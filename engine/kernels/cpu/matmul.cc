@@ -11,6 +11,12 @@ namespace {
 // Tasks per pool thread, and the smallest task (in weight rows).
 constexpr int64_t kTasksPerThread = 2;
 constexpr int64_t kMinRowsPerTask = 16;
+// The most multiply-adds in one task when the product has many activation
+// rows (a prompt chunk): about 0.1 ms on one core, the bound on how long a
+// decode step that preempts a prefill step waits (compute_pool.h). Decode
+// products (few rows) stay in a few long ranges, which stream through the
+// weights with the prefetcher's help.
+constexpr int64_t kMaxMultiplyAddsPerTask = int64_t{8} << 20;
 
 bool UsesQ8(MatMulMode mode, DType dtype) {
   return mode == MatMulMode::kQ8 &&
@@ -27,7 +33,7 @@ absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name) {
 
 std::string_view MatMulModeName(MatMulMode mode) { return mode == MatMulMode::kF32 ? "f32" : "q8"; }
 
-void MatMul(MatMulMode mode, ThreadPool& pool, MatMulScratch& scratch, const Matrix& x,
+void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Matrix& x,
             std::span<const Weight* const> weights, std::span<const Weight* const> biases,
             std::span<const Matrix> outs) {
   const int64_t rows = x.rows;
@@ -58,9 +64,10 @@ void MatMul(MatMulMode mode, ThreadPool& pool, MatMulScratch& scratch, const Mat
   for (size_t w = 0; w < weights.size(); ++w) first_row[w + 1] = first_row[w] + weights[w]->rows;
   const int64_t total = first_row.back();
   const int64_t tasks_wanted = int64_t{pool.size()} * kTasksPerThread;
-  const int64_t chunk =
-      std::max<int64_t>(kMinRowsPerTask, (total + tasks_wanted - 1) / tasks_wanted /
-                                             kMinRowsPerTask * kMinRowsPerTask);
+  const int64_t rows_per_budget = kMaxMultiplyAddsPerTask / std::max<int64_t>(1, rows * k);
+  const int64_t chunk = std::max<int64_t>(
+      kMinRowsPerTask, std::min((total + tasks_wanted - 1) / tasks_wanted, rows_per_budget) /
+                           kMinRowsPerTask * kMinRowsPerTask);
   pool.ParallelFor((total + chunk - 1) / chunk, [&](int64_t task, int thread) {
     const int64_t begin = task * chunk;
     const int64_t end = std::min(total, begin + chunk);

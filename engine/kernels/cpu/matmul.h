@@ -16,8 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/kernels/backend.h"
+#include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul_q8.h"
-#include "engine/kernels/cpu/thread_pool.h"
 
 namespace tandem::kernels::cpu {
 
@@ -41,7 +41,7 @@ struct MatMulScratch {
 };
 
 // outs[w] = x * weights[w]^T (+ biases[w]). See backend.h for the contract.
-void MatMul(MatMulMode mode, ThreadPool& pool, MatMulScratch& scratch, const Matrix& x,
+void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Matrix& x,
             std::span<const Weight* const> weights, std::span<const Weight* const> biases,
             std::span<const Matrix> outs);
 

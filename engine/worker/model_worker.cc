@@ -1,4 +1,4 @@
-#include "engine/model/model_worker.h"
+#include "engine/worker/model_worker.h"
 
 #include "common/strings.h"
 #include "engine/sampling/sampler.h"
@@ -6,10 +6,10 @@
 #include "engine/speculative/self_draft_proposer.h"
 #include "engine/speculative/verify.h"
 
-namespace tandem::model {
+namespace tandem::worker {
 
 ModelWorker::ModelWorker(std::unique_ptr<kernels::Backend> backend,
-                         std::unique_ptr<LlamaModel> model)
+                         std::unique_ptr<model::LlamaModel> model)
     : backend_(std::move(backend)), model_(std::move(model)) {}
 
 void ModelWorker::EnableNgramProposer(int32_t min_n, int32_t max_n) {
@@ -22,14 +22,14 @@ void ModelWorker::EnableSelfDraftProposer(int layers) {
 }
 
 void ModelWorker::EnableDraftModel(std::unique_ptr<kernels::Backend> backend,
-                                   std::unique_ptr<LlamaModel> draft) {
+                                   std::unique_ptr<model::LlamaModel> draft) {
   auto proposer =
       std::make_unique<speculative::DraftModelProposer>(std::move(backend), std::move(draft));
   separate_draft_ = proposer.get();
   draft_model_ = std::move(proposer);
 }
 
-LlamaModel* ModelWorker::draft_model() {
+model::LlamaModel* ModelWorker::draft_model() {
   return separate_draft_ != nullptr ? &separate_draft_->model() : nullptr;
 }
 
@@ -63,6 +63,15 @@ absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
 }
 
 step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
+  if (absl::Status s = CheckPlan(plan); !s.ok()) return {s, {}, {}, {}};
+  const absl::Duration start_delay = backend_->BeginStep();
+  step::StepResult result = Run(plan);
+  result.yielded = backend_->EndStep();
+  result.start_delay = start_delay;
+  return result;
+}
+
+step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
   step::StepResult result;
   if (!plan.block_copies.empty()) {
     std::vector<std::pair<int32_t, int32_t>> copies;
@@ -82,12 +91,12 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   // Each sequence runs its tokens followed by its draft, with logits for the
   // last token and every drafted one.
   std::vector<std::vector<int32_t>> extended(plan.sequences.size());
-  std::vector<SequenceInput> inputs;
+  std::vector<model::SequenceInput> inputs;
   inputs.reserve(plan.sequences.size());
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& s = plan.sequences[i];
     const std::vector<int32_t>& draft = drafts[i].tokens;
-    SequenceInput in;
+    model::SequenceInput in;
     in.tokens = s.tokens;
     if (!draft.empty()) {
       extended[i] = s.tokens;
@@ -138,4 +147,4 @@ step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   return result;
 }
 
-}  // namespace tandem::model
+}  // namespace tandem::worker

@@ -1,11 +1,13 @@
 // Executes StepPlans with the model: block copies, drafting for the
 // sequences that speculate, one forward pass over the plan's sequences
 // (prompt chunks, decode tokens and drafts mixed), then sampling and
-// verification. The worker kinds (engine/prefill, engine/decode) build on it.
+// verification. The worker kinds (engine/prefill, engine/decode) build on it:
+// each says what plans it takes, and its backend computes on its kind's lane
+// of the shared compute (kernels::LanePriority), bracketed step by step.
 //
 // Thread safety: Execute() is called by one thread at a time.
-#ifndef TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
-#define TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
+#ifndef TANDEM_ENGINE_WORKER_MODEL_WORKER_H_
+#define TANDEM_ENGINE_WORKER_MODEL_WORKER_H_
 
 #include <memory>
 #include <string_view>
@@ -17,12 +19,12 @@
 #include "engine/speculative/proposer.h"
 #include "engine/step/step_plan.h"
 
-namespace tandem::model {
+namespace tandem::worker {
 
 class ModelWorker : public step::Worker {
  public:
   // `model` must be bound to `backend`; the worker owns both.
-  ModelWorker(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<LlamaModel> model);
+  ModelWorker(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<model::LlamaModel> model);
 
   // Speculative decoding: the proposers this worker offers. Plans that name
   // a proposer the worker lacks fail with FailedPrecondition.
@@ -34,31 +36,40 @@ class ModelWorker : public step::Worker {
   // ids, its own KV storage; engine/speculative/draft_model_proposer.h),
   // bound to its own `backend`. Replaces a self-draft.
   void EnableDraftModel(std::unique_ptr<kernels::Backend> backend,
-                        std::unique_ptr<LlamaModel> draft);
+                        std::unique_ptr<model::LlamaModel> draft);
   // The separate draft model, or null.
-  LlamaModel* draft_model();
+  model::LlamaModel* draft_model();
 
   // Pins the worker's thread to its backend's CPUs.
   void OnThreadStart() override { backend_->BindCallingThread(); }
-  step::StepResult Execute(const step::StepPlan& plan) override;
+  // Checks the plan against the kind (CheckPlan), then runs it inside the
+  // backend's step bracket (start delay and yielded time in the result).
+  step::StepResult Execute(const step::StepPlan& plan) final;
 
   // "prefill" or "decode", for logs and metrics.
   virtual std::string_view kind() const = 0;
-  const LlamaModel& model() const { return *model_; }
+  const model::LlamaModel& model() const { return *model_; }
+  model::LlamaModel* mutable_model() { return model_.get(); }
   const kernels::Backend& backend() const { return *backend_; }
 
+ protected:
+  // The plans this kind takes: OK, or FailedPrecondition naming the first
+  // step it refuses (nothing runs).
+  virtual absl::Status CheckPlan(const step::StepPlan& plan) const = 0;
+
  private:
+  step::StepResult Run(const step::StepPlan& plan);
   // Drafts for every sequence whose step asks for speculation.
   absl::Status ProposeDrafts(const step::StepPlan& plan, std::vector<speculative::Draft>* drafts);
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<speculative::DraftProposer> ngram_;
   std::unique_ptr<speculative::DraftProposer> draft_model_;
   speculative::DraftModelProposer* separate_draft_ = nullptr;  // draft_model_, when separate
   std::vector<float> logits_;
 };
 
-}  // namespace tandem::model
+}  // namespace tandem::worker
 
-#endif  // TANDEM_ENGINE_MODEL_MODEL_WORKER_H_
+#endif  // TANDEM_ENGINE_WORKER_MODEL_WORKER_H_
