@@ -136,6 +136,7 @@ void Scheduler::Loop() {
                         static_cast<int32_t>(lane.plan.sequences.size()),
                         absl::Now() - lane.started,
                         c.result.start_delay,
+                        c.result.yielded,
                         {}};
         for (const step::SequenceResult& r : c.result.sequences) {
           if (r.drafted > 0) stats.verifications.push_back({r.proposer, r.drafted, r.accepted});

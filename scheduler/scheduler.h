@@ -52,8 +52,10 @@ struct StepStats {
   int64_t tokens = 0;  // planned tokens, drafts not included
   int32_t sequences = 0;
   absl::Duration duration;  // dispatch to results
-  // How long the step waited for compute held by the other lane.
+  // Shared compute (step::StepResult): how long the step waited for it, and
+  // how long it yielded it to the other lane.
   absl::Duration start_delay;
+  absl::Duration yielded;
   // Speculative decoding: one entry per sequence that verified drafts.
   struct Verification {
     step::Proposer proposer = step::Proposer::kNone;

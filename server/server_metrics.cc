@@ -13,6 +13,10 @@ prometheus::Histogram::BucketBoundaries ServerMetrics::LatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+prometheus::Histogram::BucketBoundaries ServerMetrics::StartDelayBuckets() {
+  return {0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1};
+}
+
 prometheus::Histogram::BucketBoundaries ServerMetrics::TokenBuckets() {
   prometheus::Histogram::BucketBoundaries b;
   for (double v = 1; v <= 32768; v *= 2) b.push_back(v);
@@ -95,6 +99,15 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                                       "Sequences per worker step (batch size in sequences).")),
       step_time_(HistogramFamily(registry, "tandem_step_time_seconds",
                                  "Duration of a worker step, dispatch to results.")),
+      decode_start_delay_(
+          HistogramFamily(registry, "tandem_decode_start_delay_seconds",
+                          "How long a decode-worker step waited for the shared compute to "
+                          "leave a running prefill step (0 when none ran).")
+              .Add({}, StartDelayBuckets())),
+      prefill_yielded_(CounterFamily(registry, "tandem_prefill_yielded_seconds_total",
+                                     "Time prefill-worker steps yielded the shared compute to "
+                                     "decode-worker steps.")
+                           .Add({})),
       drafted_tokens_(CounterFamily(registry, "tandem_speculative_drafted_tokens_total",
                                     "Tokens drafted by speculative decoding and verified.")),
       accepted_tokens_(CounterFamily(registry, "tandem_speculative_accepted_tokens_total",
@@ -140,6 +153,11 @@ void ServerMetrics::OnStep(const scheduler::StepStats& step) {
   step_sequences_.Add({{"worker", worker}}, TokenBuckets()).Observe(step.sequences);
   step_time_.Add({{"worker", worker}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(step.duration));
+  if (step.lane == scheduler::Lane::kDecode) {
+    decode_start_delay_.Observe(absl::ToDoubleSeconds(step.start_delay));
+  } else {
+    prefill_yielded_.Increment(absl::ToDoubleSeconds(step.yielded));
+  }
   for (const scheduler::StepStats::Verification& v : step.verifications) {
     const std::string proposer(scheduler::ProposerName(v.proposer));
     drafted_tokens_.Add({{"proposer", proposer}}).Increment(v.drafted);

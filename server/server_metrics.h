@@ -33,6 +33,8 @@ class ServerMetrics {
   static prometheus::Histogram::BucketBoundaries LatencyBuckets();
   // Token counts per request and per step: powers of two, 1 to 32768.
   static prometheus::Histogram::BucketBoundaries TokenBuckets();
+  // 10 us to 100 ms: a decode step's wait for the compute.
+  static prometheus::Histogram::BucketBoundaries StartDelayBuckets();
   // Accepted drafted tokens per verification: 0, 1, 2, ... 16.
   static prometheus::Histogram::BucketBoundaries AcceptedLengthBuckets();
 
@@ -56,6 +58,10 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& step_tokens_;
   prometheus::Family<prometheus::Histogram>& step_sequences_;
   prometheus::Family<prometheus::Histogram>& step_time_;
+  // Shared compute: the decode worker's wait for it, the prefill worker's
+  // time without it.
+  prometheus::Histogram& decode_start_delay_;
+  prometheus::Counter& prefill_yielded_;
   // Speculative decoding, per proposer (and draft position).
   prometheus::Family<prometheus::Counter>& drafted_tokens_;
   prometheus::Family<prometheus::Counter>& accepted_tokens_;
