@@ -1,7 +1,5 @@
 #include "server/serving_model.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -20,17 +18,6 @@ absl::StatusOr<int64_t> AvailableMemoryBytes() {
     if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) return kib * 1024;
   }
   return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
-}
-
-std::vector<int> AllowedCpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
-  return cpus;
 }
 
 v1::ModelInfo ServingModel::Info() const {
@@ -229,7 +216,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
 
   // One compute pool for both workers (the decode worker's steps go first),
   // or, with a reservation, a pool of the decode worker's own on its own CPUs.
-  const std::vector<int> cpus = AllowedCpus();
+  const std::vector<int> cpus = kernels::cpu::AllowedCpus();
   const int threads =
       options.threads > 0 ? options.threads : std::max(1, static_cast<int>(cpus.size()));
   const int reserved = options.decode_worker ? options.decode_reserved_threads : 0;

@@ -53,9 +53,6 @@ struct ServingModelOptions {
 // MemAvailable from /proc/meminfo, in bytes.
 absl::StatusOr<int64_t> AvailableMemoryBytes();
 
-// The CPUs this process may run on, in order.
-std::vector<int> AllowedCpus();
-
 class ServingModel {
  public:
   // Loads and checks everything; errors name the file and what is wrong.

@@ -274,6 +274,34 @@ TEST_F(TandemdTest, TheCliStreamsAnAnswer) {
   EXPECT_THAT(info, HasSubstr("finish_reason=stop"));
 }
 
+// `--help` of both binaries lists their commands and flags (Abseil's default
+// would print "No flags matched" for files not named after the binary).
+TEST(CliHelpTest, BothBinariesListTheirFlags) {
+  const std::string out = ::testing::TempDir() + "/help";
+  struct Case {
+    std::string binary;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {PathFromEnv("TANDEM_CLI", paths::kCli),
+       {"tandem chat", "tandem generate", "tandem shape", "--max_tokens", "--temperature",
+        "--server"}},
+      {PathFromEnv("TANDEM_DAEMON", paths::kDaemon),
+       {"--threads", "--decode_reserved_threads", "--disagg_output_threshold",
+        "--default_temperature", "--decode_step_interval"}},
+  };
+  for (const Case& c : cases) {
+    const std::string command = c.binary + " --help > " + out + " 2>&1";
+    // --help exits non-zero by Abseil's convention: only a failure to run counts.
+    if (std::system(command.c_str()) == -1) ADD_FAILURE() << "cannot run " << c.binary;
+    std::ifstream help(out);
+    const std::string text((std::istreambuf_iterator<char>(help)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("No flags matched"))) << c.binary;
+    for (const std::string& e : c.expected) EXPECT_THAT(text, HasSubstr(e)) << c.binary;
+  }
+}
+
 // The repeated 1,000-token prompt of a coding agent's or chat's next turn.
 TEST_F(TandemdTest, ARepeatedLongPromptIsServedFromThePrefixCache) {
   auto stub = daemon_->Stub();

@@ -40,6 +40,17 @@ void PinTo(int cpu) {
 
 }  // namespace
 
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
 int ComputeLane::size() const { return pool_->size(); }
 
 void ComputeLane::ParallelFor(int64_t n, const Fn& fn) { pool_->ParallelFor(priority_, n, fn); }

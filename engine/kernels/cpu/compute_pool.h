@@ -39,6 +39,9 @@ namespace tandem::kernels::cpu {
 
 class ComputePool;
 
+// The CPUs this process may run on, in order (its affinity mask).
+std::vector<int> AllowedCpus();
+
 // A lane's handle on its pool: what a backend computes with.
 class ComputeLane {
  public:
