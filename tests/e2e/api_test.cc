@@ -20,6 +20,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A daemon for the tests that only send requests. ctest runs each test in a
+// process of its own (gtest_discover_tests), so each test starts one (about
+// a second); run the binary directly and the suite shares one. Tests here
+// must therefore not depend on what another test left in the daemon.
 class ApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -252,9 +256,12 @@ TEST(ApiLifecycleTest, DrainingRefusesNewCallsAndCancelsStragglersWithUnavailabl
   };
   auto short_stream = start_stream(30);   // finishes within the drain timeout
   auto long_stream = start_stream(5000);  // does not (minutes on this CPU)
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  // Both admitted (running, none waiting) before the signal.
+  ASSERT_TRUE(daemon.WaitForLoad([](const v1::Load& l) {
+    return l.waiting() == 0 && l.running_prefill() + l.running_decode() == 2;
+  }));
   ::kill(daemon.pid(), SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(daemon.WaitForHealth("NOT_SERVING"));
   Generation refused = Generate(*stub, Chat("Hi", 0.0f, 4));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_TRUE(refused.messages.empty()) << "refused before any token, so callers can retry";

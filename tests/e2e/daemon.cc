@@ -145,6 +145,29 @@ bool Daemon::WaitServing(std::chrono::seconds timeout) {
   return false;
 }
 
+bool Daemon::WaitForLoad(const std::function<bool(const v1::Load&)>& done,
+                         std::chrono::seconds timeout) {
+  auto stub = Stub();
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::Load load;
+    if (stub->GetLoad(&context, v1::GetLoadRequest(), &load).ok() && done(load)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+bool Daemon::WaitForHealth(const std::string& status, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (Health() == status) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 int Daemon::WaitExit(std::chrono::seconds timeout) {
   if (exit_code_.has_value()) return *exit_code_;
   const auto end = std::chrono::steady_clock::now() + timeout;

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,13 @@ class Daemon {
   pid_t pid() const { return pid_; }
   int metrics_port() const { return metrics_port_; }
   std::unique_ptr<v1::Generation::Stub> Stub() const;
+  // Polls GetLoad until `done(load)` holds; false after `timeout`. How tests
+  // wait for requests to be admitted (never a fixed sleep).
+  bool WaitForLoad(const std::function<bool(const v1::Load&)>& done,
+                   std::chrono::seconds timeout = std::chrono::seconds(60));
+  // Polls health until it reports `status` ("SERVING", "NOT_SERVING"...).
+  bool WaitForHealth(const std::string& status,
+                     std::chrono::seconds timeout = std::chrono::seconds(60));
 
  private:
   pid_t pid_ = -1;

@@ -28,19 +28,6 @@ v1::GenerateRequest Tokens(int count, int salt, int max_tokens) {
   return r;
 }
 
-// Polls GetLoad until `done(load)` or a 60-second deadline.
-template <typename Done>
-bool WaitForLoad(v1::Generation::Stub& stub, Done done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline) {
-    grpc::ClientContext context;
-    v1::Load load;
-    if (stub.GetLoad(&context, v1::GetLoadRequest(), &load).ok() && done(load)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
 TEST(SharedComputeE2eTest, ALongPromptYieldsToADecodeStreamAndNeitherAnswerChanges) {
   Daemon daemon({"--disagg_output_threshold=0"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
@@ -59,7 +46,7 @@ TEST(SharedComputeE2eTest, ALongPromptYieldsToADecodeStreamAndNeitherAnswerChang
       streamed.insert(streamed.end(), message.token_ids().begin(), message.token_ids().end());
     }
   });
-  ASSERT_TRUE(WaitForLoad(*stub, [](const v1::Load& l) { return l.running_decode() == 1; }));
+  ASSERT_TRUE(daemon.WaitForLoad([](const v1::Load& l) { return l.running_decode() == 1; }));
 
   // 1,200 prompt tokens are ten prefill steps; the stream's steps come
   // every --decode_step_interval while they run.

@@ -20,7 +20,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// One daemon for the tests that only send requests.
+// A daemon for the tests that only send requests. ctest runs each test in a
+// process of its own (gtest_discover_tests), so each test starts one (about
+// a second); run the binary directly and the suite shares one. Tests here
+// must therefore not depend on what another test left in the daemon.
 class TandemdTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -420,7 +423,10 @@ TEST(TandemdLifecycleTest, SigtermWithEightStreamsInFlightFinishesAllAndExitsZer
       return Generate(*own, r);
     }));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // All eight admitted before the signal (40 tokens each outlast the poll).
+  ASSERT_TRUE(daemon.WaitForLoad([](const v1::Load& l) {
+    return l.waiting() == 0 && l.running_prefill() + l.running_decode() == 8;
+  }));
   EXPECT_EQ(daemon.Stop(SIGTERM), 0) << daemon.Log();
   for (auto& s : streams) {
     Generation g = s.get();
