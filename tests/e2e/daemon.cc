@@ -204,6 +204,15 @@ Generation Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& reque
   return g;
 }
 
+void ExpectStartupErrors(const std::vector<StartupErrorCase>& cases) {
+  for (const StartupErrorCase& c : cases) {
+    Daemon daemon(c.flags);
+    EXPECT_EQ(daemon.WaitExit(std::chrono::seconds(60)), c.exit_code) << c.flags.back();
+    const std::string log = daemon.Log();
+    EXPECT_NE(log.find(c.message), std::string::npos) << c.message << "\nnot in:\n" << log;
+  }
+}
+
 v1::GenerateRequest Chat(const std::string& user_message, std::optional<float> temperature,
                          int max_tokens) {
   v1::GenerateRequest r;

@@ -68,6 +68,15 @@ class Daemon {
   std::optional<int> exit_code_;
 };
 
+// A daemon started with `flags` must exit by itself with `exit_code` (2: a
+// bad flag; 1: the model cannot be served so) and log `message`.
+struct StartupErrorCase {
+  std::vector<std::string> flags;
+  int exit_code;
+  std::string message;
+};
+void ExpectStartupErrors(const std::vector<StartupErrorCase>& cases);
+
 // The outcome of one streamed Generate call.
 struct Generation {
   grpc::Status status;

@@ -169,12 +169,7 @@ TEST(SpeculationE2eTest, ASeparateDraftModelServesBothWorkers) {
 
 TEST(SpeculationE2eTest, BadSpeculationFlagsStopTheDaemonWithAClearMessage) {
   const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
-  struct Case {
-    std::vector<std::string> flags;
-    int exit_code;  // 2: a bad flag; 1: the model cannot be served so
-    std::string message;
-  };
-  const std::vector<Case> cases = {
+  ExpectStartupErrors({
       {{"--speculative=bogus"}, 2, "--speculative='bogus': expected off, ngram or draft"},
       {{"--speculative=draft"},
        2,
@@ -188,12 +183,7 @@ TEST(SpeculationE2eTest, BadSpeculationFlagsStopTheDaemonWithAClearMessage) {
       {{"--speculative=draft", "--draft_model=" + model, "--draft_layers=4"},
        1,
        "--draft_model and --draft_layers each name a draft model: set one"},
-  };
-  for (const Case& c : cases) {
-    Daemon daemon(c.flags);
-    EXPECT_EQ(daemon.WaitExit(std::chrono::seconds(60)), c.exit_code) << c.flags.back();
-    EXPECT_THAT(daemon.Log(), HasSubstr(c.message));
-  }
+  });
 }
 
 }  // namespace

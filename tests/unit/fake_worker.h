@@ -92,6 +92,20 @@ class FakeWorker {
   std::vector<TokenId> slots_;
 };
 
+// A request whose prompt is `prompt_tokens` ids derived from `seed` (ids
+// 1000 + (i * stride + seed) % 97), with `max_tokens` and that seed.
+inline Request MakeRequest(int32_t prompt_tokens, int32_t max_tokens,
+                           std::shared_ptr<RequestSink> sink, uint64_t seed = 1,
+                           int32_t stride = 3) {
+  Request r;
+  for (int32_t i = 0; i < prompt_tokens; ++i)
+    r.prompt.push_back(1000 + (i * stride + static_cast<int32_t>(seed)) % 97);
+  r.max_tokens = max_tokens;
+  r.sampling.seed = seed;
+  r.sink = std::move(sink);
+  return r;
+}
+
 struct Record : RequestSink {
   std::vector<TokenId> tokens;
   std::optional<FinishInfo> finish;

@@ -27,16 +27,7 @@ class FakeWorker : public testing::FakeWorker {
   explicit FakeWorker(int32_t blocks) : testing::FakeWorker(blocks, kBlockSize) {}
 };
 
-Request MakeRequest(int32_t prompt_tokens, int32_t max_tokens, std::shared_ptr<Record> sink,
-                    uint64_t seed = 1) {
-  Request r;
-  for (int32_t i = 0; i < prompt_tokens; ++i)
-    r.prompt.push_back(1000 + (i * 3 + static_cast<int32_t>(seed)) % 97);
-  r.max_tokens = max_tokens;
-  r.sampling.seed = seed;
-  r.sink = std::move(sink);
-  return r;
-}
+using testing::MakeRequest;
 
 // The simulation. Step cost: 1 ms + 0.1 ms per token (a prompt chunk is
 // expensive, a decode step cheap).

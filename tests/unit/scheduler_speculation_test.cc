@@ -17,15 +17,10 @@ namespace {
 constexpr int32_t kBlockSize = 4;
 using testing::Record;
 
+// Prompts of stride 7 (see testing::MakeRequest).
 Request MakeRequest(int32_t prompt_tokens, int32_t max_tokens, std::shared_ptr<Record> sink,
                     uint64_t seed) {
-  Request r;
-  for (int32_t i = 0; i < prompt_tokens; ++i)
-    r.prompt.push_back(1000 + (i * 7 + static_cast<int32_t>(seed)) % 97);
-  r.max_tokens = max_tokens;
-  r.sampling.seed = seed;
-  r.sink = std::move(sink);
-  return r;
+  return testing::MakeRequest(prompt_tokens, max_tokens, std::move(sink), seed, 7);
 }
 
 SchedulerOptions Options(int32_t budget, int32_t blocks, step::Proposer proposer,
