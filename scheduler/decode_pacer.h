@@ -26,7 +26,7 @@
 namespace tandem::scheduler {
 
 struct DecodePacingOptions {
-  absl::Duration interval = absl::Milliseconds(25);  // zero: no pacing
+  absl::Duration interval = absl::Milliseconds(40);  // zero: no pacing
   double prefill_min_share = 0.5;                    // in [0, 1)
 };
 

@@ -60,7 +60,7 @@ ABSL_FLAG(int, decode_reserved_threads, 0,
           "threads of --threads set aside for the decode worker alone, on CPUs of their own "
           "(hard isolation); 0: one shared pool");
 ABSL_FLAG(bool, pin_threads, true, "pin compute threads to CPUs");
-ABSL_FLAG(absl::Duration, decode_step_interval, absl::Milliseconds(25),
+ABSL_FLAG(absl::Duration, decode_step_interval, absl::Milliseconds(40),
           "while prompts are being prefilled, decode-worker steps start at most this often (the "
           "inter-token target of disaggregated streams); 0: as soon as ready");
 ABSL_FLAG(double, prefill_min_share, 0.5,
