@@ -152,7 +152,8 @@ void ComputePool::WakeHelpers() {
 
 bool ComputePool::HasUnclaimed(LanePriority priority) const {
   const Job& job = jobs_[Index(priority)];
-  return job.active.load() && job.next.load(std::memory_order_relaxed) < job.count;
+  return job.active.load() &&
+         job.next.load(std::memory_order_relaxed) < job.count.load(std::memory_order_relaxed);
 }
 
 bool ComputePool::RunIndices(LanePriority priority, int thread) {
@@ -162,7 +163,7 @@ bool ComputePool::RunIndices(LanePriority priority, int thread) {
   for (;;) {
     if (throughput && !EnterThroughputIndex()) return ran;
     const int64_t i = job.next.fetch_add(1);
-    if (i >= job.count) {
+    if (i >= job.count.load(std::memory_order_relaxed)) {
       if (throughput) LeaveThroughputIndex();
       return ran;
     }
@@ -190,7 +191,7 @@ void ComputePool::ParallelFor(LanePriority priority, int64_t n, const ComputeLan
                "ParallelFor takes at most 2^31 - 1 indices");
   Job& job = jobs_[Index(priority)];
   job.fn = &fn;
-  job.count = n;
+  job.count.store(n, std::memory_order_relaxed);
   job.next.store(0);
   job.remaining.store(static_cast<int32_t>(n));
   job.active.store(true);

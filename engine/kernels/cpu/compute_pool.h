@@ -97,8 +97,8 @@ class ComputePool {
   // The loop a lane's caller has published.
   struct Job {
     std::atomic<bool> active{false};
-    const ComputeLane::Fn* fn = nullptr;
-    int64_t count = 0;
+    const ComputeLane::Fn* fn = nullptr;  // read only by threads counted in `users`
+    std::atomic<int64_t> count{0};        // also read, as a hint, by idle helpers
     std::atomic<int64_t> next{0};
     // Waited on: a 4-byte atomic, which libstdc++ waits on with a futex of
     // its own (other sizes share proxy futexes).
