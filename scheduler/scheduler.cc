@@ -36,11 +36,11 @@ bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout) 
 }
 
 Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
-                     step::Worker* decode, StepObserver observer)
+                     step::Worker* decode, StepObserver observer, DecodePacingOptions pacing)
     : max_queued_(max_queued),
       observer_(std::move(observer)),
-      core_(WithLanes(options, decode != nullptr)),
-      pacer_(options.decode_pacing) {
+      core_(WithLanes(std::move(options), decode != nullptr)),
+      pacer_(pacing) {
   step::Worker* workers[kLanes] = {prefill, decode};
   for (int lane = 0; lane < kLanes; ++lane) {
     if (workers[lane] == nullptr) continue;

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/step/step_plan.h"
+#include "scheduler/decode_pacer.h"
 #include "scheduler/scheduler_core.h"
 #include "scheduler/worker_thread.h"
 
@@ -70,9 +71,13 @@ class Scheduler {
  public:
   // Workers must outlive the scheduler; `decode` may be null (no decode
   // worker: everything runs colocated on `prefill`). `max_queued` bounds
-  // requests that are submitted but not yet running.
+  // requests that are submitted but not yet running. `pacing`: how decode
+  // steps are held back while a prefill step runs on shared compute
+  // (scheduler/decode_pacer.h; {0, 0} holds nothing back, for workers that
+  // share no compute).
   Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
-            step::Worker* decode = nullptr, StepObserver observer = nullptr);
+            step::Worker* decode = nullptr, StepObserver observer = nullptr,
+            DecodePacingOptions pacing = {});
   ~Scheduler();  // Stop()s
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;

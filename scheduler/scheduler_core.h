@@ -53,7 +53,6 @@
 #include "absl/time/time.h"
 #include "engine/step/step_plan.h"
 #include "kvcache/kv_cache_manager.h"
-#include "scheduler/decode_pacer.h"
 #include "scheduler/disaggregation_policy.h"
 #include "scheduler/request.h"
 #include "scheduler/speculation_policy.h"
@@ -75,9 +74,6 @@ struct SchedulerOptions {
   DisaggregationOptions disaggregation;
   absl::Duration priority_aging = absl::Seconds(10);  // +1 effective priority per this long waited
   SpeculationOptions speculation;
-  // How the Scheduler thread paces decode-lane steps against prefill steps
-  // on shared compute (scheduler/decode_pacer.h); the core ignores it.
-  DecodePacingOptions decode_pacing;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 

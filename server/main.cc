@@ -321,7 +321,6 @@ int Main() {
     spdlog::error("--max_batched_tokens and --max_running must be at least 1");
     return 2;
   }
-  sched.decode_pacing = pacing;
   scheduler::DisaggregationCosts disagg_costs;
   if (auto_threshold) {
     absl::StatusOr<scheduler::DisaggregationCosts> costs =
@@ -345,7 +344,7 @@ int Main() {
   scheduler::Scheduler scheduler(
       sched, absl::GetFlag(FLAGS_max_queued_requests), (*model)->prefill_worker(),
       (*model)->decode_worker(),
-      [&metrics](const scheduler::StepStats& step) { metrics.OnStep(step); });
+      [&metrics](const scheduler::StepStats& step) { metrics.OnStep(step); }, pacing);
   spdlog::info("disaggregation: {}",
                threshold.has_value() && (*model)->decode_worker() != nullptr
                    ? fmt::format("at {} output tokens{}", *threshold,

@@ -44,8 +44,8 @@ double Cost(const step::StepPlan& plan) {
 
 class SharedComputeSimulation {
  public:
-  SharedComputeSimulation(SchedulerOptions options, int32_t blocks)
-      : worker_(blocks, kBlockSize), pacer_(options.decode_pacing) {
+  SharedComputeSimulation(SchedulerOptions options, DecodePacingOptions pacing, int32_t blocks)
+      : worker_(blocks, kBlockSize), pacer_(pacing) {
     options.kv_blocks = blocks;
     options.block_size = kBlockSize;
     options.clock = [this] { return Time(now_); };
@@ -159,22 +159,21 @@ class SharedComputeSimulation {
   std::vector<Arrival> arrivals_;
 };
 
-SchedulerOptions Options(DecodePacingOptions pacing) {
+SchedulerOptions Options() {
   SchedulerOptions o;
   o.max_batched_tokens = 16;
   o.context_length = 1024;
   o.decode_lane = true;
   o.disaggregation.output_threshold = 4;
-  o.decode_pacing = pacing;
   return o;
 }
 
 // The tokens a request generates alone on one colocated lane.
 std::vector<TokenId> Alone(int32_t prompt, int32_t max_tokens, uint64_t seed) {
-  SchedulerOptions o = Options({});
+  SchedulerOptions o = Options();
   o.decode_lane = false;
   o.disaggregation.output_threshold.reset();
-  SharedComputeSimulation sim(o, 512);
+  SharedComputeSimulation sim(o, {}, 512);
   auto sink = std::make_shared<Record>();
   sim.AddAt(0, 1, MakeRequest(prompt, max_tokens, sink, seed));
   sim.RunToCompletion();
@@ -197,7 +196,7 @@ struct Outcome {
 // Two long-output streams (moved to the decode lane after 4 tokens), a
 // 400-token prompt arriving once they decode, then a short chat.
 Outcome RunMixedLoad(DecodePacingOptions pacing) {
-  SharedComputeSimulation sim(Options(pacing), 512);
+  SharedComputeSimulation sim(Options(), pacing, 512);
   Outcome o{std::make_shared<TimedRecord>(sim.clock()), std::make_shared<TimedRecord>(sim.clock()),
             std::make_shared<TimedRecord>(sim.clock())};
   sim.AddAt(0, 1, MakeRequest(8, 300, o.stream_a, 1));
