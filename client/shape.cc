@@ -1,13 +1,11 @@
 #include "client/shape.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <curl/curl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
@@ -100,45 +98,30 @@ Histogram Metrics::GetHistogram(const std::string& name, const std::string& labe
 }
 
 absl::StatusOr<std::string> HttpGet(const std::string& url) {
-  std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-  const size_t slash = rest.find('/');
-  const std::string hostport = rest.substr(0, slash);
-  const std::string path = slash == std::string::npos ? "/metrics" : rest.substr(slash);
-  const size_t colon = hostport.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(
-        "the metrics URL needs host:port, e.g. http://127.0.0.1:9400/metrics");
+  static std::once_flag init;
+  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return absl::InternalError("curl_easy_init failed");
+  std::string body;
+  auto write = +[](char* data, size_t size, size_t count, void* user) -> size_t {
+    static_cast<std::string*>(user)->append(data, size * count);
+    return size * count;
+  };
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 30000L);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  const CURLcode code = curl_easy_perform(curl);
+  long http_code = 0;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http_code);
+  curl_easy_cleanup(curl);
+  if (code != CURLE_OK) {
+    return absl::UnavailableError(absl::StrFormat("%s: %s", url, curl_easy_strerror(code)));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(hostport.substr(0, colon).c_str(), hostport.substr(colon + 1).c_str(), &hints,
-                  &found) != 0) {
-    return absl::UnavailableError("cannot resolve " + hostport);
-  }
-  const int fd = ::socket(found->ai_family, found->ai_socktype, found->ai_protocol);
-  const bool connected = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
-  freeaddrinfo(found);
-  if (!connected) {
-    if (fd >= 0) ::close(fd);
-    return absl::UnavailableError("cannot connect to " + hostport);
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + hostport + "\r\n\r\n";
-  if (::write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    ::close(fd);
-    return absl::UnavailableError("cannot send to " + hostport);
-  }
-  std::string response;
-  char buffer[16384];
-  ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0)
-    response.append(buffer, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (body == std::string::npos) return absl::UnavailableError("no HTTP response from " + hostport);
-  return response.substr(body + 4);
+  if (http_code != 200)
+    return absl::UnavailableError(absl::StrFormat("%s: HTTP %d", url, http_code));
+  return body;
 }
 
 std::string ShapeReport(const Metrics& m, double now_unix_seconds) {

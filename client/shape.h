@@ -33,7 +33,8 @@ struct Metrics {
 
 Metrics ParseMetrics(const std::string& text);
 
-// Fetches http://host:port/path (plain HTTP, as the exposer serves it).
+// Fetches `url` (http://host:port/path) with libcurl; a non-200 answer is an
+// error.
 absl::StatusOr<std::string> HttpGet(const std::string& url);
 
 // The report `tandem shape` prints. `now_unix_seconds` dates the scrape.

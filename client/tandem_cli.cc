@@ -5,11 +5,15 @@
 //   tandem generate --prompt_file=FILE             the prompt from a file
 //   tandem shape [--metrics=URL]                   the traffic's token shape, and
 //                                                  whether disaggregation pays
+//   tandem bench --scenario=chat [...]             load in a product's token shape:
+//                                                  latency, throughput, goodput
+//                                                  (client/bench/, docs/benchmarking.md)
 //
 // The answer streams to stdout as it is generated; a summary (finish reason,
 // tokens, timings) goes to stderr.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -20,11 +24,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/bench/bench_command.h"
 #include "client/shape.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tandemd address");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "tandemd address (bench: several, comma-separated, take requests in turn)");
 ABSL_FLAG(int, max_tokens, 0, "most tokens to generate (0: the server's default)");
 ABSL_FLAG(double, temperature, -1.0, "sampling temperature (0: greedy; < 0: server default)");
 ABSL_FLAG(int, top_k, -1, "top-k (0: off; < 0: server default)");
@@ -36,7 +43,8 @@ ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
 ABSL_FLAG(std::string, prompt_file, "", "read the question or prompt from this file");
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache salt (requests share cache only within one)");
 ABSL_FLAG(bool, disable_speculation, false, "no speculative decoding for this request");
-ABSL_FLAG(std::string, metrics, "http://127.0.0.1:9400/metrics", "metrics URL (shape)");
+ABSL_FLAG(std::string, metrics, "http://127.0.0.1:9400/metrics",
+          "metrics URL (shape; bench: one per --server, comma-separated, \"\" for none)");
 
 namespace {
 
@@ -128,7 +136,10 @@ int main(int argc, char** argv) {
       "  tandem chat \"QUESTION\"        one user turn through the model's chat template\n"
       "  tandem generate \"PROMPT\"      a raw prompt, no template (or --prompt_file=FILE)\n"
       "  tandem shape                  the traffic's token shape from --metrics, and whether\n"
-      "                                disaggregation pays\n\n"
+      "                                disaggregation pays\n"
+      "  tandem bench                  load in a product's token shape (--scenario): TTFT,\n"
+      "                                inter-token latency, throughput, goodput; a peer side by\n"
+      "                                side (--peer=llama-server); --sweep_threshold\n\n"
       "The answer streams to stdout; a summary goes to stderr. Flags:");
   // --help lists this client's flags (Abseil's default matches only a file
   // named after the binary).
@@ -138,7 +149,21 @@ int main(int argc, char** argv) {
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // Flags may be spelled with dashes (--sweep-threshold) or underscores.
+  std::vector<std::string> normalized(argv, argv + argc);
+  for (std::string& arg : normalized) {
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+  }
+  std::vector<char*> normalized_argv;
+  for (std::string& arg : normalized) normalized_argv.push_back(arg.data());
+  std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
+  if (args.size() == 2 && std::string(args[1]) == "bench") {
+    return tandem::bench::RunBenchCommand(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_metrics),
+                                          absl::StrJoin(argv, argv + argc, " "));
+  }
   if (args.size() == 2 && std::string(args[1]) == "shape") {
     absl::StatusOr<std::string> text = tandem::client::HttpGet(absl::GetFlag(FLAGS_metrics));
     if (!text.ok()) {

@@ -1,0 +1,174 @@
+// llama.cpp's llama-server over HTTP (client/bench/targets.h): POST
+// /completion with the prompt as token ids and "stream": true; every
+// server-sent event carries the new tokens ("return_tokens"), the last one
+// "stop": true and the timings (cache_n: prompt tokens served from its
+// prompt cache).
+#include <curl/curl.h>
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/bench/targets.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace tandem::bench {
+namespace {
+
+void InitCurlOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// A POST of JSON whose response body is handed to `on_data` as it arrives.
+absl::Status PostJson(const std::string& url, const std::string& body, double timeout_s,
+                      const std::function<void(const char*, size_t)>& on_data, long* http_code) {
+  InitCurlOnce();
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return absl::InternalError("curl_easy_init failed");
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  using Callback = std::function<void(const char*, size_t)>;
+  auto write = +[](char* data, size_t size, size_t count, void* user) -> size_t {
+    (*static_cast<const Callback*>(user))(data, size * count);
+    return size * count;
+  };
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &on_data);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  const CURLcode code = curl_easy_perform(curl);
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, http_code);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(curl);
+  if (code != CURLE_OK) {
+    return absl::UnavailableError(absl::StrCat(url, ": ", curl_easy_strerror(code)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<google::protobuf::Struct> ParseJson(const std::string& text) {
+  google::protobuf::Struct value;
+  if (auto s = google::protobuf::util::JsonStringToMessage(text, &value); !s.ok()) {
+    return absl::InvalidArgumentError("unreadable JSON from llama-server: " + s.ToString());
+  }
+  return value;
+}
+
+const google::protobuf::Value* Field(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? nullptr : &it->second;
+}
+
+class LlamaServerTarget : public Target {
+ public:
+  explicit LlamaServerTarget(std::string address) : base_("http://" + std::move(address)) {}
+
+  std::string name() const override { return "llama-server"; }
+
+  absl::StatusOr<TokenIds> Tokenize(const std::string& text) override {
+    google::protobuf::Struct request;
+    (*request.mutable_fields())["content"].set_string_value(text);
+    std::string body;
+    (void)google::protobuf::util::MessageToJsonString(request, &body);
+    std::string response;
+    long http_code = 0;
+    absl::Status s = PostJson(
+        base_ + "/tokenize", body, 60, [&](const char* d, size_t n) { response.append(d, n); },
+        &http_code);
+    if (!s.ok()) return s;
+    if (http_code != 200) return absl::UnavailableError(base_ + "/tokenize: HTTP " + response);
+    absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(response);
+    if (!parsed.ok()) return parsed.status();
+    TokenIds ids;
+    if (const auto* tokens = Field(*parsed, "tokens")) {
+      for (const auto& v : tokens->list_value().values()) {
+        ids.push_back(static_cast<uint32_t>(v.number_value()));
+      }
+    }
+    return ids;
+  }
+
+  void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) override {
+    const std::string body = absl::StrCat(
+        "{\"prompt\":[", absl::StrJoin(call.prompt, ","), "],\"n_predict\":", call.max_tokens,
+        ",\"stream\":true,\"temperature\":0,\"ignore_eos\":true,\"return_tokens\":true,"
+        "\"cache_prompt\":true}");
+    std::string pending;  // bytes of an event not yet complete
+    std::string failure;
+    bool stopped = false;
+    int predicted = 0;
+    auto on_event = [&](const std::string& json) {
+      absl::StatusOr<google::protobuf::Struct> event = ParseJson(json);
+      if (!event.ok()) {
+        failure = std::string(event.status().message());
+        return;
+      }
+      const double now = NowSeconds();
+      if (const auto* tokens = Field(*event, "tokens")) {
+        for (const auto& v : tokens->list_value().values()) {
+          record->token_times.push_back(now);
+          output->push_back(static_cast<uint32_t>(v.number_value()));
+        }
+      }
+      if (const auto* stop = Field(*event, "stop"); stop && stop->bool_value()) {
+        stopped = true;
+        if (const auto* n = Field(*event, "tokens_predicted")) {
+          predicted = static_cast<int>(n->number_value());
+        }
+        if (const auto* timings = Field(*event, "timings")) {
+          const auto& t = timings->struct_value();
+          if (const auto* cached = Field(t, "cache_n")) {
+            record->cached_prompt_tokens = static_cast<int>(cached->number_value());
+          }
+        }
+      }
+      if (const auto* error = Field(*event, "error")) {
+        failure = "llama-server error: " + error->DebugString();
+      }
+    };
+    long http_code = 0;
+    absl::Status s = PostJson(
+        base_ + "/completion", body, call.timeout_s,
+        [&](const char* data, size_t n) {
+          pending.append(data, n);
+          size_t end;
+          while ((end = pending.find("\n\n")) != std::string::npos) {
+            const std::string event = pending.substr(0, end);
+            pending.erase(0, end + 2);
+            if (event.rfind("data: ", 0) == 0) on_event(event.substr(6));
+          }
+        },
+        &http_code);
+    // Tokens the stream reported only in its count arrive with the end.
+    for (int i = static_cast<int>(output->size()); i < predicted; ++i) {
+      record->token_times.push_back(NowSeconds());
+    }
+    record->prompt_tokens = static_cast<int>(call.prompt.size());
+    record->ok = s.ok() && http_code == 200 && stopped && failure.empty();
+    if (!s.ok()) {
+      record->error = std::string(s.message());
+    } else if (http_code != 200) {
+      record->error = absl::StrCat("HTTP ", http_code, ": ", pending);
+    } else if (!failure.empty()) {
+      record->error = failure;
+    } else if (!stopped) {
+      record->error = "the stream ended without a final event";
+    }
+  }
+
+ private:
+  std::string base_;
+};
+
+}  // namespace
+
+std::unique_ptr<Target> MakeLlamaServerTarget(std::string address) {
+  return std::make_unique<LlamaServerTarget>(std::move(address));
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,324 @@
+#include "client/bench/runner.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+
+namespace tandem::bench {
+namespace {
+
+void SleepUntil(double t) {
+  const double wait = t - NowSeconds();
+  if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+}
+
+// Shared state of one run.
+class Run {
+ public:
+  Run(const v1::Scenario& scenario, Target& target, const std::map<std::string, Corpus>& corpora,
+      const RunOptions& options)
+      : scenario_(scenario), target_(target), options_(options), start_(NowSeconds()) {
+    for (const v1::RequestClass& c : scenario_.classes()) {
+      const std::string name = c.corpus().empty() ? "prose" : c.corpus();
+      builders_.emplace_back(corpora.at(name), c, options.seed);
+      issued_.push_back(std::make_unique<std::atomic<int64_t>>(0));
+      sessions_.push_back(std::make_unique<std::atomic<int64_t>>(0));
+    }
+  }
+
+  RunResult Execute() {
+    std::vector<std::thread> drivers;
+    for (int k = 0; k < scenario_.classes_size(); ++k) {
+      const v1::RequestClass& c = scenario_.classes(k);
+      if (!c.background()) ++foreground_drivers_;
+      if (c.concurrency() > 0) {
+        if (!c.background()) foreground_drivers_ += c.concurrency() - 1;
+        for (int i = 0; i < c.concurrency(); ++i) drivers.emplace_back([this, k] { Client(k); });
+      } else {
+        drivers.emplace_back([this, k] { OpenLoop(k); });
+      }
+    }
+    std::thread progress;
+    if (options_.progress) progress = std::thread([this] { Progress(); });
+    for (std::thread& t : drivers) t.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+    }
+    cv_.notify_all();
+    if (progress.joinable()) progress.join();
+    RunResult result;
+    result.records = std::move(records_);
+    double last = start_;
+    for (RequestRecord& r : result.records) {
+      if (!scenario_.classes(r.class_index).background()) last = std::max(last, r.end);
+      r.start -= start_;
+      r.end -= start_;
+      for (double& t : r.token_times) t -= start_;
+    }
+    result.wall_s = last - start_;
+    return result;
+  }
+
+ private:
+  bool TimeUp() const {
+    return options_.duration_s > 0 && NowSeconds() - start_ >= options_.duration_s;
+  }
+  bool ForegroundDone() const { return foreground_done_.load() >= foreground_drivers_; }
+  // A foreground client or arrival process has issued its last request:
+  // background arrival processes waiting for their next arrival re-check.
+  void MarkForegroundDriverDone() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++foreground_done_;
+    }
+    cv_.notify_all();
+  }
+
+  // Claims the right to issue one more request of class k.
+  bool Claim(int k) {
+    const v1::RequestClass& c = scenario_.classes(k);
+    if (c.background()) return !ForegroundDone() && !TimeUp();
+    if (TimeUp()) return false;
+    const int64_t n = issued_[k]->fetch_add(1);
+    return options_.requests <= 0 || n < options_.requests;
+  }
+
+  int OutputLength(const v1::RequestClass& c, std::mt19937_64& rng) const {
+    if (options_.output_tokens > 0 && !c.background()) return options_.output_tokens;
+    return DrawLength(c.output_tokens(), rng);
+  }
+
+  // One request; `context` grows by the prompt's answer for a session's next turn.
+  void Issue(int k, double start, TokenIds prompt, int max_tokens, TokenIds* output) {
+    RequestRecord record;
+    record.class_index = k;
+    record.start = start;
+    GenerateCall call;
+    call.prompt = std::move(prompt);
+    call.max_tokens = max_tokens;
+    call.workload = scenario_.classes(k).workload();
+    call.timeout_s = options_.request_timeout_s;
+    target_.Generate(call, &record, output);
+    record.end = NowSeconds();
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.push_back(std::move(record));
+    if (!scenario_.classes(k).background()) ++foreground_completed_;
+  }
+
+  // A session (or a single request when turns <= 1) of class k, started at `start`.
+  void Session(int k, int64_t session, double start) {
+    const v1::RequestClass& c = scenario_.classes(k);
+    std::mt19937_64 rng(options_.seed * 1000003 + static_cast<uint64_t>(session) * 7919 + k);
+    TokenIds context = builders_[k].Prompt(session, DrawLength(c.input_tokens(), rng));
+    const int turns = std::max(c.turns(), 1);
+    for (int turn = 0; turn < turns; ++turn) {
+      if (turn > 0) {
+        if (!Claim(k)) return;
+        const TokenIds more =
+            builders_[k].TurnInput(session, turn, DrawLength(c.turn_input_tokens(), rng));
+        context.insert(context.end(), more.begin(), more.end());
+        start = NowSeconds();
+      }
+      TokenIds output;
+      Issue(k, start, context, OutputLength(c, rng), &output);
+      context.insert(context.end(), output.begin(), output.end());
+    }
+  }
+
+  void Client(int k) {
+    while (Claim(k)) Session(k, sessions_[k]->fetch_add(1), NowSeconds());
+    if (!scenario_.classes(k).background()) MarkForegroundDriverDone();
+  }
+
+  void OpenLoop(int k) {
+    const v1::RequestClass& c = scenario_.classes(k);
+    std::vector<std::thread> inflight;
+    std::atomic<int> running{0};
+    std::mutex slot_mu;
+    std::condition_variable slot_cv;
+    const bool traced = !options_.trace.empty();
+    const int planned = traced ? static_cast<int>(options_.trace.size()) : 0;
+    std::mt19937_64 rng(options_.seed * 31 + k);
+    std::exponential_distribution<double> gap(c.rate());
+    double due = start_;
+    for (int64_t i = 0;; ++i) {
+      if (traced) {
+        if (i >= planned) break;
+        due = start_ + options_.trace[i].arrival_s();
+      } else {
+        due += gap(rng);
+      }
+      // Wait for the arrival, waking early if the run ends.
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, due - NowSeconds())),
+                     [&] { return finished_ || (c.background() && ForegroundDone()); });
+      }
+      if (c.background() && ForegroundDone()) break;
+      SleepUntil(due);
+      if (!Claim(k)) break;
+      {
+        std::unique_lock<std::mutex> lock(slot_mu);
+        slot_cv.wait(lock, [&] { return running.load() < options_.max_inflight; });
+        ++running;
+      }
+      inflight.emplace_back([this, k, i, due, traced, &running, &slot_mu, &slot_cv] {
+        if (traced) {
+          const v1::TraceRecord& t = options_.trace[i];
+          TokenIds prompt =
+              t.prompt().empty() ? builders_[k].Prompt(i, t.input_tokens()) : traced_prompts_.at(i);
+          TokenIds output;
+          Issue(k, due, std::move(prompt), t.output_tokens(), &output);
+        } else {
+          Session(k, i, due);
+        }
+        std::lock_guard<std::mutex> lock(slot_mu);
+        --running;
+        slot_cv.notify_one();
+      });
+    }
+    if (!c.background()) MarkForegroundDriverDone();
+    for (std::thread& t : inflight) t.join();
+  }
+
+  void Progress() {
+    const bool tty = isatty(STDERR_FILENO);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(tty ? 250 : 10000),
+                         [&] { return finished_; })) {
+      const double elapsed = NowSeconds() - start_;
+      std::string line = absl::StrFormat("  %s: %lld requests done, %.0f s", scenario_.name(),
+                                         static_cast<long long>(foreground_completed_), elapsed);
+      if (options_.requests > 0) {
+        int64_t total = 0;
+        for (const v1::RequestClass& c : scenario_.classes()) {
+          if (!c.background()) total += options_.requests;
+        }
+        const int width = 30;
+        const int filled =
+            static_cast<int>(width * std::min<int64_t>(foreground_completed_, total) / total);
+        line = absl::StrFormat("  %s [%s%s] %lld/%lld requests, %.0f s", scenario_.name(),
+                               std::string(filled, '#'), std::string(width - filled, ' '),
+                               static_cast<long long>(foreground_completed_),
+                               static_cast<long long>(total), elapsed);
+      }
+      std::fprintf(stderr, tty ? "\r%s" : "%s\n", line.c_str());
+    }
+    if (tty) std::fprintf(stderr, "\r%*s\r", 80, "");
+  }
+
+ public:
+  // Trace prompts given as text, tokenized before the run starts.
+  std::map<int64_t, TokenIds> traced_prompts_;
+
+ private:
+  const v1::Scenario& scenario_;
+  Target& target_;
+  const RunOptions& options_;
+  const double start_;
+  std::vector<PromptBuilder> builders_;
+  std::vector<std::unique_ptr<std::atomic<int64_t>>> issued_;
+  std::vector<std::unique_ptr<std::atomic<int64_t>>> sessions_;
+  int foreground_drivers_ = 0;
+  std::atomic<int> foreground_done_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
+  std::vector<RequestRecord> records_;
+  int64_t foreground_completed_ = 0;
+};
+
+}  // namespace
+
+v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& options) {
+  v1::Scenario s = scenario;
+  if (!options.trace.empty()) {
+    v1::RequestClass c = s.classes(0);
+    c.set_name("trace");
+    c.set_concurrency(0);
+    c.set_rate(1);  // arrivals come from the trace
+    c.set_turns(0);
+    c.set_background(false);
+    s.clear_classes();
+    *s.add_classes() = c;
+    return s;
+  }
+  for (v1::RequestClass& c : *s.mutable_classes()) {
+    if (c.background()) continue;
+    if (options.concurrency > 0) {
+      c.set_concurrency(options.concurrency);
+      c.set_rate(0);
+    } else if (options.rate > 0) {
+      c.set_rate(options.rate);
+      c.set_concurrency(0);
+    }
+    if (options.output_tokens > 0) {
+      c.mutable_output_tokens()->set_median(options.output_tokens);
+      c.mutable_output_tokens()->set_sigma(0);
+    }
+  }
+  return s;
+}
+
+RunResult RunScenario(const v1::Scenario& scenario, Target& target,
+                      const std::map<std::string, Corpus>& corpora, const RunOptions& options) {
+  Run run(scenario, target, corpora, options);
+  for (size_t i = 0; i < options.trace.size(); ++i) {
+    if (options.trace[i].prompt().empty()) continue;
+    absl::StatusOr<TokenIds> ids = target.Tokenize(options.trace[i].prompt());
+    run.traced_prompts_[static_cast<int64_t>(i)] = ids.ok() ? *ids : TokenIds{1};
+  }
+  return run.Execute();
+}
+
+v1::RunReport BuildRunReport(const v1::Scenario& effective, const std::string& target,
+                             const RunResult& result) {
+  v1::RunReport report;
+  report.set_scenario(effective.name());
+  report.set_target(target);
+  report.set_wall_s(result.wall_s);
+  std::vector<const RequestRecord*> foreground;
+  double slo_ttft = 0, slo_itl = 0;
+  for (int k = 0; k < effective.classes_size(); ++k) {
+    const v1::RequestClass& c = effective.classes(k);
+    std::vector<const RequestRecord*> mine;
+    for (const RequestRecord& r : result.records) {
+      if (r.class_index == k) mine.push_back(&r);
+    }
+    if (!c.background()) {
+      foreground.insert(foreground.end(), mine.begin(), mine.end());
+      if (report.concurrency() == 0 && report.rate() == 0) {
+        report.set_concurrency(c.concurrency());
+        report.set_rate(c.rate());
+        slo_ttft = c.slo_ttft_ms();
+        slo_itl = c.slo_itl_ms();
+      }
+    }
+    *report.add_classes() =
+        ReportClass(c.name(), c.background(), c.slo_ttft_ms(), c.slo_itl_ms(), mine, result.wall_s);
+  }
+  // The total judges each request by its own class's SLOs.
+  v1::ClassReport total = ReportClass("total", false, slo_ttft, slo_itl, foreground, result.wall_s);
+  int64_t good = 0;
+  for (const v1::ClassReport& c : report.classes()) {
+    if (!c.background()) good += c.good();
+  }
+  total.set_good(good);
+  total.set_goodput_per_s(result.wall_s > 0 ? static_cast<double>(good) / result.wall_s : 0);
+  *report.mutable_total() = total;
+  report.set_prefix_hit_ratio(total.prompt_tokens() > 0
+                                  ? static_cast<double>(total.cached_prompt_tokens()) /
+                                        static_cast<double>(total.prompt_tokens())
+                                  : 0);
+  return report;
+}
+
+}  // namespace tandem::bench

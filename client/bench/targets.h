@@ -1,0 +1,51 @@
+// The servers `tandem bench` drives: tandemd over gRPC (one or more
+// addresses, requests spread round-robin) and llama.cpp's llama-server over
+// HTTP with server-sent events, both given the same token ids.
+#ifndef TANDEM_CLIENT_BENCH_TARGETS_H_
+#define TANDEM_CLIENT_BENCH_TARGETS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/bench/stats.h"
+#include "client/bench/workload.h"
+
+namespace tandem::bench {
+
+// Seconds on the steady clock every record is stamped with.
+double NowSeconds();
+
+struct GenerateCall {
+  TokenIds prompt;
+  int max_tokens = 0;
+  std::string workload;  // tandemd's workload tag
+  double timeout_s = 600;
+};
+
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual std::string name() const = 0;
+  virtual absl::StatusOr<TokenIds> Tokenize(const std::string& text) = 0;
+  // Sends one greedy request that ignores end-of-sequence (so its output is
+  // exactly max_tokens long) and fills `record` (token times, ok/error,
+  // prompt and cached tokens, path; not start or class) and `output` with
+  // the generated ids. Blocks until the stream ends. Thread-safe.
+  virtual void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) = 0;
+  // Prometheus metrics URLs of the servers behind this target ("" none).
+  virtual std::vector<std::string> MetricsUrls() const { return {}; }
+};
+
+// `addresses` are host:port gRPC endpoints; `metrics_urls` their metrics
+// pages (may be empty).
+std::unique_ptr<Target> MakeTandemTarget(std::vector<std::string> addresses,
+                                         std::vector<std::string> metrics_urls);
+
+// `address` is llama-server's host:port.
+std::unique_ptr<Target> MakeLlamaServerTarget(std::string address);
+
+}  // namespace tandem::bench
+
+#endif  // TANDEM_CLIENT_BENCH_TARGETS_H_

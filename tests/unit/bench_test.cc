@@ -1,0 +1,356 @@
+// `tandem bench`'s generator and accounting against known inputs: arrival
+// statistics, percentiles (ours and Prometheus' histogram_quantile over a
+// scraped difference), SLO and goodput accounting, prompts with a shared
+// prefix, sessions, scenario files, traces and their replay timing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "client/bench/report.h"
+#include "client/bench/runner.h"
+#include "client/bench/scenario.h"
+#include "client/bench/stats.h"
+#include "client/bench/targets.h"
+#include "client/bench/workload.h"
+
+namespace tandem::bench {
+namespace {
+
+TEST(PoissonArrivals, GapsAreExponentialAtTheRateAndSeeded) {
+  const double rate = 5;
+  const std::vector<double> t = PoissonArrivals(rate, 20000, 42);
+  ASSERT_EQ(t.size(), 20000u);
+  std::vector<double> gaps = {t[0]};
+  for (size_t i = 1; i < t.size(); ++i) gaps.push_back(t[i] - t[i - 1]);
+  const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / gaps.size();
+  double var = 0;
+  for (double g : gaps) var += (g - mean) * (g - mean);
+  const double cv = std::sqrt(var / gaps.size()) / mean;
+  // Standard errors at n = 20,000: mean 0.7%, CV about 1%; bounds at ~4 sigma.
+  EXPECT_NEAR(mean, 1 / rate, 0.03 / rate);
+  EXPECT_NEAR(cv, 1.0, 0.04);
+  // P(gap < mean) = 1 - 1/e for an exponential.
+  const double below = std::count_if(gaps.begin(), gaps.end(), [&](double g) { return g < 0.2; }) /
+                       static_cast<double>(gaps.size());
+  EXPECT_NEAR(below, 1 - std::exp(-1.0), 0.015);
+  EXPECT_TRUE(std::is_sorted(t.begin(), t.end()));
+  EXPECT_EQ(PoissonArrivals(rate, 100, 42), std::vector<double>(t.begin(), t.begin() + 100));
+  EXPECT_NE(PoissonArrivals(rate, 100, 43), std::vector<double>(t.begin(), t.begin() + 100));
+}
+
+TEST(Percentile, InterpolatesBetweenClosestRanksLikeNumpy) {
+  const std::vector<double> v = {5, 1, 4, 2, 3};
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.5), 3);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.9), 4.6);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.99), 4.96);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0), 1);
+  EXPECT_DOUBLE_EQ(Percentile(v, 1), 5);
+  EXPECT_DOUBLE_EQ(Percentile({7}, 0.99), 7);
+  EXPECT_DOUBLE_EQ(Percentile({}, 0.5), 0);
+}
+
+TEST(ServerHistograms, QuantileOfTheDifferenceAsPrometheusComputesIt) {
+  // Before: 10 observations; after: 110. The run's 100 fall 20 in (0, 0.1],
+  // 60 in (0.1, 0.5], 20 in (0.5, 1].
+  const client::Metrics before = client::ParseMetrics(
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"0.1\"} 10\n"
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"0.5\"} 10\n"
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"1\"} 10\n"
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"+Inf\"} 10\n"
+      "tandem_time_to_first_token_seconds_count{path=\"colocated\"} 10\n"
+      "tandem_time_to_first_token_seconds_sum{path=\"colocated\"} 0.5\n");
+  const client::Metrics after = client::ParseMetrics(
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"0.1\"} 30\n"
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"0.5\"} 90\n"
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"1\"} 110\n"
+      "tandem_time_to_first_token_seconds_bucket{path=\"colocated\",le=\"+Inf\"} 110\n"
+      "tandem_time_to_first_token_seconds_count{path=\"colocated\"} 110\n"
+      "tandem_time_to_first_token_seconds_sum{path=\"colocated\"} 40.5\n");
+  const std::vector<v1::ServerHistogram> h = PhaseHistograms(Difference(after, before));
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].name(), "tandem_time_to_first_token_seconds");
+  EXPECT_EQ(h[0].labels(), "path=\"colocated\"");
+  EXPECT_DOUBLE_EQ(h[0].count(), 100);
+  EXPECT_DOUBLE_EQ(h[0].mean(), 0.4);
+  // Rank 50: 30 into the (0.1, 0.5] bucket's 60 -> 0.1 + 0.4 * 30/60.
+  EXPECT_DOUBLE_EQ(h[0].p50(), 0.3);
+  // Rank 99: 19 into (0.5, 1]'s 20 -> 0.5 + 0.5 * 19/20.
+  EXPECT_DOUBLE_EQ(h[0].p99(), 0.975);
+}
+
+RequestRecord Record(double start, std::vector<double> token_times, bool ok = true) {
+  RequestRecord r;
+  r.start = start;
+  r.token_times = std::move(token_times);
+  r.end = r.token_times.empty() ? start : r.token_times.back();
+  r.ok = ok;
+  r.prompt_tokens = 100;
+  return r;
+}
+
+TEST(Goodput, CountsRequestsMeetingBothSlosPerSecondOfWall) {
+  // SLOs: TTFT <= 500 ms, mean inter-token latency <= 50 ms.
+  const std::vector<RequestRecord> records = {
+      Record(0, {0.4, 0.44, 0.48}),   // good: TTFT 400, ITL 40
+      Record(0, {0.6, 0.62}),         // TTFT 600: misses
+      Record(1, {1.1, 1.2, 1.3}),     // ITL 100: misses
+      Record(1, {1.5}),               // good: one token, TTFT 500 (on the bound)
+      Record(2, {2.1, 2.15}, false),  // failed
+  };
+  std::vector<const RequestRecord*> ptrs;
+  for (const RequestRecord& r : records) ptrs.push_back(&r);
+  const v1::ClassReport c = ReportClass("chat", false, 500, 50, ptrs, /*wall_s=*/4);
+  EXPECT_EQ(c.requests(), 5);
+  EXPECT_EQ(c.failures(), 1);
+  EXPECT_EQ(c.good(), 2);
+  EXPECT_DOUBLE_EQ(c.goodput_per_s(), 0.5);
+  EXPECT_DOUBLE_EQ(c.requests_per_s(), 1.0);
+  EXPECT_EQ(c.output_tokens(), 9);
+  EXPECT_DOUBLE_EQ(c.output_tokens_per_s(), 2.25);
+  EXPECT_EQ(c.ttft_ms().samples(), 4);
+  EXPECT_NEAR(c.ttft_ms().p50(), 450, 1e-9);  // of 100, 400, 500, 600
+  ASSERT_EQ(c.errors_size(), 1);
+  EXPECT_EQ(c.errors(0), "(no message)");
+}
+
+TEST(TokenGaps, AMessageOfKTokensSharesItsGapEvenly) {
+  // Tokens at 0.1; then 3 at 0.4 (a speculative burst); then 1 at 0.5.
+  const RequestRecord r = Record(0, {0.1, 0.4, 0.4, 0.4, 0.5});
+  const std::vector<double> gaps = TokenGapsMs(r);
+  ASSERT_EQ(gaps.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(gaps[i], 100, 1e-9);
+  EXPECT_NEAR(gaps[3], 100, 1e-9);
+  EXPECT_NEAR(r.MeanItlMs(), 100, 1e-9);
+}
+
+TEST(Scenarios, BuiltinsAreValidAndFilesAreCheckedByField) {
+  for (const std::string& name : BuiltinScenarioNames()) {
+    absl::StatusOr<v1::Scenario> s = LoadScenario(name);
+    ASSERT_TRUE(s.ok()) << name << ": " << s.status();
+    EXPECT_EQ(s->name(), name);
+  }
+  absl::StatusOr<v1::Scenario> custom = ParseScenario(R"({
+    "name": "mine",
+    "classes": [{"name": "q", "input_tokens": {"median": 64}, "output_tokens": {"median": 8},
+                 "rate": 2.5, "slo_ttft_ms": 300, "slo_itl_ms": 40}]})");
+  ASSERT_TRUE(custom.ok()) << custom.status();
+  EXPECT_DOUBLE_EQ(custom->classes(0).rate(), 2.5);
+
+  absl::StatusOr<v1::Scenario> unknown = ParseScenario(R"({"name": "x", "clases": []})");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("clases"), std::string::npos) << unknown.status();
+  absl::StatusOr<v1::Scenario> both = ParseScenario(R"({"name": "x", "classes": [
+    {"name": "q", "input_tokens": {"median": 64}, "output_tokens": {"median": 8},
+     "rate": 1, "concurrency": 2, "slo_ttft_ms": 300, "slo_itl_ms": 40}]})");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("classes[0]: set exactly one of concurrency and rate"),
+            std::string::npos)
+      << both.status();
+  absl::StatusOr<v1::Scenario> ratio = ParseScenario(R"({"name": "x", "classes": [
+    {"name": "q", "input_tokens": {"median": 64}, "output_tokens": {"median": 8},
+     "shared_prefix_ratio": 1.5, "rate": 1, "slo_ttft_ms": 300, "slo_itl_ms": 40}]})");
+  ASSERT_FALSE(ratio.ok());
+  EXPECT_NE(ratio.status().message().find("classes[0].shared_prefix_ratio"), std::string::npos);
+  EXPECT_EQ(LoadScenario("no-such-scenario").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Traces, ParseInOrderAndRejectWhatCannotBeReplayed) {
+  absl::StatusOr<std::vector<v1::TraceRecord>> t = ParseTrace(
+      "{\"arrival_s\": 0.0, \"input_tokens\": 32, \"output_tokens\": 4}\n\n"
+      "{\"arrival_s\": 0.25, \"prompt\": \"Hello there\", \"output_tokens\": 2}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[1].prompt(), "Hello there");
+  EXPECT_FALSE(ParseTrace("{\"arrival_s\": 1, \"input_tokens\": 3, \"output_tokens\": 4}\n"
+                          "{\"arrival_s\": 0.5, \"input_tokens\": 3, \"output_tokens\": 4}")
+                   .ok());
+  absl::Status s =
+      ParseTrace("{\"arrival_s\": 0, \"input_tokens\": 3, \"prompt\": \"x\", \"output_tokens\": 4}")
+          .status();
+  EXPECT_NE(s.message().find("line 1: set exactly one of prompt and input_tokens"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(ParseTrace("{\"arrival\": 0}").status().message().find("line 1"), std::string::npos);
+}
+
+// A corpus of distinct token ids, so any shared run of tokens is intended.
+Corpus DistinctCorpus() {
+  TokenIds ids(100000);
+  std::iota(ids.begin(), ids.end(), 0u);
+  return Corpus(std::move(ids));
+}
+
+size_t CommonPrefix(const TokenIds& a, const TokenIds& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+TEST(Prompts, ShareExactlyTheirGroupsPrefix) {
+  const Corpus corpus = DistinctCorpus();
+  v1::RequestClass c;
+  c.set_name("chat");
+  c.set_shared_prefix_ratio(0.25);
+  c.set_prefix_groups(2);
+  const PromptBuilder builder(corpus, c, 7);
+  const TokenIds a = builder.Prompt(0, 200), b = builder.Prompt(2, 200),
+                 other = builder.Prompt(1, 200);
+  ASSERT_EQ(a.size(), 200u);
+  EXPECT_EQ(CommonPrefix(a, b), 50u);  // same group (0 and 2): 25% of 200
+  EXPECT_EQ(CommonPrefix(a, other), 0u);
+  EXPECT_EQ(builder.Prompt(0, 200), a);  // deterministic
+}
+
+// A target that answers with `output` ids 1000, 1001, ... and records calls.
+class FakeTarget : public Target {
+ public:
+  std::string name() const override { return "fake"; }
+  absl::StatusOr<TokenIds> Tokenize(const std::string& text) override {
+    return TokenIds(text.size(), 5);
+  }
+  void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) override {
+    const double now = NowSeconds();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      calls_.push_back({now, call});
+      ++inflight_;
+      max_inflight_ = std::max(max_inflight_, inflight_);
+      cv_.notify_all();
+      if (hold_until_inflight_ > 0) {
+        cv_.wait_for(lock, std::chrono::seconds(10),
+                     [&] { return inflight_ >= hold_until_inflight_ || released_; });
+        released_ = true;  // once the clients overlapped, stop holding
+      }
+      --inflight_;
+    }
+    for (int i = 0; i < call.max_tokens; ++i) {
+      record->token_times.push_back(NowSeconds());
+      output->push_back(1000 + i);
+    }
+    record->ok = true;
+    record->prompt_tokens = static_cast<int>(call.prompt.size());
+  }
+
+  struct Call {
+    double at;
+    GenerateCall call;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Call> calls_;
+  int inflight_ = 0, max_inflight_ = 0, hold_until_inflight_ = 0;
+  bool released_ = false;
+};
+
+v1::Scenario OneClass(int concurrency, double rate, int turns = 0) {
+  v1::Scenario s;
+  s.set_name("test");
+  v1::RequestClass* c = s.add_classes();
+  c->set_name("c");
+  c->mutable_input_tokens()->set_median(20);
+  c->mutable_output_tokens()->set_median(3);
+  c->set_concurrency(concurrency);
+  c->set_rate(rate);
+  c->set_turns(turns);
+  c->mutable_turn_input_tokens()->set_median(5);
+  c->set_slo_ttft_ms(1000);
+  c->set_slo_itl_ms(1000);
+  return s;
+}
+
+TEST(Runner, ClosedLoopIssuesExactlyTheRequestsWithTheConcurrency) {
+  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  FakeTarget target;
+  target.hold_until_inflight_ = 3;
+  RunOptions options;
+  options.requests = 9;
+  const RunResult result = RunScenario(OneClass(3, 0), target, corpora, options);
+  EXPECT_EQ(result.records.size(), 9u);
+  EXPECT_EQ(target.max_inflight_, 3);
+  for (const RequestRecord& r : result.records) {
+    EXPECT_TRUE(r.ok);
+    EXPECT_EQ(r.token_times.size(), 3u);
+  }
+}
+
+TEST(Runner, SessionTurnsCarryThePreviousPromptAndAnswer) {
+  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  FakeTarget target;
+  RunOptions options;
+  options.requests = 3;
+  RunScenario(OneClass(1, 0, /*turns=*/3), target, corpora, options);
+  ASSERT_EQ(target.calls_.size(), 3u);
+  for (int t = 1; t < 3; ++t) {
+    const TokenIds& before = target.calls_[t - 1].call.prompt;
+    const TokenIds& now = target.calls_[t].call.prompt;
+    ASSERT_EQ(now.size(), before.size() + 3 + 5);
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), now.begin()));
+    EXPECT_EQ(TokenIds(now.begin() + before.size(), now.begin() + before.size() + 3),
+              (TokenIds{1000, 1001, 1002}));
+  }
+}
+
+TEST(Runner, TraceReplaySendsEachRequestNoEarlierThanItsArrival) {
+  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  FakeTarget target;
+  RunOptions options;
+  options.duration_s = 30;
+  absl::StatusOr<std::vector<v1::TraceRecord>> trace = ParseTrace(
+      "{\"arrival_s\": 0.05, \"input_tokens\": 10, \"output_tokens\": 2}\n"
+      "{\"arrival_s\": 0.20, \"prompt\": \"abcd\", \"output_tokens\": 1}\n"
+      "{\"arrival_s\": 0.30, \"input_tokens\": 7, \"output_tokens\": 3}\n");
+  ASSERT_TRUE(trace.ok());
+  options.trace = *trace;
+  const double before = NowSeconds();
+  const RunResult result =
+      RunScenario(EffectiveScenario(OneClass(1, 0), options), target, corpora, options);
+  ASSERT_EQ(result.records.size(), 3u);
+  ASSERT_EQ(target.calls_.size(), 3u);
+  std::sort(target.calls_.begin(), target.calls_.end(),
+            [](const auto& a, const auto& b) { return a.at < b.at; });
+  const double arrivals[] = {0.05, 0.20, 0.30};
+  const size_t lengths[] = {10, 4, 7};  // "abcd" tokenizes to 4 ids here
+  const int outputs[] = {2, 1, 3};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_GE(target.calls_[i].at - before, arrivals[i]) << i;
+    EXPECT_EQ(target.calls_[i].call.prompt.size(), lengths[i]) << i;
+    EXPECT_EQ(target.calls_[i].call.max_tokens, outputs[i]) << i;
+  }
+  // Latency counts from the scheduled arrival.
+  std::vector<double> starts;
+  for (const RequestRecord& r : result.records) starts.push_back(r.start);
+  std::sort(starts.begin(), starts.end());
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(starts[i], arrivals[i], 1e-6);
+}
+
+TEST(Runner, BackgroundStopsWhenTheForegroundIsDone) {
+  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  FakeTarget target;
+  v1::Scenario s = OneClass(2, 0);
+  v1::RequestClass bg = s.classes(0);
+  bg.set_name("bg");
+  bg.set_background(true);
+  bg.set_concurrency(0);
+  bg.set_rate(1000);
+  *s.add_classes() = bg;
+  RunOptions options;
+  options.requests = 4;
+  options.duration_s = 60;
+  const RunResult result = RunScenario(s, target, corpora, options);
+  int foreground = 0;
+  for (const RequestRecord& r : result.records) foreground += r.class_index == 0;
+  EXPECT_EQ(foreground, 4);
+  const v1::RunReport report = BuildRunReport(s, "fake", result);
+  EXPECT_EQ(report.total().requests(), 4);
+  ASSERT_EQ(report.classes_size(), 2);
+  EXPECT_TRUE(report.classes(1).background());
+}
+
+}  // namespace
+}  // namespace tandem::bench
