@@ -42,7 +42,8 @@ ABSL_FLAG(std::string, plots, "",
 ABSL_FLAG(std::string, peer, "", "bench: also drive this peer in the same run: llama-server");
 ABSL_FLAG(std::string, peer_server, "127.0.0.1:8080", "bench: the peer's host:port");
 ABSL_FLAG(int, pairs, 0,
-          "bench: runs per target, alternating A B, B A ... (0: 5 with a peer or a sweep, else 1)");
+          "bench: runs per target or configuration, alternating A B, B A ... (0: 5 with a peer, "
+          "--configs or a sweep, else 1)");
 ABSL_FLAG(int, output_tokens, 0, "bench: fixed output length of the foreground (0: scenario's)");
 ABSL_FLAG(int64_t, bench_seed, 1, "bench: seed of lengths, prompts and arrivals");
 ABSL_FLAG(std::string, trace, "", "bench: replay this trace (JSON lines) instead of arrivals");
@@ -52,6 +53,10 @@ ABSL_FLAG(int, max_inflight, 512, "bench: open loop: most requests in flight at 
 ABSL_FLAG(bool, sweep_threshold, false,
           "bench: start tandemd colocated, always disaggregated and gated (auto), sweep "
           "--output_lengths under the crossover load, print the threshold to use");
+ABSL_FLAG(std::string, configs, "",
+          "bench: start a tandemd per configuration and run the scenario on each, pair by pair: "
+          "\"standard\" (colocated, disaggregated, default) or \"NAME:FLAGS;NAME:FLAGS...\"; the "
+          "last is compared with the others");
 ABSL_FLAG(std::vector<std::string>, output_lengths, std::vector<std::string>({"16", "64", "256"}),
           "bench: output lengths the threshold sweep measures");
 ABSL_FLAG(std::string, model, "", "bench: model file for the daemons --sweep_threshold starts");
@@ -177,47 +182,81 @@ bool DisaggregationPays(double goodput_disagg, double goodput_colocated, double 
   return itl_p99_disagg < itl_p99_colocated;
 }
 
-int SweepThreshold(Bench& bench, int pairs) {
+// A daemon configuration the command starts and measures itself.
+struct DaemonConfig {
+  std::string name;
+  std::vector<std::string> flags;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<Target> target;
+};
+
+// "standard" (colocated, disaggregated, default), or
+// "NAME:FLAG FLAG...;NAME:..." (a name with no flags: the daemon's defaults).
+absl::StatusOr<std::vector<DaemonConfig>> ParseConfigs(const std::string& spec) {
+  std::vector<DaemonConfig> configs;
+  if (spec == "standard") {
+    configs.push_back({"colocated", {"--disagg_output_threshold=off"}, nullptr, nullptr});
+    configs.push_back({"disaggregated", {"--disagg_output_threshold=0"}, nullptr, nullptr});
+    configs.push_back({"default", {}, nullptr, nullptr});
+    return configs;
+  }
+  for (absl::string_view entry : absl::StrSplit(spec, ';', absl::SkipWhitespace())) {
+    const size_t colon = entry.find(':');
+    DaemonConfig c;
+    c.name = std::string(entry.substr(0, colon));
+    if (colon != absl::string_view::npos) {
+      c.flags = absl::StrSplit(entry.substr(colon + 1), ' ', absl::SkipWhitespace());
+    }
+    if (c.name.empty()) {
+      return absl::InvalidArgumentError("--configs: an entry has no name (NAME:FLAGS;...)");
+    }
+    configs.push_back(std::move(c));
+  }
+  if (configs.size() < 2) {
+    return absl::InvalidArgumentError("--configs: give \"standard\" or at least two NAME:FLAGS");
+  }
+  return configs;
+}
+
+// Starts a daemon for each configuration (--model, --tandemd, plus
+// --daemon_flags and the configuration's own flags) and waits for each.
+absl::Status StartConfigs(std::vector<DaemonConfig>& configs) {
   std::string tandemd = absl::GetFlag(FLAGS_tandemd);
   if (tandemd.empty()) tandemd = ExecutableDir() + "/tandemd";
   const std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) {
-    std::cerr << "error: --sweep_threshold starts its own daemons: give --model=FILE\n";
-    return 2;
+    return absl::InvalidArgumentError(
+        "--sweep_threshold and --configs start their own daemons: give --model=FILE");
   }
-  std::vector<std::string> extra =
+  const std::vector<std::string> extra =
       absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ' ', absl::SkipWhitespace());
-  struct Config {
-    std::string name;
-    std::string flag;
-    std::unique_ptr<DaemonProcess> daemon;
-    std::unique_ptr<Target> target;
-  };
-  std::vector<Config> configs;
-  configs.push_back({"colocated", "--disagg_output_threshold=off", nullptr, nullptr});
-  configs.push_back({"disaggregated", "--disagg_output_threshold=0", nullptr, nullptr});
-  configs.push_back({"gated (auto)", "--disagg_output_threshold=auto", nullptr, nullptr});
   for (size_t i = 0; i < configs.size(); ++i) {
-    Config& c = configs[i];
+    DaemonConfig& c = configs[i];
     std::vector<std::string> flags = extra;
-    flags.push_back(c.flag);
+    flags.insert(flags.end(), c.flags.begin(), c.flags.end());
     c.daemon = std::make_unique<DaemonProcess>();
     const std::string log = absl::StrCat("/tmp/tandem-bench-daemon-", ::getpid(), "-", i, ".log");
-    if (absl::Status s = c.daemon->Start(tandemd, model, flags, log); !s.ok()) {
-      std::cerr << "error: " << s << "\n";
-      return 1;
-    }
+    if (absl::Status s = c.daemon->Start(tandemd, model, flags, log); !s.ok()) return s;
     c.target = MakeTandemTarget({c.daemon->address()}, {c.daemon->metrics_url()});
-    if (absl::Status s = WaitReady(*c.target, 120); !s.ok()) {
-      std::cerr << "error: " << s << "\n";
-      return 1;
-    }
+    if (absl::Status s = WaitReady(*c.target, 120); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+int SweepThreshold(Bench& bench, int pairs) {
+  std::vector<DaemonConfig> configs;
+  configs.push_back({"colocated", {"--disagg_output_threshold=off"}, nullptr, nullptr});
+  configs.push_back({"disaggregated", {"--disagg_output_threshold=0"}, nullptr, nullptr});
+  configs.push_back({"gated (auto)", {"--disagg_output_threshold=auto"}, nullptr, nullptr});
+  if (absl::Status s = StartConfigs(configs); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return absl::IsInvalidArgument(s) ? 2 : 1;
   }
   if (absl::Status s = bench.LoadCorpora(*configs[0].target); !s.ok()) {
     std::cerr << "error: " << s << "\n";
     return 1;
   }
-  for (Config& c : configs) WarmUp(*c.target, bench.prose());
+  for (DaemonConfig& c : configs) WarmUp(*c.target, bench.prose());
 
   struct Point {
     int length;
@@ -276,7 +315,39 @@ int SweepThreshold(Bench& bench, int pairs) {
     bench.report().set_recommended_threshold(-1);
   }
   bench.report().set_recommendation(table + "\n" + advice);
-  for (Config& c : configs) c.daemon->Stop();
+  for (DaemonConfig& c : configs) c.daemon->Stop();
+  return 0;
+}
+
+// Each configuration's daemon runs the scenario, pair by pair in rotating
+// order; the last configuration is compared with each of the others.
+int CompareConfigs(Bench& bench, std::vector<DaemonConfig> configs, int pairs) {
+  if (absl::Status s = StartConfigs(configs); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return absl::IsInvalidArgument(s) ? 2 : 1;
+  }
+  if (absl::Status s = bench.LoadCorpora(*configs[0].target); !s.ok()) {
+    std::cerr << "error: " << s << "\n";
+    return 1;
+  }
+  for (DaemonConfig& c : configs) WarmUp(*c.target, bench.prose());
+  std::vector<std::vector<v1::RunReport>> runs(configs.size());
+  for (int pair = 0; pair < pairs; ++pair) {
+    RunOptions options = bench.options();
+    options.seed = bench.options().seed + static_cast<uint64_t>(pair);
+    for (size_t j = 0; j < configs.size(); ++j) {
+      const size_t k = (j + static_cast<size_t>(pair)) % configs.size();
+      runs[k].push_back(bench.Measure(*configs[k].target, options, configs[k].name));
+    }
+  }
+  const size_t last = configs.size() - 1;
+  for (size_t k = 0; k < last; ++k) {
+    for (v1::Ratio r : PairRatios(runs[last], runs[k])) {
+      r.set_measure(absl::StrCat(configs[last].name, " vs ", configs[k].name, ": ", r.measure()));
+      *bench.report().add_ratios() = r;
+    }
+  }
+  for (DaemonConfig& c : configs) c.daemon->Stop();
   return 0;
 }
 
@@ -390,9 +461,23 @@ int RunBenchCommand(const std::string& servers, const std::string& metrics,
     return 2;
   }
   int pairs = absl::GetFlag(FLAGS_pairs);
-  if (pairs <= 0) pairs = !peer_name.empty() || sweep ? 5 : 1;
+  const bool several = !peer_name.empty() || sweep || !absl::GetFlag(FLAGS_configs).empty();
+  if (pairs <= 0) pairs = several ? 5 : 1;
 
   Bench bench(*scenario, options, command_line);
+  if (const std::string spec = absl::GetFlag(FLAGS_configs); !spec.empty()) {
+    absl::StatusOr<std::vector<DaemonConfig>> configs = ParseConfigs(spec);
+    if (!configs.ok()) {
+      std::cerr << "error: " << configs.status().message() << "\n";
+      return 2;
+    }
+    if (sweep || !peer_name.empty()) {
+      std::cerr << "error: --configs goes with neither --sweep_threshold nor --peer\n";
+      return 2;
+    }
+    const int rc = CompareConfigs(bench, *std::move(configs), pairs);
+    return rc != 0 ? rc : Emit(bench);
+  }
   if (sweep) {
     const int rc = SweepThreshold(bench, pairs);
     return rc != 0 ? rc : Emit(bench);

@@ -3,6 +3,9 @@
 // scraped difference), SLO and goodput accounting, prompts with a shared
 // prefix, sessions, scenario files, traces and their replay timing.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -350,6 +353,132 @@ TEST(Runner, BackgroundStopsWhenTheForegroundIsDone) {
   EXPECT_EQ(report.total().requests(), 4);
   ASSERT_EQ(report.classes_size(), 2);
   EXPECT_TRUE(report.classes(1).background());
+}
+
+// A stand-in for llama-server's HTTP API on a loopback port: /tokenize
+// answers three ids; /completion streams `n_predict` server-sent events of
+// one token each (ids 100, 101, ...) and a final event with timings, or
+// HTTP 400 when the prompt is empty. One connection at a time.
+class FakeLlamaServer {
+ public:
+  FakeLlamaServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeLlamaServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string last_body() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_body_;
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string request;
+      char buf[4096];
+      size_t need = std::string::npos;
+      ssize_t n;
+      while ((n = ::read(c, buf, sizeof(buf))) > 0) {
+        request.append(buf, static_cast<size_t>(n));
+        const size_t head = request.find("\r\n\r\n");
+        if (head == std::string::npos) continue;
+        if (need == std::string::npos) {
+          const size_t cl = request.find("Content-Length: ");
+          need = head + 4 + (cl == std::string::npos ? 0 : std::stoul(request.substr(cl + 16)));
+        }
+        if (request.size() >= need) break;
+      }
+      const std::string body = request.substr(request.find("\r\n\r\n") + 4);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_body_ = body;
+      }
+      std::string response;
+      if (request.rfind("POST /tokenize", 0) == 0) {
+        const std::string json = "{\"tokens\":[11,12,13]}";
+        response = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                   std::to_string(json.size()) + "\r\nConnection: close\r\n\r\n" + json;
+      } else if (body.find("\"prompt\":[]") != std::string::npos) {
+        const std::string json = "{\"error\":{\"code\":400,\"message\":\"empty prompt\"}}";
+        response =
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+            "Content-Length: " +
+            std::to_string(json.size()) + "\r\nConnection: close\r\n\r\n" + json;
+      } else {
+        const size_t at = body.find("\"n_predict\":");
+        const int n_predict = std::stoi(body.substr(at + 12));
+        response =
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+        for (int i = 0; i < n_predict; ++i) {
+          response += "data: {\"content\":\"x\",\"tokens\":[" + std::to_string(100 + i) +
+                      "],\"stop\":false}\n\n";
+        }
+        response += "data: {\"content\":\"\",\"tokens\":[],\"stop\":true,\"tokens_predicted\":" +
+                    std::to_string(n_predict) + ",\"timings\":{\"cache_n\":7,\"prompt_n\":3}}\n\n";
+      }
+      size_t sent = 0;
+      while (sent < response.size()) {
+        const ssize_t w = ::write(c, response.data() + sent, response.size() - sent);
+        if (w <= 0) break;
+        sent += static_cast<size_t>(w);
+      }
+      ::close(c);
+    }
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::string last_body_;
+};
+
+TEST(LlamaServerTarget, StreamsTokensAndReadsTheCacheFromTheFinalEvent) {
+  FakeLlamaServer server;
+  std::unique_ptr<Target> target = MakeLlamaServerTarget(server.address());
+  absl::StatusOr<TokenIds> ids = target->Tokenize("some text");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, (TokenIds{11, 12, 13}));
+
+  GenerateCall call;
+  call.prompt = {5, 6, 7, 8};
+  call.max_tokens = 5;
+  RequestRecord record;
+  TokenIds output;
+  target->Generate(call, &record, &output);
+  EXPECT_TRUE(record.ok) << record.error;
+  EXPECT_EQ(output, (TokenIds{100, 101, 102, 103, 104}));
+  EXPECT_EQ(record.token_times.size(), 5u);
+  EXPECT_EQ(record.cached_prompt_tokens, 7);
+  EXPECT_EQ(record.prompt_tokens, 4);
+  // The same request tandemd gets: token ids, greedy, exact length.
+  const std::string body = server.last_body();
+  EXPECT_NE(body.find("\"prompt\":[5,6,7,8]"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"n_predict\":5"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"ignore_eos\":true"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"temperature\":0"), std::string::npos) << body;
+
+  RequestRecord failed;
+  TokenIds none;
+  call.prompt.clear();
+  target->Generate(call, &failed, &none);
+  EXPECT_FALSE(failed.ok);
+  EXPECT_NE(failed.error.find("HTTP 400"), std::string::npos) << failed.error;
 }
 
 }  // namespace
