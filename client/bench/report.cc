@@ -164,7 +164,7 @@ std::string ToMarkdown(const v1::BenchReport& report) {
   }
   if (!report.ratios().empty()) {
     absl::StrAppend(&md,
-                    "\n## Ours against the peer, pair by pair (A B, B A, ...)\n\n"
+                    "\n## Ratios, pair by pair (A B, B A, ...; how many times better the first named is)\n\n"
                     "| measure | median | min | max | pairs |\n|---|---:|---:|---:|---:|\n");
     for (const v1::Ratio& r : report.ratios()) {
       absl::StrAppendFormat(&md, "| %s | %.2fx | %.2fx | %.2fx | %d |\n", r.measure(), r.median(),
