@@ -163,9 +163,10 @@ std::string ToMarkdown(const v1::BenchReport& report) {
     }
   }
   if (!report.ratios().empty()) {
-    absl::StrAppend(&md,
-                    "\n## Ratios, pair by pair (A B, B A, ...; how many times better the first named is)\n\n"
-                    "| measure | median | min | max | pairs |\n|---|---:|---:|---:|---:|\n");
+    absl::StrAppend(
+        &md,
+        "\n## Ratios, pair by pair (A B, B A, ...; how many times better the first named is)\n\n"
+        "| measure | median | min | max | pairs |\n|---|---:|---:|---:|---:|\n");
     for (const v1::Ratio& r : report.ratios()) {
       absl::StrAppendFormat(&md, "| %s | %.2fx | %.2fx | %.2fx | %d |\n", r.measure(), r.median(),
                             r.min(), r.max(), r.values_size());
