@@ -4,8 +4,9 @@
 
 Writes into OUT_DIR:
   ttft_cdf.png, itl_cdf.png   per-request TTFT and mean inter-token latency,
-                              one curve per run (target, configuration, load),
-                              the SLO as a vertical line
+                              one curve per target, configuration and load
+                              (the runs of all pairs pooled), the SLO as a
+                              vertical line
   goodput_vs_load.png         goodput and throughput against the offered load,
                               when the report holds several loads
   crossover.png               goodput and inter-token p99 against the output
@@ -14,6 +15,7 @@ Writes into OUT_DIR:
 import collections
 import json
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -33,15 +35,20 @@ def label(run):
 
 
 def cdf(runs, key, slo_key, title, path):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # One curve per target, configuration and load: the runs of a
+    # comparison's pairs pooled.
+    pooled = collections.OrderedDict()
     slos = set()
     for run in runs:
-        values = sorted(run["total"][key])
+        pooled.setdefault(label(run), []).extend(run["total"][key])
+        slos.add(run["total"][slo_key])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, values in pooled.items():
+        values = sorted(values)
         if not values:
             continue
         ys = [(i + 1) / len(values) for i in range(len(values))]
-        ax.step(values, ys, where="post", label=label(run))
-        slos.add(run["total"][slo_key])
+        ax.step(values, ys, where="post", label=f"{name} ({len(values)} requests)")
     for slo in slos:
         ax.axvline(slo, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel(title + " (ms)")
@@ -94,13 +101,9 @@ def crossover(runs, path):
     for config, points in by_config.items():
         lengths = sorted(points)
 
-        def median(values):
-            values = sorted(values)
-            return values[len(values) // 2]
-
-        top.plot(lengths, [median([p[0] for p in points[n]]) for n in lengths], marker="o",
+        top.plot(lengths, [statistics.median([p[0] for p in points[n]]) for n in lengths], marker="o",
                  label=config)
-        bottom.plot(lengths, [median([p[1] for p in points[n]]) for n in lengths], marker="o",
+        bottom.plot(lengths, [statistics.median([p[1] for p in points[n]]) for n in lengths], marker="o",
                     label=config)
     top.set_ylabel("goodput (req/s)")
     bottom.set_ylabel("inter-token p99 (ms)")

@@ -243,11 +243,9 @@ absl::Status StartConfigs(std::vector<DaemonConfig>& configs) {
   return absl::OkStatus();
 }
 
-int SweepThreshold(Bench& bench, int pairs) {
-  std::vector<DaemonConfig> configs;
-  configs.push_back({"colocated", {"--disagg_output_threshold=off"}, nullptr, nullptr});
-  configs.push_back({"disaggregated", {"--disagg_output_threshold=0"}, nullptr, nullptr});
-  configs.push_back({"gated (auto)", {"--disagg_output_threshold=auto"}, nullptr, nullptr});
+// Starts the configurations' daemons, reads the corpora through the first
+// and warms every daemon up. Returns an exit code (0: ready).
+int PrepareConfigs(Bench& bench, std::vector<DaemonConfig>& configs) {
   if (absl::Status s = StartConfigs(configs); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return absl::IsInvalidArgument(s) ? 2 : 1;
@@ -257,6 +255,15 @@ int SweepThreshold(Bench& bench, int pairs) {
     return 1;
   }
   for (DaemonConfig& c : configs) WarmUp(*c.target, bench.prose());
+  return 0;
+}
+
+int SweepThreshold(Bench& bench, int pairs) {
+  std::vector<DaemonConfig> configs;
+  configs.push_back({"colocated", {"--disagg_output_threshold=off"}, nullptr, nullptr});
+  configs.push_back({"disaggregated", {"--disagg_output_threshold=0"}, nullptr, nullptr});
+  configs.push_back({"gated (auto)", {"--disagg_output_threshold=auto"}, nullptr, nullptr});
+  if (const int rc = PrepareConfigs(bench, configs); rc != 0) return rc;
 
   struct Point {
     int length;
@@ -322,15 +329,7 @@ int SweepThreshold(Bench& bench, int pairs) {
 // Each configuration's daemon runs the scenario, pair by pair in rotating
 // order; the last configuration is compared with each of the others.
 int CompareConfigs(Bench& bench, std::vector<DaemonConfig> configs, int pairs) {
-  if (absl::Status s = StartConfigs(configs); !s.ok()) {
-    std::cerr << "error: " << s.message() << "\n";
-    return absl::IsInvalidArgument(s) ? 2 : 1;
-  }
-  if (absl::Status s = bench.LoadCorpora(*configs[0].target); !s.ok()) {
-    std::cerr << "error: " << s << "\n";
-    return 1;
-  }
-  for (DaemonConfig& c : configs) WarmUp(*c.target, bench.prose());
+  if (const int rc = PrepareConfigs(bench, configs); rc != 0) return rc;
   std::vector<std::vector<v1::RunReport>> runs(configs.size());
   for (int pair = 0; pair < pairs; ++pair) {
     RunOptions options = bench.options();

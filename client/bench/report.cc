@@ -95,7 +95,12 @@ std::vector<v1::Ratio> PairRatios(const std::vector<v1::RunReport>& ours,
       const double num = m.higher_is_better ? a : b, den = m.higher_is_better ? b : a;
       if (den > 0) values.push_back(num / den);
     }
-    if (values.empty()) continue;
+    // No pair with a nonzero denominator (e.g. neither met its SLOs): kept,
+    // with no values, so the report says so instead of dropping the row.
+    if (values.empty()) {
+      ratios.push_back(r);
+      continue;
+    }
     for (double v : values) r.add_values(v);
     r.set_median(Percentile(values, 0.5));
     r.set_min(*std::min_element(values.begin(), values.end()));
@@ -168,6 +173,11 @@ std::string ToMarkdown(const v1::BenchReport& report) {
         "\n## Ratios, pair by pair (A B, B A, ...; how many times better the first named is)\n\n"
         "| measure | median | min | max | pairs |\n|---|---:|---:|---:|---:|\n");
     for (const v1::Ratio& r : report.ratios()) {
+      if (r.values().empty()) {
+        absl::StrAppendFormat(&md, "| %s | n/a: the divisor was 0 in every pair | | | 0 |\n",
+                              r.measure());
+        continue;
+      }
       absl::StrAppendFormat(&md, "| %s | %.2fx | %.2fx | %.2fx | %d |\n", r.measure(), r.median(),
                             r.min(), r.max(), r.values_size());
     }

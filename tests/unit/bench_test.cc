@@ -87,6 +87,41 @@ TEST(ServerHistograms, QuantileOfTheDifferenceAsPrometheusComputesIt) {
   EXPECT_DOUBLE_EQ(h[0].p99(), 0.975);
 }
 
+v1::RunReport RunWith(double goodput, double ttft_p50) {
+  v1::RunReport run;
+  run.mutable_total()->set_goodput_per_s(goodput);
+  run.mutable_total()->mutable_ttft_ms()->set_p50(ttft_p50);
+  return run;
+}
+
+TEST(PairRatios, SayHowManyTimesBetterOursIsPairByPair) {
+  // Goodput: higher is better (ours/theirs); TTFT: lower is better (theirs/ours).
+  const std::vector<v1::RunReport> ours = {RunWith(2, 100), RunWith(3, 200), RunWith(1, 100)};
+  const std::vector<v1::RunReport> theirs = {RunWith(1, 300), RunWith(1, 200), RunWith(1, 400)};
+  const std::vector<v1::Ratio> ratios = PairRatios(ours, theirs);
+  auto find = [&](const std::string& prefix) {
+    for (const v1::Ratio& r : ratios) {
+      if (r.measure().rfind(prefix, 0) == 0) return r;
+    }
+    ADD_FAILURE() << "no ratio " << prefix;
+    return v1::Ratio();
+  };
+  const v1::Ratio goodput = find("goodput (req/s) ours/theirs");
+  EXPECT_EQ(std::vector<double>(goodput.values().begin(), goodput.values().end()),
+            (std::vector<double>{2, 3, 1}));
+  EXPECT_DOUBLE_EQ(goodput.median(), 2);
+  EXPECT_DOUBLE_EQ(goodput.min(), 1);
+  EXPECT_DOUBLE_EQ(goodput.max(), 3);
+  const v1::Ratio ttft = find("TTFT p50 theirs/ours");
+  EXPECT_DOUBLE_EQ(ttft.median(), 3);  // of 3, 1, 4
+  // Nothing to divide by: the row stays, empty, and the Markdown says so.
+  const std::vector<v1::Ratio> none = PairRatios({RunWith(0.5, 100)}, {RunWith(0, 100)});
+  v1::BenchReport report;
+  for (const v1::Ratio& r : none) *report.add_ratios() = r;
+  EXPECT_NE(ToMarkdown(report).find("| goodput (req/s) ours/theirs | n/a: the divisor was 0"),
+            std::string::npos);
+}
+
 RequestRecord Record(double start, std::vector<double> token_times, bool ok = true) {
   RequestRecord r;
   r.start = start;
