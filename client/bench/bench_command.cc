@@ -45,6 +45,10 @@ ABSL_FLAG(int, pairs, 0,
           "bench: runs per target or configuration, alternating A B, B A ... (0: 5 with a peer, "
           "--configs or a sweep, else 1)");
 ABSL_FLAG(int, output_tokens, 0, "bench: fixed output length of the foreground (0: scenario's)");
+ABSL_FLAG(double, slo_ttft_ms, 0,
+          "bench: your TTFT budget for the foreground classes, ms (0: the scenario's)");
+ABSL_FLAG(double, slo_itl_ms, 0,
+          "bench: your mean inter-token latency budget for the foreground, ms (0: the scenario's)");
 ABSL_FLAG(int64_t, bench_seed, 1, "bench: seed of lengths, prompts and arrivals");
 ABSL_FLAG(std::string, trace, "", "bench: replay this trace (JSON lines) instead of arrivals");
 ABSL_FLAG(std::string, source_dir, TANDEM_SOURCE_DIR,
@@ -419,6 +423,12 @@ int RunBenchCommand(const std::string& servers, const std::string& metrics,
   options.output_tokens = absl::GetFlag(FLAGS_output_tokens);
   options.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_bench_seed));
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  options.slo_ttft_ms = absl::GetFlag(FLAGS_slo_ttft_ms);
+  options.slo_itl_ms = absl::GetFlag(FLAGS_slo_itl_ms);
+  if (options.slo_ttft_ms < 0 || options.slo_itl_ms < 0) {
+    std::cerr << "error: --slo_ttft_ms and --slo_itl_ms must be >= 0\n";
+    return 2;
+  }
   options.progress = true;
   if (options.requests < 0 || options.duration_s < 0 || options.concurrency < 0 ||
       options.output_tokens < 0 || options.max_inflight <= 0) {

@@ -247,6 +247,8 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
     c.set_rate(1);  // arrivals come from the trace
     c.set_turns(0);
     c.set_background(false);
+    if (options.slo_ttft_ms > 0) c.set_slo_ttft_ms(options.slo_ttft_ms);
+    if (options.slo_itl_ms > 0) c.set_slo_itl_ms(options.slo_itl_ms);
     s.clear_classes();
     *s.add_classes() = c;
     return s;
@@ -264,6 +266,8 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
       c.mutable_output_tokens()->set_median(options.output_tokens);
       c.mutable_output_tokens()->set_sigma(0);
     }
+    if (options.slo_ttft_ms > 0) c.set_slo_ttft_ms(options.slo_ttft_ms);
+    if (options.slo_itl_ms > 0) c.set_slo_itl_ms(options.slo_itl_ms);
   }
   return s;
 }

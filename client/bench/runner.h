@@ -27,6 +27,10 @@ struct RunOptions {
   double rate = 0;
   // Fixed output length for the foreground classes (0: their distribution).
   int output_tokens = 0;
+  // The operator's latency budget for the foreground classes (0: the
+  // scenario's SLOs).
+  double slo_ttft_ms = 0;
+  double slo_itl_ms = 0;
   uint64_t seed = 1;
   double request_timeout_s = 600;
   // Open loop: at most this many requests in flight; later arrivals wait

@@ -137,6 +137,7 @@ TEST(BenchCommand, BadFlagsAreClearErrors) {
       {"--scenario=chat --rate=1 --concurrency=2", "give --concurrency or --rate, not both"},
       {"--requests=0 --duration=0", "give --requests or --duration"},
       {"--peer=vllm", "unknown peer 'vllm'"},
+      {"--slo_itl_ms=-5", "--slo_ttft_ms and --slo_itl_ms must be >= 0"},
       {"--trace=/no/such/file", "--trace=/no/such/file: cannot read"},
       {"--sweep-threshold", "give --model=FILE"},
       {"--configs=onlyone:--threads=1", "at least two NAME:FLAGS"},

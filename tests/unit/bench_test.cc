@@ -367,6 +367,33 @@ TEST(Runner, TraceReplaySendsEachRequestNoEarlierThanItsArrival) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(starts[i], arrivals[i], 1e-6);
 }
 
+TEST(EffectiveScenario, OverridesApplyToTheForegroundOnly) {
+  v1::Scenario s = OneClass(2, 0);
+  v1::RequestClass bg = s.classes(0);
+  bg.set_name("bg");
+  bg.set_background(true);
+  bg.set_concurrency(0);
+  bg.set_rate(0.5);
+  *s.add_classes() = bg;
+  RunOptions options;
+  options.rate = 3;
+  options.output_tokens = 77;
+  options.slo_ttft_ms = 250;
+  options.slo_itl_ms = 40;
+  const v1::Scenario e = EffectiveScenario(s, options);
+  EXPECT_EQ(e.classes(0).concurrency(), 0);
+  EXPECT_DOUBLE_EQ(e.classes(0).rate(), 3);
+  EXPECT_EQ(e.classes(0).output_tokens().median(), 77);
+  EXPECT_DOUBLE_EQ(e.classes(0).output_tokens().sigma(), 0);
+  EXPECT_DOUBLE_EQ(e.classes(0).slo_ttft_ms(), 250);
+  EXPECT_DOUBLE_EQ(e.classes(0).slo_itl_ms(), 40);
+  EXPECT_TRUE(ValidateScenario(e).ok());
+  // The background keeps its own load, lengths and SLOs.
+  EXPECT_DOUBLE_EQ(e.classes(1).rate(), 0.5);
+  EXPECT_EQ(e.classes(1).output_tokens().median(), 3);
+  EXPECT_DOUBLE_EQ(e.classes(1).slo_ttft_ms(), 1000);
+}
+
 TEST(Runner, BackgroundStopsWhenTheForegroundIsDone) {
   const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
   FakeTarget target;
