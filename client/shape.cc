@@ -1,15 +1,13 @@
 #include "client/shape.h"
 
-#include <curl/curl.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <mutex>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/http.h"
 
 namespace tandem::client {
 namespace {
@@ -98,27 +96,11 @@ Histogram Metrics::GetHistogram(const std::string& name, const std::string& labe
 }
 
 absl::StatusOr<std::string> HttpGet(const std::string& url) {
-  static std::once_flag init;
-  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  CURL* curl = curl_easy_init();
-  if (curl == nullptr) return absl::InternalError("curl_easy_init failed");
   std::string body;
-  auto write = +[](char* data, size_t size, size_t count, void* user) -> size_t {
-    static_cast<std::string*>(user)->append(data, size * count);
-    return size * count;
-  };
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 30000L);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  const CURLcode code = curl_easy_perform(curl);
   long http_code = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http_code);
-  curl_easy_cleanup(curl);
-  if (code != CURLE_OK) {
-    return absl::UnavailableError(absl::StrFormat("%s: %s", url, curl_easy_strerror(code)));
-  }
+  absl::Status s = HttpTransfer(
+      url, nullptr, 30, [&](const char* data, size_t n) { body.append(data, n); }, &http_code);
+  if (!s.ok()) return s;
   if (http_code != 200)
     return absl::UnavailableError(absl::StrFormat("%s: HTTP %d", url, http_code));
   return body;

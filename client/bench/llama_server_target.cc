@@ -3,53 +3,15 @@
 // server-sent event carries the new tokens ("return_tokens"), the last one
 // "stop": true and the timings (cache_n: prompt tokens served from its
 // prompt cache).
-#include <curl/curl.h>
-
-#include <mutex>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/bench/targets.h"
+#include "client/http.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::bench {
 namespace {
-
-void InitCurlOnce() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
-// A POST of JSON whose response body is handed to `on_data` as it arrives.
-absl::Status PostJson(const std::string& url, const std::string& body, double timeout_s,
-                      const std::function<void(const char*, size_t)>& on_data, long* http_code) {
-  InitCurlOnce();
-  CURL* curl = curl_easy_init();
-  if (curl == nullptr) return absl::InternalError("curl_easy_init failed");
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  using Callback = std::function<void(const char*, size_t)>;
-  auto write = +[](char* data, size_t size, size_t count, void* user) -> size_t {
-    (*static_cast<const Callback*>(user))(data, size * count);
-    return size * count;
-  };
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &on_data);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000));
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  const CURLcode code = curl_easy_perform(curl);
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, http_code);
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(curl);
-  if (code != CURLE_OK) {
-    return absl::UnavailableError(absl::StrCat(url, ": ", curl_easy_strerror(code)));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<google::protobuf::Struct> ParseJson(const std::string& text) {
   google::protobuf::Struct value;
@@ -77,8 +39,8 @@ class LlamaServerTarget : public Target {
     (void)google::protobuf::util::MessageToJsonString(request, &body);
     std::string response;
     long http_code = 0;
-    absl::Status s = PostJson(
-        base_ + "/tokenize", body, 60, [&](const char* d, size_t n) { response.append(d, n); },
+    absl::Status s = client::HttpTransfer(
+        base_ + "/tokenize", &body, 60, [&](const char* d, size_t n) { response.append(d, n); },
         &http_code);
     if (!s.ok()) return s;
     if (http_code != 200) return absl::UnavailableError(base_ + "/tokenize: HTTP " + response);
@@ -132,8 +94,8 @@ class LlamaServerTarget : public Target {
       }
     };
     long http_code = 0;
-    absl::Status s = PostJson(
-        base_ + "/completion", body, call.timeout_s,
+    absl::Status s = client::HttpTransfer(
+        base_ + "/completion", &body, call.timeout_s,
         [&](const char* data, size_t n) {
           pending.append(data, n);
           size_t end;

@@ -31,6 +31,12 @@ class Run {
       issued_.push_back(std::make_unique<std::atomic<int64_t>>(0));
       sessions_.push_back(std::make_unique<std::atomic<int64_t>>(0));
     }
+    // Trace prompts given as text are tokenized before the run starts.
+    for (size_t i = 0; i < options.trace.size(); ++i) {
+      if (options.trace[i].prompt().empty()) continue;
+      absl::StatusOr<TokenIds> ids = target.Tokenize(options.trace[i].prompt());
+      traced_prompts_[static_cast<int64_t>(i)] = ids.ok() ? *ids : TokenIds{1};
+    }
   }
 
   RunResult Execute() {
@@ -91,12 +97,7 @@ class Run {
     return options_.requests <= 0 || n < options_.requests;
   }
 
-  int OutputLength(const v1::RequestClass& c, std::mt19937_64& rng) const {
-    if (options_.output_tokens > 0 && !c.background()) return options_.output_tokens;
-    return DrawLength(c.output_tokens(), rng);
-  }
-
-  // One request; `context` grows by the prompt's answer for a session's next turn.
+  // One request, recorded; its generated ids go to `output`.
   void Issue(int k, double start, TokenIds prompt, int max_tokens, TokenIds* output) {
     RequestRecord record;
     record.class_index = k;
@@ -128,7 +129,7 @@ class Run {
         start = NowSeconds();
       }
       TokenIds output;
-      Issue(k, start, context, OutputLength(c, rng), &output);
+      Issue(k, start, context, DrawLength(c.output_tokens(), rng), &output);
       context.insert(context.end(), output.begin(), output.end());
     }
   }
@@ -141,7 +142,7 @@ class Run {
   void OpenLoop(int k) {
     const v1::RequestClass& c = scenario_.classes(k);
     std::vector<std::thread> inflight;
-    std::atomic<int> running{0};
+    int running = 0;  // guarded by slot_mu
     std::mutex slot_mu;
     std::condition_variable slot_cv;
     const bool traced = !options_.trace.empty();
@@ -167,7 +168,7 @@ class Run {
       if (!Claim(k)) break;
       {
         std::unique_lock<std::mutex> lock(slot_mu);
-        slot_cv.wait(lock, [&] { return running.load() < options_.max_inflight; });
+        slot_cv.wait(lock, [&] { return running < options_.max_inflight; });
         ++running;
       }
       inflight.emplace_back([this, k, i, due, traced, &running, &slot_mu, &slot_cv] {
@@ -215,10 +216,6 @@ class Run {
     if (tty) std::fprintf(stderr, "\r%*s\r", 80, "");
   }
 
- public:
-  // Trace prompts given as text, tokenized before the run starts.
-  std::map<int64_t, TokenIds> traced_prompts_;
-
  private:
   const v1::Scenario& scenario_;
   Target& target_;
@@ -227,6 +224,7 @@ class Run {
   std::vector<PromptBuilder> builders_;
   std::vector<std::unique_ptr<std::atomic<int64_t>>> issued_;
   std::vector<std::unique_ptr<std::atomic<int64_t>>> sessions_;
+  std::map<int64_t, TokenIds> traced_prompts_;  // by trace line
   int foreground_drivers_ = 0;
   std::atomic<int> foreground_done_{0};
   std::mutex mu_;
@@ -238,6 +236,13 @@ class Run {
 
 }  // namespace
 
+namespace {
+void ApplySloBudget(const RunOptions& options, v1::RequestClass& c) {
+  if (options.slo_ttft_ms > 0) c.set_slo_ttft_ms(options.slo_ttft_ms);
+  if (options.slo_itl_ms > 0) c.set_slo_itl_ms(options.slo_itl_ms);
+}
+}  // namespace
+
 v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& options) {
   v1::Scenario s = scenario;
   if (!options.trace.empty()) {
@@ -247,8 +252,7 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
     c.set_rate(1);  // arrivals come from the trace
     c.set_turns(0);
     c.set_background(false);
-    if (options.slo_ttft_ms > 0) c.set_slo_ttft_ms(options.slo_ttft_ms);
-    if (options.slo_itl_ms > 0) c.set_slo_itl_ms(options.slo_itl_ms);
+    ApplySloBudget(options, c);
     s.clear_classes();
     *s.add_classes() = c;
     return s;
@@ -263,11 +267,14 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
       c.set_concurrency(0);
     }
     if (options.output_tokens > 0) {
-      c.mutable_output_tokens()->set_median(options.output_tokens);
-      c.mutable_output_tokens()->set_sigma(0);
+      // Exactly this length: no spread, and no clamp to the scenario's range.
+      v1::Lengths& out = *c.mutable_output_tokens();
+      out.set_median(options.output_tokens);
+      out.set_sigma(0);
+      out.set_min(0);
+      out.set_max(0);
     }
-    if (options.slo_ttft_ms > 0) c.set_slo_ttft_ms(options.slo_ttft_ms);
-    if (options.slo_itl_ms > 0) c.set_slo_itl_ms(options.slo_itl_ms);
+    ApplySloBudget(options, c);
   }
   return s;
 }
@@ -275,11 +282,6 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
 RunResult RunScenario(const v1::Scenario& scenario, Target& target,
                       const std::map<std::string, Corpus>& corpora, const RunOptions& options) {
   Run run(scenario, target, corpora, options);
-  for (size_t i = 0; i < options.trace.size(); ++i) {
-    if (options.trace[i].prompt().empty()) continue;
-    absl::StatusOr<TokenIds> ids = target.Tokenize(options.trace[i].prompt());
-    run.traced_prompts_[static_cast<int64_t>(i)] = ids.ok() ? *ids : TokenIds{1};
-  }
   return run.Execute();
 }
 

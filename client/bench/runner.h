@@ -47,7 +47,9 @@ struct RunResult {
   double wall_s = 0;
 };
 
-// `corpora` holds the tokenized "prose" and "code" texts.
+// `corpora` holds the tokenized "prose" and "code" texts; `scenario` is the
+// one EffectiveScenario returned for `options` (the overrides are applied
+// there, once).
 RunResult RunScenario(const v1::Scenario& scenario, Target& target,
                       const std::map<std::string, Corpus>& corpora, const RunOptions& options);
 

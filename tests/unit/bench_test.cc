@@ -369,6 +369,9 @@ TEST(Runner, TraceReplaySendsEachRequestNoEarlierThanItsArrival) {
 
 TEST(EffectiveScenario, OverridesApplyToTheForegroundOnly) {
   v1::Scenario s = OneClass(2, 0);
+  // A range that would clamp the fixed length if it were kept.
+  s.mutable_classes(0)->mutable_output_tokens()->set_min(100);
+  s.mutable_classes(0)->mutable_output_tokens()->set_max(200);
   v1::RequestClass bg = s.classes(0);
   bg.set_name("bg");
   bg.set_background(true);
@@ -385,6 +388,10 @@ TEST(EffectiveScenario, OverridesApplyToTheForegroundOnly) {
   EXPECT_DOUBLE_EQ(e.classes(0).rate(), 3);
   EXPECT_EQ(e.classes(0).output_tokens().median(), 77);
   EXPECT_DOUBLE_EQ(e.classes(0).output_tokens().sigma(), 0);
+  EXPECT_EQ(e.classes(0).output_tokens().min(), 0);
+  EXPECT_EQ(e.classes(0).output_tokens().max(), 0);
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(DrawLength(e.classes(0).output_tokens(), rng), 77);
   EXPECT_DOUBLE_EQ(e.classes(0).slo_ttft_ms(), 250);
   EXPECT_DOUBLE_EQ(e.classes(0).slo_itl_ms(), 40);
   EXPECT_TRUE(ValidateScenario(e).ok());
