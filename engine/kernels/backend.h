@@ -49,6 +49,10 @@ struct Weight {
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;  // backend memory
+  // The backend's own copy laid out for matrix products, if it made one at
+  // upload (the CPU backend's packed panels); `data` stays valid for the
+  // other uses (an embedding table tied to the output projection).
+  const void* packed = nullptr;
 };
 
 // Memory owned by a backend; freed when the last owner lets go.

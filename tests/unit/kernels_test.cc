@@ -88,6 +88,15 @@ bool SameBits(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, sizeof(float) * static_cast<size_t>(n)) == 0;
 }
 
+// The weight as `backend` uses it: uploaded, so that the backend makes its
+// own layout (packed panels) where it has one.
+Weight Upload(CpuBackend& backend, DType type, int64_t rows, int64_t cols,
+              const std::vector<uint8_t>& bytes) {
+  absl::StatusOr<Weight> w = backend.UploadWeight(type, rows, cols, bytes.data());
+  EXPECT_TRUE(w.ok()) << w.status();
+  return *w;
+}
+
 // out = x W^T through the backend, for a subset of rows given in order.
 std::vector<float> RunMatMul(CpuBackend& backend, const Weight& w, const std::vector<float>& x,
                              const std::vector<int64_t>& rows) {
@@ -103,6 +112,10 @@ std::vector<float> RunMatMul(CpuBackend& backend, const Weight& w, const std::ve
   return out;
 }
 
+// Output-feature counts of the matmul tests: 80 is a whole number of packed
+// panels (5 x 16: a group of four and one), 72 is not (the unpacked kernels).
+constexpr int64_t kMatMulOutputs[] = {80, 72};
+
 struct MatMulCase {
   DType type;
   MatMulMode mode;
@@ -113,29 +126,36 @@ class MatMulTest : public ::testing::TestWithParam<MatMulCase> {};
 TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCount) {
   const auto [type, mode] = GetParam();
   std::mt19937 rng(11);
-  const int64_t n = 72, k = 512, m = 37;
-  std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
-  const Weight w{type, n, k, bytes.data()};
-  const std::vector<float> x = RandomRows(m, k, rng);
+  const int64_t k = 512, m = 37;
+  for (const int64_t n : kMatMulOutputs) {
+    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+    const std::vector<float> x = RandomRows(m, k, rng);
 
-  CpuBackend single(1, mode);
-  std::vector<std::vector<float>> alone(static_cast<size_t>(m));
-  for (int64_t r = 0; r < m; ++r) alone[static_cast<size_t>(r)] = RunMatMul(single, w, x, {r});
-
-  for (int threads : {1, 3}) {
-    CpuBackend backend(threads, mode);
-    for (int64_t batch : {2, 3, 5, 16, 37}) {
-      std::vector<int64_t> order(static_cast<size_t>(m));
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), rng);
-      for (int64_t start = 0; start < m; start += batch) {
-        const std::vector<int64_t> rows(order.begin() + start,
-                                        order.begin() + std::min(m, start + batch));
-        const std::vector<float> out = RunMatMul(backend, w, x, rows);
-        for (size_t i = 0; i < rows.size(); ++i) {
-          ASSERT_TRUE(SameBits(&out[i * n], alone[static_cast<size_t>(rows[i])].data(), n))
-              << Info(type).name << " row " << rows[i] << " differs in a batch of " << rows.size()
-              << " on " << threads << " threads";
+    CpuBackend single(1, mode);
+    const Weight single_w = Upload(single, type, n, k, bytes);
+    std::vector<std::vector<float>> alone(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) {
+      alone[static_cast<size_t>(r)] = RunMatMul(single, single_w, x, {r});
+    }
+    for (int threads : {1, 3}) {
+      CpuBackend backend(threads, mode);
+      const Weight w = Upload(backend, type, n, k, bytes);
+      // Batches on both sides of every kernel switch: decoding on the fly
+      // (up to 4 rows) and dequantized panels in tiles of 8 with remainders.
+      for (int64_t batch : {2, 3, 4, 5, 8, 16, 37}) {
+        std::vector<int64_t> order(static_cast<size_t>(m));
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (int64_t start = 0; start < m; start += batch) {
+          const std::vector<int64_t> rows(order.begin() + start,
+                                          order.begin() + std::min(m, start + batch));
+          const std::vector<float> out = RunMatMul(backend, w, x, rows);
+          for (size_t i = 0; i < rows.size(); ++i) {
+            ASSERT_TRUE(SameBits(&out[i * static_cast<size_t>(n)],
+                                 alone[static_cast<size_t>(rows[i])].data(), n))
+                << Info(type).name << " " << n << "x" << k << " row " << rows[i]
+                << " differs in a batch of " << rows.size() << " on " << threads << " threads";
+          }
         }
       }
     }
@@ -145,35 +165,42 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
 TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
   const auto [type, mode] = GetParam();
   std::mt19937 rng(5);
-  const int64_t n = 40, k = 768, m = 6;
-  std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
-  const Weight w{type, n, k, bytes.data()};
-  const std::vector<float> x = RandomRows(m, k, rng);
-  std::vector<float> wf(static_cast<size_t>(n * k));
-  for (int64_t r = 0; r < n; ++r) {
-    DequantizeRow(type, bytes.data() + static_cast<size_t>(r) * RowBytes(type, k), k,
-                  &wf[static_cast<size_t>(r * k)]);
-  }
-  CpuBackend backend(2, mode);
-  std::vector<int64_t> all(static_cast<size_t>(m));
-  std::iota(all.begin(), all.end(), 0);
-  const std::vector<float> out = RunMatMul(backend, w, x, all);
-  // f32: float rounding only. q8: each activation is rounded to 1/254 of its
-  // block's largest magnitude.
-  const bool q8 = mode == MatMulMode::kQ8 &&
-                  (type == DType::kQ8_0 || type == DType::kQ4_0 || type == DType::kQ4_1);
-  const double tolerance = q8 ? 1.5e-2 : 2e-6;
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t c = 0; c < n; ++c) {
-      double exact = 0, magnitude = 0;
-      for (int64_t i = 0; i < k; ++i) {
-        const double p =
-            double{x[static_cast<size_t>(r * k + i)]} * wf[static_cast<size_t>(c * k + i)];
-        exact += p;
-        magnitude += std::fabs(p);
+  const int64_t k = 768;
+  for (const int64_t n : kMatMulOutputs) {
+    // One row (decoded on the fly) and nine (dequantized panels, a tile of
+    // eight and a remainder of one).
+    for (const int64_t m : {1, 9}) {
+      std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+      const std::vector<float> x = RandomRows(m, k, rng);
+      std::vector<float> wf(static_cast<size_t>(n * k));
+      for (int64_t r = 0; r < n; ++r) {
+        DequantizeRow(type, bytes.data() + static_cast<size_t>(r) * RowBytes(type, k), k,
+                      &wf[static_cast<size_t>(r * k)]);
       }
-      ASSERT_NEAR(out[static_cast<size_t>(r * n + c)], exact, tolerance * magnitude)
-          << Info(type).name << " (" << MatMulModeName(mode) << ") at [" << r << "][" << c << "]";
+      CpuBackend backend(2, mode);
+      const Weight w = Upload(backend, type, n, k, bytes);
+      std::vector<int64_t> all(static_cast<size_t>(m));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<float> out = RunMatMul(backend, w, x, all);
+      // f32: float rounding only. q8: each activation is rounded to 1/254 of
+      // its block's largest magnitude.
+      const bool q8 = mode == MatMulMode::kQ8 &&
+                      (type == DType::kQ8_0 || type == DType::kQ4_0 || type == DType::kQ4_1);
+      const double tolerance = q8 ? 1.5e-2 : 2e-6;
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < n; ++c) {
+          double exact = 0, magnitude = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const double p =
+                double{x[static_cast<size_t>(r * k + i)]} * wf[static_cast<size_t>(c * k + i)];
+            exact += p;
+            magnitude += std::fabs(p);
+          }
+          ASSERT_NEAR(out[static_cast<size_t>(r * n + c)], exact, tolerance * magnitude)
+              << Info(type).name << " " << n << "x" << k << " (" << MatMulModeName(mode) << ") at ["
+              << r << "][" << c << "] of " << m << " rows";
+        }
+      }
     }
   }
 }
@@ -211,6 +238,65 @@ TEST(MatMulTest, BiasIsAddedPerOutputFeature) {
     EXPECT_EQ(biased[static_cast<size_t>(i)],
               plain[static_cast<size_t>(i)] + bias_values[static_cast<size_t>(i % 8)]);
 }
+
+#ifdef TANDEM_CPU_AVX512
+TEST(PackedMatMulTest, PackableWeightsArePackedAndStayUsableAsEmbeddingTables) {
+  std::mt19937 rng(21);
+  const int64_t n = 48, k = 64;
+  std::vector<uint8_t> bytes = RandomWeights(DType::kQ8_0, n, k, rng);
+  CpuBackend backend(1);
+  const Weight w = Upload(backend, DType::kQ8_0, n, k, bytes);
+  ASSERT_NE(w.packed, nullptr);
+  EXPECT_EQ(Upload(backend, DType::kQ8_0, n - 8, k, bytes).packed, nullptr);  // 40 % 16 != 0
+  EXPECT_EQ(CpuBackend(1, MatMulMode::kQ8).UploadWeight(DType::kQ8_0, n, k, bytes.data())->packed,
+            nullptr);
+  // A tied embedding table reads the original rows: row 37 exactly.
+  std::vector<float> row(static_cast<size_t>(k)), expected(static_cast<size_t>(k));
+  const int32_t ids[] = {37};
+  backend.Embed(w, ids, View(row, 1, k));
+  DequantizeRow(DType::kQ8_0, bytes.data() + 37 * RowBytes(DType::kQ8_0, k), k, expected.data());
+  EXPECT_TRUE(SameBits(row.data(), expected.data(), k));
+}
+
+TEST(PackedMatMulTest, AWeightAfterAnUnpackableOneIsStillBatchInvariant) {
+  // One call with two weights: 24 rows (not whole panels) and then 64 packed
+  // rows. Each weight starts its own task ranges, so the packed one is cut
+  // into whole panels whatever the batch.
+  std::mt19937 rng(23);
+  const int64_t k = 256, m = 13;
+  std::vector<uint8_t> first_bytes = RandomWeights(DType::kQ4_1, 24, k, rng);
+  std::vector<uint8_t> second_bytes = RandomWeights(DType::kQ4_1, 64, k, rng);
+  const std::vector<float> x = RandomRows(m, k, rng);
+  auto run = [&](int threads, const std::vector<int64_t>& rows) {
+    CpuBackend backend(threads);
+    const Weight first = Upload(backend, DType::kQ4_1, 24, k, first_bytes);
+    const Weight second = Upload(backend, DType::kQ4_1, 64, k, second_bytes);
+    EXPECT_EQ(first.packed, nullptr);
+    EXPECT_NE(second.packed, nullptr);
+    std::vector<float> in;
+    for (int64_t r : rows) {
+      in.insert(in.end(), x.begin() + r * k, x.begin() + (r + 1) * k);
+    }
+    const auto count = static_cast<int64_t>(rows.size());
+    std::vector<float> out_first(static_cast<size_t>(count * 24));
+    std::vector<float> out_second(static_cast<size_t>(count * 64));
+    const Weight* ws[] = {&first, &second};
+    const Matrix outs[] = {View(out_first, count, 24), View(out_second, count, 64)};
+    backend.MatMul(View(in, count, k), ws, {}, outs);
+    return out_second;
+  };
+  std::vector<int64_t> all(static_cast<size_t>(m));
+  std::iota(all.begin(), all.end(), 0);
+  for (int threads : {1, 2, 3}) {
+    const std::vector<float> batched = run(threads, all);
+    for (int64_t r = 0; r < m; ++r) {
+      const std::vector<float> alone = run(1, {r});
+      ASSERT_TRUE(SameBits(&batched[static_cast<size_t>(r * 64)], alone.data(), 64))
+          << "row " << r << " on " << threads << " threads";
+    }
+  }
+}
+#endif  // TANDEM_CPU_AVX512
 
 TEST(RmsNormTest, MatchesFloat64AndIsRowIndependent) {
   std::mt19937 rng(9);

@@ -4,7 +4,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/strings.h"
 #include "engine/kernels/cpu/attention.h"
 #include "engine/kernels/cpu/dequantize.h"
@@ -16,6 +19,25 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr size_t kAlignment = 64;
+
+// The packed copy of a weight, made once per process: the two workers of a
+// daemon load the same model, and two copies would double the memory and
+// halve the cache both share. Keyed by the host data (which outlives every
+// backend that uses it) and the shape.
+std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight) {
+  using Key = std::tuple<const void*, DType, int64_t, int64_t>;
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* packs =  // guarded by mu
+      new absl::flat_hash_map<Key, std::weak_ptr<const PackedWeight>>();
+  const Key key{weight.data, weight.dtype, weight.rows, weight.cols};
+  absl::MutexLock lock(&mu);
+  if (auto it = packs->find(key); it != packs->end()) {
+    if (std::shared_ptr<const PackedWeight> live = it->second.lock()) return live;
+  }
+  std::shared_ptr<const PackedWeight> packed = PackWeight(weight);
+  (*packs)[key] = packed;
+  return packed;
+}
 
 }  // namespace
 
@@ -50,7 +72,13 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
 
 absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                                 const void* host_data) {
-  return Weight{dtype, rows, cols, host_data};
+  Weight weight{dtype, rows, cols, host_data};
+  // Only the float32 mode multiplies by packed panels (q8 has its own).
+  if (matmul_mode_ == MatMulMode::kF32 && CanPackWeight(dtype, rows, cols)) {
+    packed_weights_.push_back(SharedPackedWeight(weight));
+    weight.packed = packed_weights_.back().get();
+  }
+  return weight;
 }
 
 absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {

@@ -10,6 +10,7 @@
 #include "engine/kernels/backend.h"
 #include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul.h"
+#include "engine/kernels/cpu/packed_matmul.h"
 
 namespace tandem::kernels::cpu {
 
@@ -59,6 +60,9 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> attention_scratch_;
   KvCacheShape kv_shape_;
   std::shared_ptr<DeviceBuffer> kv_storage_;  // shared by the backends of one daemon
+  // Packed copies of the uploaded weights (packed_matmul.h), shared with every
+  // other CPU backend of the process that uploaded the same weight.
+  std::vector<std::shared_ptr<const PackedWeight>> packed_weights_;
 };
 
 }  // namespace tandem::kernels::cpu

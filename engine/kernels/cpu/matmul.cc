@@ -4,6 +4,7 @@
 
 #include "common/strings.h"
 #include "engine/kernels/cpu/matmul_f32.h"
+#include "engine/kernels/cpu/packed_matmul.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -17,6 +18,7 @@ constexpr int64_t kMinRowsPerTask = 16;
 // products (few rows) stay in a few long ranges, which stream through the
 // weights with the prefetcher's help.
 constexpr int64_t kMaxMultiplyAddsPerTask = int64_t{8} << 20;
+static_assert(kMinRowsPerTask % kPanelWidth == 0, "tasks cover whole packed panels");
 
 bool UsesQ8(MatMulMode mode, DType dtype) {
   return mode == MatMulMode::kQ8 &&
@@ -43,8 +45,8 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   bool any_fused = false;
   for (const Weight* w : weights) {
     any_q8 |= UsesQ8(mode, w->dtype);
-    any_fused |=
-        !UsesQ8(mode, w->dtype) && HasFusedF32Kernel(w->dtype) && FusedF32KernelNeedsBlockSums();
+    any_fused |= !UsesQ8(mode, w->dtype) && w->packed == nullptr && HasFusedF32Kernel(w->dtype) &&
+                 FusedF32KernelNeedsBlockSums();
   }
   // Per-row preparation shared by every weight of the call.
   if (any_q8) scratch.activations.resize(static_cast<size_t>(rows * blocks));
@@ -60,8 +62,14 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   // Tasks: contiguous ranges of the weights' rows, taken together. Few large
   // ranges stream each thread through memory sequentially (small tasks
   // cost decode 30% in lost prefetching); a few per thread still balance.
+  // Each weight starts at a multiple of kMinRowsPerTask in the joint range,
+  // so every task boundary falls on a whole packed panel of every weight,
+  // whatever the batch.
   std::vector<int64_t> first_row(weights.size() + 1, 0);
-  for (size_t w = 0; w < weights.size(); ++w) first_row[w + 1] = first_row[w] + weights[w]->rows;
+  for (size_t w = 0; w < weights.size(); ++w) {
+    first_row[w + 1] =
+        first_row[w] + (weights[w]->rows + kMinRowsPerTask - 1) / kMinRowsPerTask * kMinRowsPerTask;
+  }
   const int64_t total = first_row.back();
   const int64_t tasks_wanted = int64_t{pool.size()} * kTasksPerThread;
   const int64_t rows_per_budget = kMaxMultiplyAddsPerTask / std::max<int64_t>(1, rows * k);
@@ -73,14 +81,17 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
     const int64_t end = std::min(total, begin + chunk);
     for (size_t w = 0; w < weights.size(); ++w) {
       const int64_t n0 = std::max(begin, first_row[w]) - first_row[w];
-      const int64_t n1 = std::min(end, first_row[w + 1]) - first_row[w];
-      if (n0 >= n1) continue;
       const Weight& weight = *weights[w];
+      const int64_t n1 = std::min(std::min(end, first_row[w + 1]) - first_row[w], weight.rows);
+      if (n0 >= n1) continue;
       const float* bias = w < biases.size() && biases[w] != nullptr
                               ? static_cast<const float*>(biases[w]->data)
                               : nullptr;
       if (UsesQ8(mode, weight.dtype)) {
         MatMulQ8Rows(weight, scratch.activations.data(), rows, n0, n1, bias, outs[w]);
+      } else if (weight.packed != nullptr) {
+        MatMulPackedRows(*static_cast<const PackedWeight*>(weight.packed), x, n0, n1, bias,
+                         scratch.dequantized[static_cast<size_t>(thread)], outs[w]);
       } else if (HasFusedF32Kernel(weight.dtype)) {
         MatMulF32FusedRows(weight, x, scratch.block_sums.data(), n0, n1, bias, outs[w]);
       } else {

@@ -1,0 +1,320 @@
+#include "engine/kernels/cpu/packed_matmul.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "engine/kernels/cpu/simd.h"
+
+namespace tandem::kernels::cpu {
+
+#ifdef TANDEM_CPU_AVX512
+namespace {
+
+constexpr int64_t kBlockInputs = 32;
+// Up to this many activation rows the weights are decoded inside the product
+// (each decoded vector serves every row); with more, each pair of panels is
+// dequantized into scratch once and every tile of rows reads it from cache.
+constexpr int64_t kOnTheFlyMaxRows = 4;
+// The scratch kernel's register tile: 8 rows x 2 panels = 16 accumulators.
+constexpr int kGemmRows = 8;
+constexpr int kGemmPanels = 2;
+
+// Per packed format: where the quants start, the scale loads and the
+// decoding of inputs 2j and 2j + 1 of a block for the panel's 16 rows, with
+// exactly DequantizeRow's arithmetic (multiply, then add; no fusing).
+struct Q4_1Format {
+  static constexpr int64_t kBlockBytes = 32 + 32 + 256;
+  struct Scales {
+    __m512 d, m;
+  };
+  static Scales Load(const uint8_t* block) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block))),
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)))};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 64 + 16 * j));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(packed, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    *w0 = _mm512_add_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo))), s.m);
+    *w1 = _mm512_add_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi))), s.m);
+  }
+};
+
+struct Q4_0Format {
+  static constexpr int64_t kBlockBytes = 32 + 256;
+  struct Scales {
+    __m512 d;
+  };
+  static Scales Load(const uint8_t* block) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 + 16 * j));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m512i eight = _mm512_set1_epi32(8);
+    const __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
+    const __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+    *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)));
+    *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)));
+  }
+};
+
+struct Q8_0Format {
+  static constexpr int64_t kBlockBytes = 32 + 512;
+  struct Scales {
+    __m512 d;
+  };
+  static Scales Load(const uint8_t* block) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    const uint8_t* q = block + 32 + 32 * j;
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+    *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
+    *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+  }
+};
+
+// Calls fn(std::integral_constant<int, value>{}) for value in 1..kMax.
+template <int kMax, typename Fn>
+inline void WithConstant(int value, Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (void)((value == I + 1 ? (fn(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+  }
+  (std::make_integer_sequence<int, kMax>{});
+}
+
+template <int R, int P>
+inline void StoreTile(__m512 (&acc)[R][P], const Matrix& out, int64_t row0, int64_t n,
+                      const float* bias) {
+  for (int r = 0; r < R; ++r) {
+    float* o = out.Row(row0 + r) + n;
+    for (int p = 0; p < P; ++p) {
+      const __m512 v = bias != nullptr
+                           ? _mm512_add_ps(acc[r][p], _mm512_loadu_ps(bias + n + 16 * p))
+                           : acc[r][p];
+      _mm512_storeu_ps(o + 16 * p, v);
+    }
+  }
+}
+
+// out rows [0, R) x panels [n, n + 16P): decodes each block as it goes.
+template <typename F, int R, int P>
+void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, const Matrix& x,
+                  const Matrix& out, int64_t n, const float* bias) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block[P];
+    typename F::Scales scales[P];
+    for (int p = 0; p < P; ++p) {
+      block[p] = panel + p * panel_bytes + b * F::kBlockBytes;
+      scales[p] = F::Load(block[p]);
+    }
+    for (int j = 0; j < kBlockInputs / 2; ++j) {
+      __m512 w0[P], w1[P];
+      for (int p = 0; p < P; ++p) F::DecodePair(block[p], scales[p], j, &w0[p], &w1[p]);
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x.Row(r) + b * kBlockInputs + 2 * j;
+        const __m512 x0 = _mm512_set1_ps(xr[0]);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(x0, w0[p], acc[r][p]);
+        const __m512 x1 = _mm512_set1_ps(xr[1]);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(x1, w1[p], acc[r][p]);
+      }
+    }
+  }
+  StoreTile<R, P>(acc, out, 0, n, bias);
+}
+
+// dst[k][16P] = the weights of input k for the P panels' rows, in order.
+template <typename F, int P>
+void DequantizePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* block = panel + p * panel_bytes + b * F::kBlockBytes;
+      const typename F::Scales scales = F::Load(block);
+      for (int j = 0; j < kBlockInputs / 2; ++j) {
+        __m512 w0, w1;
+        F::DecodePair(block, scales, j, &w0, &w1);
+        float* d = dst + (b * kBlockInputs + 2 * j) * 16 * P + 16 * p;
+        _mm512_storeu_ps(d, w0);
+        _mm512_storeu_ps(d + 16 * P, w1);
+      }
+    }
+  }
+}
+
+// out rows [row0, row0 + R) x panels [n, n + 16P) from dequantized panels.
+template <int R, int P>
+void GemmTile(const float* weights, int64_t inputs, const Matrix& x, int64_t row0,
+              const Matrix& out, int64_t n, const float* bias) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  const float* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = x.Row(row0 + r);
+  for (int64_t k = 0; k < inputs; ++k) {
+    __m512 w[P];
+    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_ps(weights + k * 16 * P + 16 * p);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xk = _mm512_set1_ps(xr[r][k]);
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xk, w[p], acc[r][p]);
+    }
+  }
+  StoreTile<R, P>(acc, out, row0, n, bias);
+}
+
+template <typename F>
+void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t n1,
+                const float* bias, std::vector<float>& scratch, const Matrix& out) {
+  const int64_t blocks = weight.cols / kBlockInputs;
+  const uint8_t* base = weight.data.get();
+  auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
+  if (x.rows <= kOnTheFlyMaxRows) {
+    // Few rows: four panels at a time for one or two rows (enough
+    // independent chains to hide the FMA latency), two for more.
+    const int rows = static_cast<int>(x.rows);
+    const int64_t max_panels = rows <= 2 ? 4 : 2;
+    for (int64_t n = n0; n < n1;) {
+      const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelWidth));
+      WithConstant<4>(rows, [&](auto r) {
+        WithConstant<4>(panels, [&](auto p) {
+          OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, x, out, n, bias);
+        });
+      });
+      n += panels * kPanelWidth;
+    }
+    return;
+  }
+  scratch.resize(static_cast<size_t>(weight.cols * kPanelWidth * kGemmPanels));
+  for (int64_t n = n0; n < n1;) {
+    const int panels = static_cast<int>(std::min<int64_t>(kGemmPanels, (n1 - n) / kPanelWidth));
+    WithConstant<kGemmPanels>(panels, [&](auto p) {
+      DequantizePanels<F, p()>(panel_at(n), weight.panel_bytes, blocks, scratch.data());
+      for (int64_t r0 = 0; r0 < x.rows; r0 += kGemmRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kGemmRows, x.rows - r0));
+        WithConstant<kGemmRows>(rows, [&](auto r) {
+          GemmTile<r(), p()>(scratch.data(), weight.cols, x, r0, out, n, bias);
+        });
+      }
+    });
+    n += panels * kPanelWidth;
+  }
+}
+
+// Element e of a 4-bit block: the low nibbles hold elements 0..15, the high
+// ones 16..31 (GGUF's order).
+inline uint8_t Nibble(const uint8_t* qs, int e) {
+  return e < 16 ? static_cast<uint8_t>(qs[e] & 0x0f) : static_cast<uint8_t>(qs[e - 16] >> 4);
+}
+
+template <typename Block>
+void PackBlock(const Block* const* rows, int64_t b, uint8_t* dst) {
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+  for (int i = 0; i < kPanelWidth; ++i) d[i] = rows[i][b].d;
+  if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+    for (int j = 0; j < kBlockInputs; ++j) {
+      for (int i = 0; i < kPanelWidth; ++i) {
+        dst[32 + 16 * j + i] = static_cast<uint8_t>(rows[i][b].qs[j]);
+      }
+    }
+  } else {
+    int64_t quants = 32;
+    if constexpr (std::is_same_v<Block, BlockQ4_1>) {
+      for (int i = 0; i < kPanelWidth; ++i) d[16 + i] = rows[i][b].m;
+      quants = 64;
+    }
+    for (int j = 0; j < kBlockInputs / 2; ++j) {
+      for (int i = 0; i < kPanelWidth; ++i) {
+        dst[quants + 16 * j + i] = static_cast<uint8_t>(Nibble(rows[i][b].qs, 2 * j) |
+                                                        Nibble(rows[i][b].qs, 2 * j + 1) << 4);
+      }
+    }
+  }
+}
+
+template <typename Block>
+void PackPanels(const Weight& weight, PackedWeight& packed) {
+  const size_t row_bytes = RowBytes(weight.dtype, weight.cols);
+  const auto* base = static_cast<const uint8_t*>(weight.data);
+  const int64_t blocks = weight.cols / kBlockInputs;
+  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
+    const Block* rows[kPanelWidth];
+    for (int i = 0; i < kPanelWidth; ++i) {
+      rows[i] = reinterpret_cast<const Block*>(base + static_cast<size_t>(p * kPanelWidth + i) *
+                                                          row_bytes);
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      PackBlock(rows, b, packed.data.get() + p * packed.panel_bytes + b * packed.block_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+bool CanPackWeight(DType dtype, int64_t rows, int64_t cols) {
+  return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ8_0) && rows > 0 &&
+         rows % kPanelWidth == 0 && cols > 0 && cols % kBlockInputs == 0;
+}
+
+std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
+  auto packed = std::make_unique<PackedWeight>();
+  packed->dtype = weight.dtype;
+  packed->rows = weight.rows;
+  packed->cols = weight.cols;
+  packed->block_bytes = weight.dtype == DType::kQ4_1   ? Q4_1Format::kBlockBytes
+                        : weight.dtype == DType::kQ4_0 ? Q4_0Format::kBlockBytes
+                                                       : Q8_0Format::kBlockBytes;
+  packed->panel_bytes = weight.cols / kBlockInputs * packed->block_bytes;
+  const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
+  constexpr size_t kAlignment = 64;
+  packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
+                      kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)),
+                  std::free};
+  switch (weight.dtype) {
+    case DType::kQ4_1:
+      PackPanels<BlockQ4_1>(weight, *packed);
+      break;
+    case DType::kQ4_0:
+      PackPanels<BlockQ4_0>(weight, *packed);
+      break;
+    default:
+      PackPanels<BlockQ8_0>(weight, *packed);
+      break;
+  }
+  return packed;
+}
+
+void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t n1,
+                      const float* bias, std::vector<float>& scratch, const Matrix& out) {
+  switch (weight.dtype) {
+    case DType::kQ4_1:
+      return PackedRows<Q4_1Format>(weight, x, n0, n1, bias, scratch, out);
+    case DType::kQ4_0:
+      return PackedRows<Q4_0Format>(weight, x, n0, n1, bias, scratch, out);
+    default:
+      return PackedRows<Q8_0Format>(weight, x, n0, n1, bias, scratch, out);
+  }
+}
+
+#else  // no AVX-512: nothing is packed (CanPackWeight is false), so the
+       // other two functions are never reached.
+
+bool CanPackWeight(DType, int64_t, int64_t) { return false; }
+
+std::unique_ptr<PackedWeight> PackWeight(const Weight&) { return nullptr; }
+
+void MatMulPackedRows(const PackedWeight&, const Matrix&, int64_t, int64_t, const float*,
+                      std::vector<float>&, const Matrix&) {}
+
+#endif  // TANDEM_CPU_AVX512
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,66 @@
+// Quantized weights re-laid out for the float32 matrix product, and the
+// kernels that multiply by them (AVX-512 builds).
+//
+// Why: GGUF keeps each output row's 32-input blocks together, so a vector
+// holds 32 inputs of one row, each output ends in a horizontal sum, and a
+// tile of activation rows shares only the decoding of one block. The packed
+// layout groups 16 output rows into a panel and, for each 32-input block,
+// stores the 16 rows' scales and then their quants input by input: one
+// vector load yields one input's weights for all 16 rows. A vector lane is
+// an output feature, the activation is a broadcast scalar, and the product
+// is a register-tiled GEMM (BLIS-style) with no horizontal sums.
+//
+// Arithmetic (the determinism contract of backend.h): every output element
+// is one chain of fused multiply-adds over its inputs in order,
+//   acc = 0; for k in 0..K: acc = fma(x[k], w[k], acc); out = acc (+ bias)
+// where w[k] is the weight exactly as DequantizeRow gives it. Both kernels
+// (decoding on the fly for a few rows, dequantizing a panel once for many)
+// issue that chain for each element, so a row's result is bitwise the same
+// whatever the number of rows, the tiling or the thread.
+#ifndef TANDEM_ENGINE_KERNELS_CPU_PACKED_MATMUL_H_
+#define TANDEM_ENGINE_KERNELS_CPU_PACKED_MATMUL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/kernels/backend.h"
+
+namespace tandem::kernels::cpu {
+
+// Output rows per panel (one AVX-512 vector of floats).
+inline constexpr int64_t kPanelWidth = 16;
+
+// A weight in the packed layout. Panel p covers output rows
+// [16p, 16p + 16) and occupies bytes [p * panel_bytes, (p + 1) * panel_bytes)
+// of `data`: its blocks in input order, each (for the 16 rows) the half
+// scales d[16], for Q4_1 the half minimums m[16], then the quants:
+//   Q4_0/Q4_1: 16 groups of 16 bytes; byte i of group j holds row i's quant
+//              of input 2j in its low nibble and of input 2j + 1 in its high.
+//   Q8_0:      32 groups of 16 signed bytes; byte i of group j is row i's
+//              quant of input j.
+struct PackedWeight {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_bytes = 0;  // one 32-input block of one panel
+  int64_t panel_bytes = 0;  // (cols / 32) * block_bytes
+  std::unique_ptr<uint8_t[], void (*)(void*)> data{nullptr, nullptr};
+};
+
+// Whether this build packs weights of this type and shape (AVX-512; Q4_0,
+// Q4_1 or Q8_0; rows a multiple of 16, cols of 32).
+bool CanPackWeight(DType dtype, int64_t rows, int64_t cols);
+
+// The packed copy of `weight`. REQUIRES: CanPackWeight(weight's shape).
+std::unique_ptr<PackedWeight> PackWeight(const Weight& weight);
+
+// out[r][n] (+ bias[n]) for every row r of x and the weight rows [n0, n1),
+// both multiples of 16. `scratch` holds dequantized panels when x has enough
+// rows to reuse them (grown as needed; one per thread).
+void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t n1,
+                      const float* bias, std::vector<float>& scratch, const Matrix& out);
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_ENGINE_KERNELS_CPU_PACKED_MATMUL_H_
