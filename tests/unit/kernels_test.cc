@@ -397,6 +397,26 @@ TEST(HalfTest, ConversionsAreExactForEveryHalf) {
   EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);               // overflows to infinity
 }
 
+#ifdef TANDEM_CPU_AVX512
+TEST(HalfTest, HardwareRoundingToHalfMatchesFloatToHalf) {
+  // WriteKv stores K and V with the hardware conversion: every non-NaN float
+  // (a stride through all of them, normal, subnormal, overflowing and
+  // halfway cases included) must round as FloatToHalf does.
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
+    const float f = Bits2Float(static_cast<uint32_t>(bits));
+    if (std::isnan(f)) continue;
+    const uint16_t hw = static_cast<uint16_t>(
+        _mm_extract_epi16(_mm_cvtps_ph(_mm_set1_ps(f), _MM_FROUND_TO_NEAREST_INT), 0));
+    ASSERT_EQ(hw, FloatToHalf(f)) << "float bits " << bits;
+  }
+  for (const float f : {1.0f + 0.00048828125f, 65520.0f, 65519.99f, 5.96e-8f, 2.98e-8f}) {
+    const uint16_t hw = static_cast<uint16_t>(
+        _mm_extract_epi16(_mm_cvtps_ph(_mm_set1_ps(f), _MM_FROUND_TO_NEAREST_INT), 0));
+    EXPECT_EQ(hw, FloatToHalf(f)) << f;
+  }
+}
+#endif
+
 // Attention over the paged cache: a sequence's outputs are bitwise the same
 // computed in one pass, in chunks of any size, or batched with another
 // sequence; and they match a float64 softmax attention. Two shapes: a small
