@@ -1,7 +1,7 @@
 // tandem-bench: measures the engine's prefill and decode speed at batch 1.
 //
 //   tandem-bench --model=FILE --threads=2 [--prompt_tokens=512]
-//                [--decode_tokens=128] [--repeats=3] [--cpu_matmul=f32|q8]
+//                [--decode_tokens=128] [--repeats=3] [--cpu_matmul=auto|f32|bf16|q8]
 //
 // Prefill: one prompt of --prompt_tokens tokens, in one forward pass.
 // Decode: --decode_tokens greedy steps after it, one token per step (the
@@ -30,7 +30,7 @@ ABSL_FLAG(int, threads, 2, "CPU threads");
 ABSL_FLAG(int, prompt_tokens, 512, "prompt length for prefill");
 ABSL_FLAG(int, decode_tokens, 128, "tokens generated for decode");
 ABSL_FLAG(int, repeats, 3, "repetitions (the median is reported)");
-ABSL_FLAG(std::string, cpu_matmul, "f32", "CPU matmul mode: f32 or q8");
+ABSL_FLAG(std::string, cpu_matmul, "auto", "CPU matmul mode: auto, f32, bf16 or q8");
 ABSL_FLAG(std::vector<std::string>, verify_widths, {},
           "tokens per sequence in one forward pass, e.g. 1,2,4,8 (empty: skip)");
 ABSL_FLAG(int, verify_batch, 1, "sequences per forward pass for --verify_widths");

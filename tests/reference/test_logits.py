@@ -68,7 +68,7 @@ def distances(ours, reference):
     return centered, kl
 
 
-@pytest.mark.parametrize("matmul", ["f32", "q8"])
+@pytest.mark.parametrize("matmul", ["f32", "bf16", "q8"])
 def test_logits_match_llama_cpp(prompts, reference, matmul):
     centered, kl = distances(probe.logits(prompts, f"--matmul={matmul}"), reference)
     print(f"{matmul}: centered max {np.round(centered, 3)}, KL {np.round(kl, 5)}")

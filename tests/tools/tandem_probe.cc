@@ -39,7 +39,7 @@ ABSL_FLAG(std::string, out, "", "output file for binary results");
 ABSL_FLAG(std::string, tensor, "", "tensor name (dequantize)");
 ABSL_FLAG(std::string, pretokenizer, "smollm", "pre-tokenizer name (pretokenize)");
 ABSL_FLAG(int, threads, 2, "CPU threads");
-ABSL_FLAG(std::string, matmul, "f32", "CPU matmul mode (f32 or q8)");
+ABSL_FLAG(std::string, matmul, "f32", "CPU matmul mode (f32, bf16, q8 or auto)");
 ABSL_FLAG(int, max_tokens, 48, "tokens to generate (generate)");
 ABSL_FLAG(int, chunk, 0, "prompt chunk size for logits/generate (0: whole prompt)");
 ABSL_FLAG(int, positions, 1, "logits: rows for the last N positions of each prompt");

@@ -183,10 +183,12 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       std::iota(all.begin(), all.end(), 0);
       const std::vector<float> out = RunMatMul(backend, w, x, all);
       // f32: float rounding only. q8: each activation is rounded to 1/254 of
-      // its block's largest magnitude.
-      const bool q8 = mode == MatMulMode::kQ8 &&
-                      (type == DType::kQ8_0 || type == DType::kQ4_0 || type == DType::kQ4_1);
-      const double tolerance = q8 ? 1.5e-2 : 2e-6;
+      // its block's largest magnitude. bf16: each activation to 8
+      // significant bits (relative error at most 2^-9), the quants exact.
+      const bool block_type = type == DType::kQ8_0 || type == DType::kQ4_0 || type == DType::kQ4_1;
+      const double tolerance = block_type && mode == MatMulMode::kQ8     ? 1.5e-2
+                               : block_type && mode == MatMulMode::kBf16 ? 2.5e-3
+                                                                         : 2e-6;
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t c = 0; c < n; ++c) {
           double exact = 0, magnitude = 0;
@@ -208,7 +210,10 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
 std::vector<MatMulCase> AllMatMulCases() {
   std::vector<MatMulCase> cases;
   for (DType t : kAllTypes) {
-    for (MatMulMode m : {MatMulMode::kF32, MatMulMode::kQ8}) cases.push_back({t, m});
+    for (MatMulMode m : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+      if (m == MatMulMode::kBf16 && !HasBf16Products()) continue;
+      cases.push_back({t, m});
+    }
   }
   return cases;
 }

@@ -73,8 +73,9 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
 absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                                 const void* host_data) {
   Weight weight{dtype, rows, cols, host_data};
-  // Only the float32 mode multiplies by packed panels (q8 has its own).
-  if (matmul_mode_ == MatMulMode::kF32 && CanPackWeight(dtype, rows, cols)) {
+  // The float32 and bfloat16 modes multiply by packed panels (q8 reads the
+  // GGUF blocks).
+  if (matmul_mode_ != MatMulMode::kQ8 && CanPackWeight(dtype, rows, cols)) {
     packed_weights_.push_back(SharedPackedWeight(weight));
     weight.packed = packed_weights_.back().get();
   }

@@ -29,11 +29,31 @@ bool UsesQ8(MatMulMode mode, DType dtype) {
 
 absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name) {
   if (name == "f32") return MatMulMode::kF32;
+  if (name == "auto") return HasBf16Products() ? MatMulMode::kBf16 : MatMulMode::kF32;
   if (name == "q8") return MatMulMode::kQ8;
-  return absl::InvalidArgumentError(StrCat("unknown CPU matmul mode '", name, "' (f32 or q8)"));
+  if (name == "bf16") {
+    if (!HasBf16Products()) {
+      return absl::InvalidArgumentError(
+          "CPU matmul mode 'bf16' needs AVX-512 BF16 instructions, which this build's target "
+          "CPU lacks (use f32)");
+    }
+    return MatMulMode::kBf16;
+  }
+  return absl::InvalidArgumentError(
+      StrCat("unknown CPU matmul mode '", name, "' (auto, f32, bf16 or q8)"));
 }
 
-std::string_view MatMulModeName(MatMulMode mode) { return mode == MatMulMode::kF32 ? "f32" : "q8"; }
+std::string_view MatMulModeName(MatMulMode mode) {
+  switch (mode) {
+    case MatMulMode::kF32:
+      return "f32";
+    case MatMulMode::kQ8:
+      return "q8";
+    case MatMulMode::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
 
 void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Matrix& x,
             std::span<const Weight* const> weights, std::span<const Weight* const> biases,
@@ -43,18 +63,28 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   const int64_t blocks = k / 32;
   bool any_q8 = false;
   bool any_fused = false;
+  bool any_bf16 = false;
   for (const Weight* w : weights) {
     any_q8 |= UsesQ8(mode, w->dtype);
+    any_bf16 |= mode == MatMulMode::kBf16 && w->packed != nullptr;
     any_fused |= !UsesQ8(mode, w->dtype) && w->packed == nullptr && HasFusedF32Kernel(w->dtype) &&
                  FusedF32KernelNeedsBlockSums();
   }
   // Per-row preparation shared by every weight of the call.
   if (any_q8) scratch.activations.resize(static_cast<size_t>(rows * blocks));
   if (any_fused) scratch.block_sums.resize(static_cast<size_t>(rows * blocks));
-  if (any_q8 || any_fused) {
+  if (any_bf16) {
+    scratch.bf16_activations.resize(static_cast<size_t>(rows * k));
+    scratch.bf16_block_sums.resize(static_cast<size_t>(rows * blocks));
+  }
+  if (any_q8 || any_fused || any_bf16) {
     pool.ParallelFor(rows, [&](int64_t r, int) {
       if (any_q8) QuantizeActivationRow(x.Row(r), k, scratch.activations.data() + r * blocks);
       if (any_fused) BlockSums(x.Row(r), k, scratch.block_sums.data() + r * blocks);
+      if (any_bf16) {
+        RoundActivationsToBf16(x.Row(r), k, scratch.bf16_activations.data() + r * k,
+                               scratch.bf16_block_sums.data() + r * blocks);
+      }
     });
   }
   scratch.dequantized.resize(static_cast<size_t>(pool.size()));
@@ -89,6 +119,11 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
                               : nullptr;
       if (UsesQ8(mode, weight.dtype)) {
         MatMulQ8Rows(weight, scratch.activations.data(), rows, n0, n1, bias, outs[w]);
+      } else if (weight.packed != nullptr && mode == MatMulMode::kBf16) {
+        MatMulPackedBf16Rows(*static_cast<const PackedWeight*>(weight.packed),
+                             scratch.bf16_activations.data(), scratch.bf16_block_sums.data(), rows,
+                             n0, n1, bias, scratch.dequantized[static_cast<size_t>(thread)],
+                             outs[w]);
       } else if (weight.packed != nullptr) {
         MatMulPackedRows(*static_cast<const PackedWeight*>(weight.packed), x, n0, n1, bias,
                          scratch.dequantized[static_cast<size_t>(thread)], outs[w]);

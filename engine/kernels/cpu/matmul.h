@@ -28,8 +28,14 @@ enum class MatMulMode {
   // 8-bit activations for Q8_0/Q4_0/Q4_1 weights (llama.cpp's CPU scheme):
   // faster, with ~0.5 logit noise on small models.
   kQ8,
+  // bfloat16 activations times the exact quants of packed Q8_0/Q4_0/Q4_1
+  // weights, summed in float32 (packed_matmul.h): twice the float32 rate on
+  // CPUs with AVX-512 BF16; other weights as kF32.
+  kBf16,
 };
 
+// "f32", "bf16", "q8", or "auto" (bf16 where this build's CPU has AVX-512
+// BF16, else f32). bf16 without the instructions is an error.
 absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name);
 std::string_view MatMulModeName(MatMulMode mode);
 
@@ -38,6 +44,8 @@ struct MatMulScratch {
   std::vector<ActivationBlock> activations;     // kQ8
   std::vector<float> block_sums;                // kF32 fused kernels
   std::vector<std::vector<float>> dequantized;  // one per pool thread
+  std::vector<uint16_t> bf16_activations;       // kBf16
+  std::vector<float> bf16_block_sums;           // kBf16
 };
 
 // outs[w] = x * weights[w]^T (+ biases[w]). See backend.h for the contract.

@@ -61,6 +61,35 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight);
 void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t n1,
                       const float* bias, std::vector<float>& scratch, const Matrix& out);
 
+// --- bfloat16 activations (MatMulMode::kBf16) --------------------------------
+//
+// The same packed weights, with each activation rounded to bfloat16 and the
+// products summed in float32 by AVX-512 BF16 dot products (two products per
+// lane per instruction: twice the float32 FMA rate). The quants are small
+// integers, exact in bfloat16, so only the activations are rounded. Per
+// output element:
+//   acc = 0
+//   for each block b: inner = 0
+//                     for j in 0..16: inner = dot(inner, x~[2j], x~[2j+1],
+//                                                 q[2j], q[2j+1])
+//                     acc = fma(d_b, inner, acc)
+//                     Q4_1: acc = fma(m_b, sum of x~ over the block, acc)
+// (q = the nibble for Q4_1, the nibble - 8 for Q4_0, the byte for Q8_0), the
+// same in both kernels, so rows stay batch invariant.
+
+// Whether this build has the AVX-512 BF16 instructions.
+bool HasBf16Products();
+
+// xb = x rounded to bfloat16 (nearest even); sums[b] = the sum of block b of
+// the rounded values, in order. cols % 32 == 0.
+void RoundActivationsToBf16(const float* x, int64_t cols, uint16_t* xb, float* sums);
+
+// out[r][n] (+ bias[n]) for r < rows, n in [n0, n1) (multiples of 16), from
+// RoundActivationsToBf16's rows (cols / 32 sums per row).
+void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const float* sums,
+                          int64_t rows, int64_t n0, int64_t n1, const float* bias,
+                          std::vector<float>& scratch, const Matrix& out);
+
 }  // namespace tandem::kernels::cpu
 
 #endif  // TANDEM_ENGINE_KERNELS_CPU_PACKED_MATMUL_H_

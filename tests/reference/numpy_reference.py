@@ -1,0 +1,105 @@
+"""An independent float64 evaluation of the model: the Llama forward pass
+written in numpy over the GGUF's tensors as the `gguf` package dequantizes
+them. Shares nothing with our engine but the file.
+
+Layout facts it relies on (llama.cpp's converter and GGUF): matrices are
+stored [out][in]; the Q and K weights were permuted so that rotary embedding
+pairs adjacent elements (2i, 2i+1) of each head; the output projection is the
+token embedding when the file has no `output.weight`.
+"""
+import functools
+
+import gguf
+import numpy as np
+
+import probe
+
+
+@functools.lru_cache(maxsize=1)
+def model():
+    reader = gguf.GGUFReader(probe.MODEL)
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+    arch = meta["general.architecture"]
+    tensors = {}
+    for t in reader.tensors:
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+        tensors[t.name] = values.reshape(-1, int(t.shape[0])) if len(t.shape) > 1 else values
+    config = {
+        "layers": meta[f"{arch}.block_count"],
+        "heads": meta[f"{arch}.attention.head_count"],
+        "kv_heads": meta[f"{arch}.attention.head_count_kv"],
+        "eps": meta[f"{arch}.attention.layer_norm_rms_epsilon"],
+        "rope_base": meta.get(f"{arch}.rope.freq_base", 10000.0),
+    }
+    return config, tensors
+
+
+def _rms_norm(x, weight, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+def _rope(x, positions, base):
+    """x: [tokens, heads, head_dim]; rotates adjacent pairs (GGUF's layout)."""
+    head_dim = x.shape[-1]
+    theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = positions[:, None] * theta[None, :]
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+class Session:
+    """One sequence evaluated incrementally (a float64 KV cache)."""
+
+    def __init__(self):
+        self.config, self.t = model()
+        self.keys = [None] * self.config["layers"]
+        self.values = [None] * self.config["layers"]
+        self.length = 0
+
+    def forward(self, ids):
+        """Appends `ids`; returns their logits [len(ids), vocab]."""
+        c, t = self.config, self.t
+        positions = np.arange(self.length, self.length + len(ids), dtype=np.float64)
+        h = t["token_embd.weight"][np.asarray(ids)]
+        for layer in range(c["layers"]):
+            p = f"blk.{layer}."
+            x = _rms_norm(h, t[p + "attn_norm.weight"], c["eps"])
+            q = (x @ t[p + "attn_q.weight"].T).reshape(len(ids), c["heads"], -1)
+            k = (x @ t[p + "attn_k.weight"].T).reshape(len(ids), c["kv_heads"], -1)
+            v = (x @ t[p + "attn_v.weight"].T).reshape(len(ids), c["kv_heads"], -1)
+            q, k = _rope(q, positions, c["rope_base"]), _rope(k, positions, c["rope_base"])
+            if self.keys[layer] is not None:
+                k = np.concatenate([self.keys[layer], k])
+                v = np.concatenate([self.values[layer], v])
+            self.keys[layer], self.values[layer] = k, v
+            group = c["heads"] // c["kv_heads"]
+            k_all, v_all = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+            scores = np.einsum("qhd,khd->hqk", q, k_all) / np.sqrt(q.shape[-1])
+            visible = np.arange(k_all.shape[0])[None, :] <= positions[:, None]
+            scores = np.where(visible[None], scores, -np.inf)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            attended = np.einsum("hqk,khd->qhd", scores, v_all).reshape(len(ids), -1)
+            h = h + attended @ t[p + "attn_output.weight"].T
+            x = _rms_norm(h, t[p + "ffn_norm.weight"], c["eps"])
+            gate, up = x @ t[p + "ffn_gate.weight"].T, x @ t[p + "ffn_up.weight"].T
+            h = h + (gate / (1.0 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
+        self.length += len(ids)
+        out = _rms_norm(h, t["output_norm.weight"], c["eps"])
+        return out @ t.get("output.weight", t["token_embd.weight"]).T
+
+
+def greedy(prompt, tokens):
+    """(continuation, logits [tokens, vocab]): the logits that chose each token."""
+    session = Session()
+    logits = session.forward(prompt)[-1:]
+    chosen, all_logits = [], []
+    for _ in range(tokens):
+        all_logits.append(logits[-1])
+        chosen.append(int(np.argmax(logits[-1])))
+        logits = session.forward([chosen[-1]])
+    return chosen, np.stack(all_logits)

@@ -1,0 +1,87 @@
+"""Our arithmetic modes against a float64 evaluation of the same file
+(numpy_reference.py), on chat prompts, 48 greedy tokens each.
+
+`f32` (dequantized weights times float activations) is the exact mode: its
+logits stay within 2e-2 of float64 and every greedy choice along the
+reference's continuation is the reference's. `bf16` rounds each activation to
+bfloat16 before the matrix products (the quants stay exact): the CPU-speed
+mode. Its promise, checked here: at least 95% of the greedy choices along
+the reference's continuation (teacher forcing) are the reference's, and every
+other one is a near-tie in the reference's own logits. The deliberately wrong
+models below show that the check fails when the model is wrong rather than
+rounded.
+"""
+import numpy as np
+import pytest
+
+import numpy_reference
+import probe
+
+TOKENS = 48
+NEAR_TIE = 0.5
+MIN_AGREEMENT = 0.95
+# Largest |our logit - float64 logit| after removing the mean difference.
+CENTERED_MAX = {"f32": 0.05, "bf16": 0.6}
+
+CONVERSATIONS = [
+    [("user", "What is the capital of France?")],
+    [("user", "Write a haiku about the sea.")],
+    [("user", "Explain what a hash table is in two sentences.")],
+    [("system", "You are a helpful coding assistant."),
+     ("user", "Write a Python function that checks if a number is prime.")],
+    [("user", "Give me three tips for writing clear commit messages.")],
+]
+
+
+@pytest.fixture(scope="module")
+def references():
+    """(prompt, continuation, float64 logits of each choice) per conversation."""
+    out = []
+    for _, prompt in probe.chat(CONVERSATIONS):
+        continuation, logits = numpy_reference.greedy(prompt, TOKENS)
+        out.append((prompt, continuation, logits))
+    return out
+
+
+def compare(references, *flags):
+    """(agreeing positions, all positions, disagreements, centered max)."""
+    agree, total, disagreements, centered = 0, 0, [], 0.0
+    for index, (prompt, continuation, ref) in enumerate(references):
+        sequence = prompt + continuation
+        ours = probe.logits([sequence[:-1]], f"--positions={TOKENS}", *flags)[0]
+        ours = ours.reshape(TOKENS, -1).astype(np.float64)
+        d = ours - ref
+        centered = max(centered, float(np.abs(d - d.mean(axis=1, keepdims=True)).max()))
+        for i in range(TOKENS):
+            total += 1
+            theirs, mine = continuation[i], int(np.argmax(ours[i]))
+            if mine == theirs:
+                agree += 1
+            else:
+                disagreements.append((index, i, round(float(ref[i][theirs] - ref[i][mine]), 3)))
+    return agree, total, disagreements, centered
+
+
+@pytest.mark.parametrize("matmul", ["f32", "bf16"])
+def test_greedy_choices_match_float64_or_are_near_ties(references, matmul):
+    agree, total, disagreements, centered = compare(references, f"--matmul={matmul}")
+    print(f"{matmul}: {agree}/{total} greedy choices agree; centered max {centered:.4f}; "
+          f"disagreements (prompt, position, float64 gap): {disagreements}")
+    assert centered <= CENTERED_MAX[matmul]
+    assert agree >= MIN_AGREEMENT * total
+    for _, _, gap in disagreements:
+        assert gap <= NEAR_TIE
+    if matmul == "f32":
+        assert not disagreements
+
+
+@pytest.mark.parametrize("wrong", [
+    "--override_rope_base=200000",
+    "--override_norm_eps=1e-3",
+])
+def test_a_wrong_model_fails_the_check(references, wrong):
+    agree, total, disagreements, centered = compare(references, "--matmul=bf16", wrong)
+    print(f"{wrong}: {agree}/{total} agree; centered max {centered:.4f}")
+    failing = (centered > CENTERED_MAX["bf16"] or agree < MIN_AGREEMENT * total
+               or any(gap > NEAR_TIE for _, _, gap in disagreements))
+    assert failing
