@@ -125,7 +125,66 @@ def pairwise(name, peers, pairs, measure, unit, higher_is_better=True):
     print(f"{name:22s} {peers[0].name} {statistics.median(a):8.1f}  {peers[1].name} "
           f"{statistics.median(b):8.1f} {unit:6s}  ratio median {statistics.median(ratios):.2f}x "
           f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f}, {pairs} pairs)", flush=True)
-    return statistics.median(ratios)
+    return statistics.median(a)
+
+
+def model_costs(model_file):
+    """(multiply-adds per token of the layers, bytes of weights read per decode step).
+
+    The layers' 2-D tensors run for every token; the output projection (the
+    tied embedding when the file has no output.weight) only where a token is
+    sampled, once per sequence per step."""
+    import gguf
+    reader = gguf.GGUFReader(model_file)
+    layer_macs, layer_bytes, head = 0, 0, {}
+    for t in reader.tensors:
+        if len(t.shape) < 2:
+            continue
+        if t.name.startswith("blk."):
+            layer_macs += int(t.n_elements)
+            layer_bytes += int(t.n_bytes)
+        elif t.name in ("output.weight", "token_embd.weight"):
+            head[t.name] = (int(t.n_elements), int(t.n_bytes))
+    head_macs, head_bytes = head.get("output.weight", head["token_embd.weight"])
+    return layer_macs, head_macs, layer_bytes + head_bytes
+
+
+def read_roofline(binary):
+    import subprocess
+    out = subprocess.run([binary], capture_output=True, text=True, check=True).stdout
+    return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
+
+
+def print_bounds(a, measured):
+    """How close tandem's medians are to this machine's own limits."""
+    roof = read_roofline(a.roofline)
+    layer_macs, head_macs, step_bytes = model_costs(a.model)
+    matmul = a.matmul
+    if matmul == "auto":  # as tandemd resolves it
+        matmul = "bf16" if "bf16_dot_gflops" in roof else "f32"
+    peak = roof["bf16_dot_gflops" if matmul == "bf16" else "fp32_fma_gflops"] * 1e9
+    bandwidth = roof["read_bandwidth_gbs"] * 1e9
+    print(f"bounds measured on this machine (tandem-roofline, {int(roof['threads'])} threads): "
+          f"fp32 FMA {roof['fp32_fma_gflops']:.0f} GFLOP/s, bf16 dot "
+          f"{roof.get('bf16_dot_gflops', 0):.0f} GFLOP/s, read {roof['read_bandwidth_gbs']:.1f} "
+          f"GB/s; the model: {2 * layer_macs / 1e6:.0f} MFLOP per token in its layers, "
+          f"{step_bytes / 1e6:.0f} MB of weights per decode step; peak used: {matmul}")
+
+    def line(name, value, bound, limit):
+        print(f"{name:22s} tandem {value:8.1f} tok/s = {100 * value / bound:4.0f}% of the "
+              f"{limit} bound {bound:8.1f} tok/s", flush=True)
+
+    line("prefill", measured["prefill"], peak / (2 * layer_macs), "compute")
+    line("decode (batch 1)", measured["decode"], bandwidth / step_bytes, "bandwidth")
+    for name, value in measured.items():
+        if not name.startswith("serve "):
+            continue
+        n = int(name.split()[1])
+        # A step of n sequences: n tokens of compute (layers and head), one
+        # read of the weights; whichever takes longer bounds it.
+        step = max(n * 2 * (layer_macs + head_macs) / peak, step_bytes / bandwidth)
+        line(name, value, n / step, "compute" if n * 2 * (layer_macs + head_macs) / peak >
+             step_bytes / bandwidth else "bandwidth")
 
 
 def main():
@@ -139,6 +198,9 @@ def main():
     ap.add_argument("--serve_prompt_tokens", type=int, default=64)
     ap.add_argument("--streams", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=2, help="requests per stream per run")
+    ap.add_argument("--roofline", help="tandem-roofline binary: print the machine's bounds")
+    ap.add_argument("--model", help="the GGUF file (for the bounds)")
+    ap.add_argument("--matmul", default="auto", help="tandemd's CPU matmul mode (for the bounds)")
     a = ap.parse_args()
 
     stub = pb_grpc.GenerationStub(grpc.insecure_channel(a.tandem))
@@ -168,8 +230,9 @@ def main():
         single[(p.name, i)] = run
         return a.prompt_tokens / run.ttft()
 
-    pairwise("prefill", peers, a.pairs, one, "tok/s")
-    pairwise("decode (batch 1)", peers, a.pairs,
+    measured = {}
+    measured["prefill"] = pairwise("prefill", peers, a.pairs, one, "tok/s")
+    measured["decode"] = pairwise("decode (batch 1)", peers, a.pairs,
              lambda p, i: (single[(p.name, i)].tokens() - 1) /
              (single[(p.name, i)].arrivals[-1][0] - single[(p.name, i)].arrivals[0][0]), "tok/s")
     for s in streams:
@@ -180,10 +243,13 @@ def main():
             p99.setdefault(p.name, []).append(itl)
             return rate
 
-        pairwise(f"serve {s} streams", peers, a.pairs, measure, "tok/s")
+        measured[f"serve {s} streams"] = pairwise(f"serve {s} streams", peers, a.pairs, measure,
+                                                  "tok/s")
         print(f"{'':22s} inter-token p99 (median of runs): tandem "
               f"{statistics.median(p99['tandem']):.0f} ms, llama-server "
               f"{statistics.median(p99['llama-server']):.0f} ms", flush=True)
+    if a.roofline and a.model:
+        print_bounds(a, measured)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include "common/strings.h"
+#include "common/thread_name.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -44,8 +45,9 @@ Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker*
   step::Worker* workers[kLanes] = {prefill, decode};
   for (int lane = 0; lane < kLanes; ++lane) {
     if (workers[lane] == nullptr) continue;
-    lanes_[static_cast<size_t>(lane)].thread =
-        std::make_unique<WorkerThread>(workers[lane], [this, lane](step::StepResult result) {
+    lanes_[static_cast<size_t>(lane)].thread = std::make_unique<WorkerThread>(
+        static_cast<Lane>(lane) == Lane::kPrefill ? "tandem-prefill" : "tandem-decode",
+        workers[lane], [this, lane](step::StepResult result) {
           absl::MutexLock lock(&mu_);
           completions_.push_back({static_cast<Lane>(lane), std::move(result)});
         });
@@ -55,7 +57,10 @@ Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker*
     load_.kv = core_.kv_stats();
     load_.last_step_done = absl::Now();  // stall detection counts from the start
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("tandem-sched");
+    Loop();
+  });
 }
 
 Scheduler::~Scheduler() { Stop(); }

@@ -1,11 +1,15 @@
 #include "scheduler/worker_thread.h"
 
 #include "common/check.h"
+#include "common/thread_name.h"
 
 namespace tandem::scheduler {
 
-WorkerThread::WorkerThread(step::Worker* worker, Done done)
-    : worker_(worker), done_(std::move(done)), thread_([this] { Loop(); }) {}
+WorkerThread::WorkerThread(std::string name, step::Worker* worker, Done done)
+    : worker_(worker), done_(std::move(done)), thread_([this, name = std::move(name)] {
+        NameThisThread(name);
+        Loop();
+      }) {}
 
 WorkerThread::~WorkerThread() {
   {

@@ -7,6 +7,7 @@
 #define TANDEM_SCHEDULER_WORKER_THREAD_H_
 
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -19,8 +20,8 @@ class WorkerThread {
  public:
   using Done = std::function<void(step::StepResult)>;
 
-  // `worker` must outlive this object.
-  WorkerThread(step::Worker* worker, Done done);
+  // `worker` must outlive this object. `name` names the thread.
+  WorkerThread(std::string name, step::Worker* worker, Done done);
   ~WorkerThread();  // waits for a running step, then stops
   WorkerThread(const WorkerThread&) = delete;
   WorkerThread& operator=(const WorkerThread&) = delete;

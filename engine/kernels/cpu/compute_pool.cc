@@ -6,6 +6,8 @@
 #include <limits>
 
 #include "common/check.h"
+#include "common/strings.h"
+#include "common/thread_name.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -80,6 +82,7 @@ ComputePool::ComputePool(int threads, std::vector<int> cpus, bool pin_callers)
       pin_callers_(pin_callers) {
   for (int t = 1; t < threads; ++t) {
     helpers_.emplace_back([this, t] {
+      NameThisThread(StrCat("tandem-compute", t));
       if (!cpus_.empty()) PinTo(cpus_[static_cast<size_t>(t) % cpus_.size()]);
       HelperLoop(t);
     });

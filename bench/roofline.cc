@@ -1,0 +1,121 @@
+// The machine's own bounds for the CPU figures in docs/performance.md:
+// peak float32 FMA rate, peak bfloat16 dot-product rate (AVX-512 BF16) and
+// memory read bandwidth, each on --threads threads at once. Prints one
+// `name value` line per bound.
+//
+//   build/bin/tandem-roofline [--threads=2]
+//
+// The compute loops run 12 independent accumulator chains per thread (more
+// than the FMA latency times the issue rate), in registers; the bandwidth
+// loop streams a buffer much larger than the caches with 512-bit loads.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+ABSL_FLAG(int, threads, 2, "threads measured at once");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs fn(thread) on `threads` threads at once; returns the wall seconds.
+template <typename Fn>
+double OnThreads(int threads, Fn fn) {
+  std::vector<std::thread> pool;
+  const auto start = Clock::now();
+  for (int t = 0; t < threads; ++t) pool.emplace_back(fn, t);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+#if defined(__AVX512F__)
+constexpr long kIterations = 100'000'000;
+
+float FmaLoop() {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
+  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (long it = 0; it < kIterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  }
+  float sink = 0;
+  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  return sink;
+}
+
+#if defined(__AVX512BF16__)
+float Bf16Loop() {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i one = _mm512_set1_epi16(0x3f80);  // bfloat16 1.0
+  const __m512bh ones = reinterpret_cast<const __m512bh&>(one);
+  for (long it = 0; it < kIterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], ones, ones);
+  }
+  float sink = 0;
+  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  return sink;
+}
+#endif
+
+float SumBytes(const float* data, size_t floats) {
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+  __m512 c = _mm512_setzero_ps(), d = _mm512_setzero_ps();
+  for (size_t i = 0; i + 64 <= floats; i += 64) {
+    a = _mm512_add_ps(a, _mm512_load_ps(data + i));
+    b = _mm512_add_ps(b, _mm512_load_ps(data + i + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(data + i + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(data + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
+#if defined(__AVX512F__)
+  volatile float sink = 0;
+  std::printf("threads %d\n", threads);
+  const double fma_seconds = OnThreads(threads, [&](int) { sink = sink + FmaLoop(); });
+  // 12 FMAs x 16 lanes x 2 flops per iteration.
+  std::printf("fp32_fma_gflops %.1f\n", threads * kIterations * 12.0 * 32 / fma_seconds / 1e9);
+#if defined(__AVX512BF16__)
+  const double bf16_seconds = OnThreads(threads, [&](int) { sink = sink + Bf16Loop(); });
+  // 12 dot products x 16 lanes x 2 pairs x 2 flops per iteration.
+  std::printf("bf16_dot_gflops %.1f\n", threads * kIterations * 12.0 * 64 / bf16_seconds / 1e9);
+#endif
+  constexpr size_t kBytes = size_t{1} << 30;
+  auto* buffer = static_cast<float*>(std::aligned_alloc(64, kBytes));
+  const size_t floats = kBytes / sizeof(float);
+  OnThreads(threads, [&](int t) {  // touch every page first
+    std::fill(buffer + floats / threads * t, buffer + floats / threads * (t + 1), 1.0f);
+  });
+  double best = 1e30;
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    best = std::min(best, OnThreads(threads, [&](int t) {
+                      sink = sink + SumBytes(buffer + floats / threads * t, floats / threads);
+                    }));
+  }
+  std::printf("read_bandwidth_gbs %.1f\n", kBytes / best / 1e9);
+  std::free(buffer);
+  return 0;
+#else
+  std::fprintf(stderr, "tandem-roofline measures AVX-512 machines only\n");
+  return 1;
+#endif
+}
