@@ -14,6 +14,15 @@ constexpr int kKeyBlock = 64;
 // Query rows of one sequence per task (a prefill chunk is split; a decode
 // step's token and its drafts stay together).
 constexpr int kRowTile = 16;
+// Tasks with at most this many queries read K and V as halves in place
+// (measured: converting them first cost a decode batch of 32 a fifth of its
+// time); larger ones convert each block once for all their queries.
+constexpr int kInPlaceMaxQueries = 4;
+#ifdef TANDEM_CPU_AVX2
+constexpr bool kInPlaceSupported = true;
+#else
+constexpr bool kInPlaceSupported = false;
+#endif
 
 // One task: the query rows [row_begin, row_end) of one span (sequence), for
 // the query heads [head_begin, head_end) that share one KV head. Every query
@@ -25,6 +34,47 @@ struct Task {
   int32_t row_begin, row_end;
 };
 
+#ifdef TANDEM_CPU_AVX2
+// Eight lanes of a key or value row, from floats or (exactly converted) halves.
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p) { return LoadHalf8(p); }
+
+// head_dim 64: scores[j] = scale * (q . rows[j]) for j in [0, n). The same
+// operations whether the rows are floats or halves (converted exactly), so a
+// query's scores do not depend on which form its task reads.
+template <typename T>
+void ScoreRows64(const float* q, const T* const* rows, int n, float scale, float* scores) {
+  const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
+  const __m256 q2 = _mm256_loadu_ps(q + 16), q3 = _mm256_loadu_ps(q + 24);
+  const __m256 q4 = _mm256_loadu_ps(q + 32), q5 = _mm256_loadu_ps(q + 40);
+  const __m256 q6 = _mm256_loadu_ps(q + 48), q7 = _mm256_loadu_ps(q + 56);
+  for (int j = 0; j < n; ++j) {
+    const T* k = rows[j];
+    __m256 acc0 = _mm256_mul_ps(q0, Load8(k));
+    __m256 acc1 = _mm256_mul_ps(q1, Load8(k + 8));
+    acc0 = _mm256_fmadd_ps(q2, Load8(k + 16), acc0);
+    acc1 = _mm256_fmadd_ps(q3, Load8(k + 24), acc1);
+    acc0 = _mm256_fmadd_ps(q4, Load8(k + 32), acc0);
+    acc1 = _mm256_fmadd_ps(q5, Load8(k + 40), acc1);
+    acc0 = _mm256_fmadd_ps(q6, Load8(k + 48), acc0);
+    acc1 = _mm256_fmadd_ps(q7, Load8(k + 56), acc1);
+    scores[j] = HorizontalSum(_mm256_add_ps(acc0, acc1)) * scale;
+  }
+}
+
+// head_dim 64: acc[0..64) += p[j] * rows[j] for j in [0, n), in order of j.
+template <typename T>
+void AccumulateRows64(float* acc, const float* p, const T* const* rows, int n) {
+  __m256 a[8];
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+  for (int j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, Load8(rows[j] + 8 * i), a[i]);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+#endif
+
 // scores[j] = scale * (q . keys[j]) for j in [0, n), keys rows of head_dim
 // floats. The dot product is DotF32's, in the same order for every query,
 // whatever the task holds (so results do not depend on batching).
@@ -32,22 +82,9 @@ void ScoreBlock(const float* q, const float* keys, int n, int head_dim, float sc
                 float* scores) {
 #ifdef TANDEM_CPU_AVX2
   if (head_dim == 64) {
-    const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
-    const __m256 q2 = _mm256_loadu_ps(q + 16), q3 = _mm256_loadu_ps(q + 24);
-    const __m256 q4 = _mm256_loadu_ps(q + 32), q5 = _mm256_loadu_ps(q + 40);
-    const __m256 q6 = _mm256_loadu_ps(q + 48), q7 = _mm256_loadu_ps(q + 56);
-    for (int j = 0; j < n; ++j) {
-      const float* k = keys + int64_t{j} * 64;
-      __m256 acc0 = _mm256_mul_ps(q0, _mm256_loadu_ps(k));
-      __m256 acc1 = _mm256_mul_ps(q1, _mm256_loadu_ps(k + 8));
-      acc0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(k + 16), acc0);
-      acc1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(k + 24), acc1);
-      acc0 = _mm256_fmadd_ps(q4, _mm256_loadu_ps(k + 32), acc0);
-      acc1 = _mm256_fmadd_ps(q5, _mm256_loadu_ps(k + 40), acc1);
-      acc0 = _mm256_fmadd_ps(q6, _mm256_loadu_ps(k + 48), acc0);
-      acc1 = _mm256_fmadd_ps(q7, _mm256_loadu_ps(k + 56), acc1);
-      scores[j] = HorizontalSum(_mm256_add_ps(acc0, acc1)) * scale;
-    }
+    const float* rows[kKeyBlock];
+    for (int j = 0; j < n; ++j) rows[j] = keys + int64_t{j} * 64;
+    ScoreRows64(q, rows, n, scale, scores);
     return;
   }
 #endif
@@ -60,14 +97,9 @@ void ScoreBlock(const float* q, const float* keys, int n, int head_dim, float sc
 void AccumulateBlock(float* acc, const float* p, const float* values, int n, int head_dim) {
 #ifdef TANDEM_CPU_AVX2
   if (head_dim == 64) {
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
-    for (int j = 0; j < n; ++j) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      const float* v = values + int64_t{j} * 64;
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
-    }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+    const float* rows[kKeyBlock];
+    for (int j = 0; j < n; ++j) rows[j] = values + int64_t{j} * 64;
+    AccumulateRows64(acc, p, rows, n);
     return;
   }
 #endif
@@ -135,6 +167,19 @@ void ConvertBlock(const uint16_t* pool, const KvLayerView& kv, std::span<const i
   }
 }
 
+// rows[j] = the K or V row (halves) of key first + j of one KV head.
+void HalfRows(const uint16_t* pool, const KvLayerView& kv, std::span<const int32_t> table,
+              int kv_head, int64_t first, int n, const uint16_t** rows) {
+  const int64_t token_stride = int64_t{kv.kv_heads} * kv.head_dim;
+  const int64_t block_stride = token_stride * kv.block_size;
+  const uint16_t* head = pool + int64_t{kv_head} * kv.head_dim;
+  for (int j = 0; j < n; ++j) {
+    const int64_t key = first + j;
+    rows[j] = head + table[static_cast<size_t>(key / kv.block_size)] * block_stride +
+              key % kv.block_size * token_stride;
+  }
+}
+
 void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
              const AttentionSpan& span, std::vector<float>& scratch, Matrix out) {
   const int head_dim = shape.head_dim;
@@ -155,15 +200,30 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   auto query_row = [&](int i) { return int64_t{span.first_row} + task.row_begin + i / heads; };
   auto query_head = [&](int i) { return task.head_begin + i % heads; };
 
+  // A few queries (a decode step) read the halves in place; converting them
+  // to floats first pays only when many queries (a prompt chunk) share them.
+  // The arithmetic is the same either way.
+  const bool in_place = kInPlaceSupported && head_dim == 64 && queries <= kInPlaceMaxQueries;
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    ConvertBlock(kv.k, kv, span.block_table, task.kv_head, first, n, block);
+    const uint16_t* rows[kKeyBlock];
+    if (in_place) {
+      HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, rows);
+    } else {
+      ConvertBlock(kv.k, kv, span.block_table, task.kv_head, first, n, block);
+    }
     for (int i = 0; i < queries; ++i) {
       const int64_t visible = std::min<int64_t>(n, keys_of(i) - first);
       if (visible <= 0) continue;
-      ScoreBlock(q.Row(query_row(i)) + int64_t{query_head(i)} * head_dim, block,
-                 static_cast<int>(visible), head_dim, shape.scale,
-                 scores + score_stride * static_cast<size_t>(i) + first);
+      const float* qi = q.Row(query_row(i)) + int64_t{query_head(i)} * head_dim;
+      float* si = scores + score_stride * static_cast<size_t>(i) + first;
+#ifdef TANDEM_CPU_AVX2
+      if (in_place) {
+        ScoreRows64(qi, rows, static_cast<int>(visible), shape.scale, si);
+        continue;
+      }
+#endif
+      ScoreBlock(qi, block, static_cast<int>(visible), head_dim, shape.scale, si);
     }
   }
   std::vector<float> sums(static_cast<size_t>(queries));
@@ -175,13 +235,24 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   }
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    ConvertBlock(kv.v, kv, span.block_table, task.kv_head, first, n, block);
+    const uint16_t* rows[kKeyBlock];
+    if (in_place) {
+      HalfRows(kv.v, kv, span.block_table, task.kv_head, first, n, rows);
+    } else {
+      ConvertBlock(kv.v, kv, span.block_table, task.kv_head, first, n, block);
+    }
     for (int i = 0; i < queries; ++i) {
       const int64_t visible = std::min<int64_t>(n, keys_of(i) - first);
       if (visible <= 0) continue;
-      AccumulateBlock(out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim,
-                      scores + score_stride * static_cast<size_t>(i) + first, block,
-                      static_cast<int>(visible), head_dim);
+      float* acc = out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim;
+      const float* pi = scores + score_stride * static_cast<size_t>(i) + first;
+#ifdef TANDEM_CPU_AVX2
+      if (in_place) {
+        AccumulateRows64(acc, pi, rows, static_cast<int>(visible));
+        continue;
+      }
+#endif
+      AccumulateBlock(acc, pi, block, static_cast<int>(visible), head_dim);
     }
   }
   for (int i = 0; i < queries; ++i) {
