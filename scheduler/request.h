@@ -112,6 +112,11 @@ struct Request {
   int32_t max_tokens = 1;               // generated tokens, at most
   std::vector<TokenId> stop_token_ids;  // end generation (EOS included unless ignored)
   absl::Time deadline = absl::InfiniteFuture();
+  // When the RPC arrived, if the front end knows: the request's timeline
+  // (queue time, TTFT, end-to-end) starts here, so it includes tokenization
+  // and the hand-off to the scheduler thread. Unset: when the scheduler
+  // takes the request in.
+  absl::Time received = absl::InfinitePast();
   // Requests share cached KV blocks only with requests of the same salt (one
   // per tenant, say), so a tenant cannot learn another's prompts from timing.
   std::string cache_salt;

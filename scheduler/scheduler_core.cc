@@ -39,7 +39,9 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   seq->request = std::move(request);
   seq->decision = policy_.Admit(seq->request);
   if (!seq->request.disable_speculation) seq->proposer = options_.speculation.proposer;
-  seq->timeline.arrival = options_.clock();
+  const absl::Time now = options_.clock();
+  seq->timeline.arrival =
+      seq->request.received == absl::InfinitePast() ? now : std::min(seq->request.received, now);
   waiting_.push_back(std::move(seq));
 }
 

@@ -71,6 +71,7 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
                                       const v1::GenerateRequest& request,
                                       std::shared_ptr<ResponseChannel> channel,
                                       CancellationLink& link) {
+  const absl::Time received = absl::Now();  // the request's timeline starts here
   const std::string request_id =
       request.request_id().empty() ? NewRequestId() : request.request_id();
   auto reject = [&](absl::Status status) {
@@ -88,6 +89,7 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
   if (!built.ok()) return reject(built.status());
   scheduler::Request& r = built->request;
   r.id = request_id;
+  r.received = received;
   r.deadline = absl::FromChrono(context.deadline());
   const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
   ServerMetrics* metrics = metrics_;

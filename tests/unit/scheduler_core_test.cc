@@ -249,6 +249,27 @@ TEST(SchedulerCoreTest, ExpiredDeadlinesCancelWithDeadlineExceeded) {
   EXPECT_EQ(core.free_blocks(), 64);
 }
 
+TEST(SchedulerCoreTest, TheTimelineStartsWhenTheRpcArrivedIfTheFrontEndSaysSo) {
+  absl::Time now = absl::FromUnixSeconds(2000);
+  SchedulerOptions options = Options(8, 64);
+  options.clock = [&now] { return now; };
+  SchedulerCore core(options);
+  FakeWorker worker(64);
+  auto told = std::make_shared<Record>();
+  auto untold = std::make_shared<Record>();
+  Request r = MakeRequest(3, 1, told);
+  r.received = now - absl::Milliseconds(7);  // tokenized and queued for 7 ms
+  core.Add(1, std::move(r));
+  core.Add(2, MakeRequest(3, 1, untold));
+  while (core.HasWork()) {
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
+  }
+  ASSERT_TRUE(told->finish.has_value() && untold->finish.has_value());
+  EXPECT_EQ(told->finish->timeline.arrival, now - absl::Milliseconds(7));
+  EXPECT_EQ(untold->finish->timeline.arrival, now);
+}
+
 TEST(SchedulerCoreTest, AWorkerErrorEndsThePlannedSequencesWithError) {
   SchedulerCore core(Options(8, 64));
   auto sink = std::make_shared<Record>();
