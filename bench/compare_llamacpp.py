@@ -51,18 +51,41 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt_tokens", type=int, default=512)
     p.add_argument("--decode_tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per engine per pair")
+    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--modes", default="bf16,f32,q8", help="tandem CPU matmul modes")
     a = p.parse_args()
+    modes = a.modes.split(",")
     print(f"batch 1, {a.threads} threads, prompt {a.prompt_tokens} tokens, "
-          f"decode {a.decode_tokens} tokens, median of {a.repeats}")
-    lp, ld = llama(a.model, a.threads, a.prompt_tokens, a.decode_tokens, a.repeats)
-    print(f"{'':24s} {'prefill tok/s':>14s} {'decode tok/s':>13s}")
+          f"decode {a.decode_tokens} tokens; {a.pairs} pairs, llama.cpp and each tandem mode "
+          "alternating (A B, then B A), median of the pairwise ratios (min, max)")
+    runs = {name: [] for name in ["llama.cpp"] + modes}
+
+    def measure(name):
+        if name == "llama.cpp":
+            return llama(a.model, a.threads, a.prompt_tokens, a.decode_tokens, a.repeats)
+        return tandem(a.bench, a.model, a.threads, a.prompt_tokens, a.decode_tokens, a.repeats,
+                      name)
+
+    for i in range(a.pairs):
+        for mode in modes:
+            order = ["llama.cpp", mode] if i % 2 == 0 else [mode, "llama.cpp"]
+            for name in order:
+                runs[name].append(measure(name))
+    peer = runs["llama.cpp"]  # two per pair and mode, in order: pair i, mode m
+    print(f"{'':24s} {'prefill tok/s':>14s} {'decode tok/s':>13s}   ratio vs llama.cpp")
+    lp = statistics.median(r[0] for r in peer)
+    ld = statistics.median(r[1] for r in peer)
     print(f"{'llama.cpp ' + llama_cpp.__version__:24s} {lp:14.1f} {ld:13.1f}")
-    for matmul in ("f32", "q8"):
-        tp, td = tandem(a.bench, a.model, a.threads, a.prompt_tokens, a.decode_tokens,
-                        a.repeats, matmul)
-        print(f"{'tandem (' + matmul + ')':24s} {tp:14.1f} {td:13.1f}   "
-              f"ratio vs llama.cpp: prefill {tp / lp:.2f}x, decode {td / ld:.2f}x")
+    for m, mode in enumerate(modes):
+        mine = runs[mode]
+        theirs = [peer[i * len(modes) + m] for i in range(a.pairs)]
+        pre = sorted(x[0] / y[0] for x, y in zip(mine, theirs))
+        dec = sorted(x[1] / y[1] for x, y in zip(mine, theirs))
+        print(f"{'tandem (' + mode + ')':24s} {statistics.median(r[0] for r in mine):14.1f} "
+              f"{statistics.median(r[1] for r in mine):13.1f}   prefill "
+              f"{statistics.median(pre):.2f}x ({pre[0]:.2f}, {pre[-1]:.2f}), decode "
+              f"{statistics.median(dec):.2f}x ({dec[0]:.2f}, {dec[-1]:.2f})")
 
 
 if __name__ == "__main__":

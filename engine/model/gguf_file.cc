@@ -281,6 +281,17 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   return file;
 }
 
+void GgufFile::ReleasePages(const GgufTensor& tensor) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(tensor.data);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + tensor.bytes) / page * page;
+  if (last > first) {
+    // Advice only: if the kernel declines, the pages simply stay resident.
+    (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+}
+
 GgufFile::~GgufFile() {
   if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), size_);
 }

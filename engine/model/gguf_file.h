@@ -91,6 +91,12 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* FindTensor(std::string_view name) const;
 
+  // Drops this process's resident pages of `tensor` (the whole pages inside
+  // it): for a tensor a backend has copied into a layout of its own. The
+  // mapping is private and read-only, so a later read faults the bytes back
+  // in from the file, unchanged (an embedding lookup reads only its rows).
+  void ReleasePages(const GgufTensor& tensor) const;
+
  private:
   GgufFile() = default;
   absl::Status Parse();

@@ -102,6 +102,9 @@ absl::Status LlamaModel::BindWeights() {
     }
     absl::StatusOr<Weight> w = backend_->UploadWeight(t->dtype, rows, cols, t->data);
     if (!w.ok()) return w.status();
+    // The backend multiplies by its own copy: the file's pages need not stay
+    // resident beside it (about the model's size in RSS).
+    if (w->packed != nullptr) file_->ReleasePages(*t);
     *out = *w;
     return absl::OkStatus();
   };
