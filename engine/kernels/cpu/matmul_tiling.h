@@ -1,9 +1,11 @@
-// The loop nest shared by the block-format matrix-product kernels.
+// The loop nests shared by the matrix-product kernels.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_MATMUL_TILING_H_
 #define TANDEM_ENGINE_KERNELS_CPU_MATMUL_TILING_H_
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "engine/kernels/backend.h"
 
@@ -37,6 +39,16 @@ inline void DispatchTile(int r, Dot& dot, int64_t first_row, int64_t n, float* d
     default:
       return dot.template operator()<8>(first_row, n, dots);
   }
+}
+
+// Calls fn(std::integral_constant<int, value>{}) for value in 1..kMax: a
+// runtime tile size turned into a template argument.
+template <int kMax, typename Fn>
+inline void WithConstant(int value, Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (void)((value == I + 1 ? (fn(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+  }
+  (std::make_integer_sequence<int, kMax>{});
 }
 
 // Computes out[r][n] (+ bias[n]) for every activation row r < rows and weight

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
@@ -79,15 +80,6 @@ struct Q8_0Format {
     *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
   }
 };
-
-// Calls fn(std::integral_constant<int, value>{}) for value in 1..kMax.
-template <int kMax, typename Fn>
-inline void WithConstant(int value, Fn&& fn) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (void)((value == I + 1 ? (fn(std::integral_constant<int, I + 1>{}), true) : false) || ...);
-  }
-  (std::make_integer_sequence<int, kMax>{});
-}
 
 template <int R, int P>
 inline void StoreTile(__m512 (&acc)[R][P], const Matrix& out, int64_t row0, int64_t n,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/simd.h"
 
@@ -214,15 +215,6 @@ void GemmTile(const float* scratch, int64_t blocks, const uint16_t* xb, const fl
     }
   }
   Store<R, P>(totals, out, row0, n, bias);
-}
-
-// Calls fn(std::integral_constant<int, value>{}) for value in 1..kMax.
-template <int kMax, typename Fn>
-inline void WithConstant(int value, Fn&& fn) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (void)((value == I + 1 ? (fn(std::integral_constant<int, I + 1>{}), true) : false) || ...);
-  }
-  (std::make_integer_sequence<int, kMax>{});
 }
 
 template <typename F>
