@@ -1,42 +1,77 @@
 #include "kvcache/block_hash.h"
 
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <memory>
+
+#include "common/check.h"
+
 namespace tandem::kvcache {
 namespace {
 
-// splitmix64's finalizer: a bijective 64-bit mixer with full avalanche.
-uint64_t Mix64(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Two independent 64-bit lanes, each absorbing every word through the mixer.
-struct Hasher {
-  uint64_t a = 0x243F6A8885A308D3ull;  // digits of pi: arbitrary, distinct
-  uint64_t b = 0x13198A2E03707344ull;
-
-  void Absorb(uint64_t word) {
-    a = Mix64(a ^ word) + 0x9E3779B97F4A7C15ull;
-    b = Mix64(b + word * 0xD6E8FEB86659FD93ull) ^ 0xA0761D6478BD642Full;
+// One digest context per thread, reused (creating one allocates).
+class Sha256 {
+ public:
+  Sha256() {
+    static thread_local std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(
+        EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+    ctx_ = ctx.get();
+    TANDEM_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1,
+                 "OpenSSL cannot start a SHA-256 digest");
   }
-  BlockHash Finish() const { return {Mix64(a), Mix64(b ^ a)}; }
+
+  void Update(const void* data, size_t bytes) {
+    TANDEM_CHECK(EVP_DigestUpdate(ctx_, data, bytes) == 1, "SHA-256 update failed");
+  }
+  void UpdateU64(uint64_t v) {
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(v >> (8 * i));
+    Update(le, sizeof(le));
+  }
+  void UpdateHash(const BlockHash& h) {
+    for (uint64_t w : h.words) UpdateU64(w);
+  }
+
+  BlockHash Finish() {
+    unsigned char digest[32];
+    unsigned int size = 0;
+    TANDEM_CHECK(EVP_DigestFinal_ex(ctx_, digest, &size) == 1 && size == sizeof(digest),
+                 "SHA-256 final failed");
+    BlockHash out;
+    for (size_t w = 0; w < 4; ++w) {
+      for (size_t i = 0; i < 8; ++i) {
+        out.words[w] |= static_cast<uint64_t>(digest[8 * w + i]) << (8 * i);
+      }
+    }
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
 };
 
 }  // namespace
 
 BlockHash RootHash(std::string_view salt) {
-  Hasher h;
-  h.Absorb(salt.size());
-  for (unsigned char c : salt) h.Absorb(c);
+  static constexpr std::string_view kDomain = "tandem.kv.root";
+  Sha256 h;
+  h.Update(kDomain.data(), kDomain.size());
+  h.UpdateU64(salt.size());
+  h.Update(salt.data(), salt.size());
   return h.Finish();
 }
 
 BlockHash ChainHash(const BlockHash& parent, std::span<const TokenId> tokens) {
-  Hasher h;
-  h.Absorb(parent.high);
-  h.Absorb(parent.low);
-  h.Absorb(tokens.size());
-  for (TokenId t : tokens) h.Absorb(static_cast<uint32_t>(t));
+  Sha256 h;
+  h.UpdateHash(parent);
+  h.UpdateU64(tokens.size());
+  unsigned char le[4];
+  for (TokenId t : tokens) {
+    const auto u = static_cast<uint32_t>(t);
+    for (int i = 0; i < 4; ++i) le[i] = static_cast<unsigned char>(u >> (8 * i));
+    h.Update(le, sizeof(le));
+  }
   return h.Finish();
 }
 

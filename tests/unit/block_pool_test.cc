@@ -8,6 +8,8 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
+#include <string_view>
 
 #include "kvcache/kv_cache_manager.h"
 
@@ -20,6 +22,37 @@ std::vector<TokenId> Tokens(int n, int salt = 0) {
   std::vector<TokenId> t;
   for (int i = 0; i < n; ++i) t.push_back(100 + (i * 31 + salt * 7) % 5000);
   return t;
+}
+
+// A digest written as hex (as Python's hashlib prints it), as BlockHash words.
+BlockHash FromHex(std::string_view hex) {
+  BlockHash h;
+  for (size_t i = 0; i < 32; ++i) {
+    const auto byte =
+        static_cast<uint64_t>(std::stoul(std::string(hex.substr(2 * i, 2)), nullptr, 16));
+    h.words[i / 8] |= byte << (8 * (i % 8));
+  }
+  return h;
+}
+
+TEST(BlockHashTest, KeysAreSha256OfTheDocumentedBytes) {
+  // Expected digests from Python's hashlib over the bytes block_hash.h
+  // documents:
+  //   root = sha256(b"tandem.kv.root" + pack("<Q", 0))
+  //   chain = sha256(root + pack("<Q", 3) + pack("<3i", 1, 2, -3))
+  //   sha256(b"tandem.kv.root" + pack("<Q", 5) + b"alice")
+  const BlockHash root = RootHash("");
+  EXPECT_EQ(root, FromHex("b1fdaf2590b0b031111221fd50c9cd03e0d1924e57d4b7637fddcb5604e13971"));
+  const std::vector<TokenId> tokens = {1, 2, -3};
+  EXPECT_EQ(ChainHash(root, tokens),
+            FromHex("d44f3ca9ade7178345daf4d271c6305247f5fc14095964283d096cfb5f8b6bde"));
+  EXPECT_EQ(RootHash("alice"),
+            FromHex("01caef2dbecdbec78ae9480e7a6f543c671d1674a87ac79cb7f40a5e66f69d65"));
+  // The chain depends on the parent, the order and the count of tokens.
+  const std::vector<TokenId> swapped = {2, 1, -3}, shorter = {1, 2};
+  EXPECT_NE(ChainHash(root, swapped), ChainHash(root, tokens));
+  EXPECT_NE(ChainHash(root, shorter), ChainHash(root, tokens));
+  EXPECT_NE(ChainHash(RootHash("alice"), tokens), ChainHash(root, tokens));
 }
 
 TEST(BlockPoolTest, AllocatesLowestIdsFirstAndAllOrNothing) {
