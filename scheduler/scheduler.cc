@@ -39,6 +39,7 @@ bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout) 
 Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
                      step::Worker* decode, StepObserver observer, DecodePacingOptions pacing)
     : max_queued_(max_queued),
+      max_queued_tokens_(options.max_queued_tokens),
       observer_(std::move(observer)),
       core_(WithLanes(std::move(options), decode != nullptr)),
       pacer_(pacing) {
@@ -73,8 +74,15 @@ absl::StatusOr<uint64_t> Scheduler::Submit(Request request) {
     return absl::ResourceExhaustedError(
         StrCat("the request queue is full (", max_queued_, " requests waiting)"));
   }
+  const auto prompt = static_cast<int64_t>(request.prompt.size());
+  if (max_queued_tokens_ > 0 && queued_ > 0 && queued_tokens_ + prompt > max_queued_tokens_) {
+    return absl::ResourceExhaustedError(
+        StrCat("the request queue is full (", queued_tokens_, " prompt tokens waiting; this ",
+               prompt, "-token prompt would pass --max_queued_tokens=", max_queued_tokens_, ")"));
+  }
   const uint64_t id = next_id_++;
   ++queued_;
+  queued_tokens_ += prompt;
   request.sink = std::make_shared<FinishAfterPublishSink>(std::move(request.sink), &held_finishes_);
   inbox_.push_back({id, std::move(request)});
   return id;
@@ -200,6 +208,11 @@ void Scheduler::Loop() {
 void Scheduler::PublishLoad() {
   absl::MutexLock lock(&mu_);
   queued_ = static_cast<int32_t>(inbox_.size()) + core_.waiting();
+  queued_tokens_ = core_.waiting_tokens();
+  for (const auto& entry : inbox_) {
+    if (entry.request.has_value())
+      queued_tokens_ += static_cast<int64_t>(entry.request->prompt.size());
+  }
   load_.waiting = core_.waiting();
   load_.running = {core_.running(Lane::kPrefill), core_.running(Lane::kDecode)};
   load_.preemptions = core_.preemptions();

@@ -120,6 +120,7 @@ class Scheduler {
   void DeliverHeldFinishes();
 
   const int32_t max_queued_;
+  const int64_t max_queued_tokens_;
   StepObserver observer_;
   SchedulerCore core_;                   // scheduler thread only
   DecodePacer pacer_;                    // scheduler thread only
@@ -132,7 +133,8 @@ class Scheduler {
   std::vector<Completion> completions_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in the inbox or waiting in the core
+  int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // in the inbox or waiting in the core
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
   SchedulerLoad load_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

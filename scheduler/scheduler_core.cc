@@ -45,6 +45,12 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   waiting_.push_back(std::move(seq));
 }
 
+int64_t SchedulerCore::waiting_tokens() const {
+  int64_t tokens = 0;
+  for (const SequencePtr& seq : waiting_) tokens += static_cast<int64_t>(seq->tokens.size());
+  return tokens;
+}
+
 bool SchedulerCore::HasWork() const {
   return !waiting_.empty() || !running_[0].empty() || !running_[1].empty();
 }

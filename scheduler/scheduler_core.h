@@ -73,6 +73,9 @@ struct SchedulerOptions {
   bool decode_lane = false;          // a decode worker exists
   DisaggregationOptions disaggregation;
   absl::Duration priority_aging = absl::Seconds(10);  // +1 effective priority per this long waited
+  // Prompt tokens that may wait (submitted, not yet running) at once; a
+  // request that would pass it is refused unless nothing waits. 0: no limit.
+  int64_t max_queued_tokens = 0;
   SpeculationOptions speculation;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
@@ -108,6 +111,8 @@ class SchedulerCore {
   bool has_decode_lane() const { return options_.decode_lane; }
   bool HasWork() const;
   int32_t waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  // Tokens of the waiting sequences (prompts, and what preempted ones had).
+  int64_t waiting_tokens() const;
   int32_t running(Lane lane) const {
     return static_cast<int32_t>(running_[static_cast<size_t>(lane)].size());
   }

@@ -83,7 +83,8 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
   if (!accepting()) {
     return reject(absl::UnavailableError("the server is draining; retry on another instance"));
   }
-  ModelLimits limits{&model_->tokenizer(), &model_->chat_template(), model_->context_length()};
+  ModelLimits limits{&model_->tokenizer(), &model_->chat_template(), model_->context_length(),
+                     options_.max_prompt_tokens};
   absl::StatusOr<BuiltRequest> built =
       BuildRequest(request, limits, options_.defaults, RandomU64());
   if (!built.ok()) return reject(built.status());
@@ -91,6 +92,11 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
   r.id = request_id;
   r.received = received;
   r.deadline = absl::FromChrono(context.deadline());
+  const bool client_set_deadline =
+      context.deadline() != std::chrono::system_clock::time_point::max();
+  if (!client_set_deadline && options_.default_deadline > absl::ZeroDuration()) {
+    r.deadline = received + options_.default_deadline;
+  }
   const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
   ServerMetrics* metrics = metrics_;
   r.sink = std::make_shared<ResponseStream>(

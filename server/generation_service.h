@@ -27,6 +27,10 @@ struct ServiceOptions {
   std::vector<std::string> api_keys;
   // What GetModelInfo answers.
   v1::ModelInfo model_info;
+  // Longest prompt accepted (0: the context length minus one).
+  int32_t max_prompt_tokens = 0;
+  // Deadline of requests whose client set none (zero: none).
+  absl::Duration default_deadline = absl::ZeroDuration();
 };
 
 class GenerationService final : public v1::Generation::CallbackService {

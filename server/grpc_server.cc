@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOp
   builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   // Keepalive that load balancers and long idle client channels survive:
   // ping idle connections every 30 s, drop them when a ping goes unanswered
   // for 10 s, and accept client pings as often as every 10 s.

@@ -19,6 +19,7 @@ struct GrpcServerOptions {
   std::string tls_key_file;   // PEM
   std::string tls_client_ca;  // PEM; when set, clients must present a certificate it signed
   int max_message_bytes = 64 << 20;
+  int max_concurrent_streams = 100;  // per client connection (HTTP/2 SETTINGS)
 };
 
 // Starts the server with `service` registered (plus health and reflection).

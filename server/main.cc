@@ -92,6 +92,17 @@ ABSL_FLAG(int, max_batched_tokens, 128,
 ABSL_FLAG(int, max_running, 64, "sequences in the running batch");
 ABSL_FLAG(int, max_queued_requests, 256,
           "requests waiting to run; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_queued_tokens, 262144,
+          "prompt tokens that may wait at once; a request that would pass it gets "
+          "RESOURCE_EXHAUSTED unless nothing waits (0: no limit)");
+ABSL_FLAG(int, max_prompt_tokens, 0,
+          "longest prompt accepted, in tokens (INVALID_ARGUMENT beyond it; 0: the context "
+          "length minus one)");
+ABSL_FLAG(int, max_concurrent_streams, 100,
+          "concurrent calls per client connection (HTTP/2 streams); more wait in the client");
+ABSL_FLAG(absl::Duration, default_deadline, absl::Minutes(10),
+          "deadline for requests whose client set none (DEADLINE_EXCEEDED after it); "
+          "0: none");
 ABSL_FLAG(int, max_tokens_default, 2048, "max_tokens for requests that set none");
 ABSL_FLAG(double, default_temperature, 0.8, "sampling temperature for requests that set none");
 ABSL_FLAG(double, default_top_p, 0.95, "top-p, in (0, 1], for requests that set none");
@@ -341,6 +352,11 @@ int Main() {
         threshold.has_value() ? fmt::format("{} tokens", *threshold) : std::string("off"));
   }
   sched.disaggregation.output_threshold = threshold;
+  sched.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens);
+  if (sched.max_queued_tokens < 0) {
+    spdlog::error("--max_queued_tokens must be >= 0 (0: no limit)");
+    return 2;
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   server::ServerMetrics metrics(*registry);
   scheduler::Scheduler scheduler(
@@ -370,6 +386,13 @@ int Main() {
 
   server::ServiceOptions service_options;
   service_options.defaults = defaults;
+  service_options.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  service_options.default_deadline = absl::GetFlag(FLAGS_default_deadline);
+  if (service_options.max_prompt_tokens < 0 ||
+      service_options.default_deadline < absl::ZeroDuration()) {
+    spdlog::error("--max_prompt_tokens and --default_deadline must be >= 0");
+    return 2;
+  }
   if (const std::string keys = absl::GetFlag(FLAGS_api_keys_file); !keys.empty()) {
     absl::StatusOr<std::vector<std::string>> read = server::ReadApiKeys(keys);
     if (!read.ok()) {
@@ -392,6 +415,11 @@ int Main() {
   grpc_options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   grpc_options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   grpc_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  grpc_options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (grpc_options.max_concurrent_streams < 1) {
+    spdlog::error("--max_concurrent_streams must be at least 1");
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
       server::StartGrpcServer(grpc_options, &service);
   if (!grpc_server.ok()) {

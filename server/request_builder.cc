@@ -70,11 +70,17 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     }
   }
   const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  const std::string_view prompt_field =
+      proto.messages().empty() ? (proto.prompt().empty() ? "token_ids" : "prompt") : "messages";
   if (prompt_tokens >= model.context_length) {
-    return Invalid(
-        proto.messages().empty() ? (proto.prompt().empty() ? "token_ids" : "prompt") : "messages",
-        StrCat("the prompt has ", prompt_tokens, " tokens but the context holds ",
-               model.context_length, " (including at least one generated token)"));
+    return Invalid(prompt_field,
+                   StrCat("the prompt has ", prompt_tokens, " tokens but the context holds ",
+                          model.context_length, " (including at least one generated token)"));
+  }
+  if (model.max_prompt_tokens > 0 && prompt_tokens > model.max_prompt_tokens) {
+    return Invalid(prompt_field,
+                   StrCat("the prompt has ", prompt_tokens, " tokens; this server accepts at most ",
+                          model.max_prompt_tokens, " (--max_prompt_tokens)"));
   }
 
   // Sampling.

@@ -32,6 +32,8 @@ struct ModelLimits {
   const tokenizer::BpeTokenizer* tokenizer = nullptr;
   const tokenizer::ChatTemplate* chat_template = nullptr;
   int32_t context_length = 0;
+  // Longest prompt accepted (--max_prompt_tokens); 0: context_length - 1.
+  int32_t max_prompt_tokens = 0;
 };
 
 inline constexpr int kMaxStopStrings = 16;

@@ -244,6 +244,101 @@ TEST(ApiLifecycleTest, AFullQueueAnswersResourceExhausted) {
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 
+v1::GenerateRequest TokenPrompt(int tokens, int max_tokens) {
+  v1::GenerateRequest r;
+  for (int t = 0; t < tokens; ++t) r.add_token_ids(static_cast<uint32_t>(2000 + t));
+  r.set_max_tokens(max_tokens);
+  r.set_ignore_eos(true);
+  r.mutable_sampling()->set_temperature(0.0f);
+  return r;
+}
+
+TEST(ApiLifecycleTest, PromptQueueAndDeadlineLimitsAnswerWithTheFlagNamed) {
+  Daemon daemon({"--max_prompt_tokens=50", "--max_queued_tokens=80", "--default_deadline=2s",
+                 "--max_running=1", "--disagg_output_threshold=off", "--speculative=off"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  // A prompt over --max_prompt_tokens.
+  Generation too_long = Generate(*stub, TokenPrompt(51, 4));
+  EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(too_long.status.error_message(), HasSubstr("token_ids"));
+  EXPECT_THAT(too_long.status.error_message(), HasSubstr("--max_prompt_tokens"));
+  // A request with no client deadline gets --default_deadline: 1,500 tokens
+  // take far longer than 2 s here, so it ends DEADLINE_EXCEEDED mid-stream.
+  auto endless = std::async(std::launch::async, [&] {
+    grpc::ClientContext context;  // no deadline
+    auto reader = stub->Generate(&context, TokenPrompt(10, 1500));
+    v1::GenerateResponse response;
+    size_t tokens = 0;
+    while (reader->Read(&response)) tokens += static_cast<size_t>(response.token_ids_size());
+    return std::make_pair(reader->Finish(), tokens);
+  });
+  ASSERT_TRUE(daemon.WaitForLoad([](const v1::Load& l) { return l.running_prefill() == 1; }));
+  // The running slot is taken: 50 prompt tokens wait (under the limit of 80)...
+  auto waiting =
+      std::async(std::launch::async, [&] { return Generate(*stub, TokenPrompt(50, 2)); });
+  ASSERT_TRUE(daemon.WaitForLoad([](const v1::Load& l) { return l.waiting() == 1; }));
+  // ... and 40 more would pass it.
+  Generation refused = Generate(*stub, TokenPrompt(40, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("--max_queued_tokens=80"));
+  const auto [endless_status, endless_tokens] = endless.get();
+  EXPECT_EQ(endless_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << endless_status.error_message();
+  EXPECT_GT(endless_tokens, 0u);
+  EXPECT_LT(endless_tokens, 1500u);
+  Generation queued = waiting.get();  // its client deadline (5 min) is its own
+  EXPECT_TRUE(queued.status.ok()) << queued.status.error_message();
+  EXPECT_EQ(queued.token_ids.size(), 2u);
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+TEST(ApiLifecycleTest, AConnectionRunsAtMostMaxConcurrentStreamsCallsAtOnce) {
+  Daemon daemon(
+      {"--max_concurrent_streams=2", "--disagg_output_threshold=off", "--speculative=off"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  // One connection of its own for the four calls (channels with equal
+  // arguments share a connection in gRPC, and GetLoad must not queue
+  // behind the calls).
+  grpc::ChannelArguments own;
+  own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto shared = v1::Generation::NewStub(
+      grpc::CreateCustomChannel(daemon.address(), grpc::InsecureChannelCredentials(), own));
+  std::vector<std::future<Generation>> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back(std::async(std::launch::async,
+                               [&shared, i] { return Generate(*shared, TokenPrompt(8 + i, 60)); }));
+  }
+  // GetLoad runs on channels of its own. Two calls run; the other two wait
+  // in the client until a stream frees, so the daemon never holds more.
+  int most = 0;
+  ASSERT_TRUE(daemon.WaitForLoad([&most](const v1::Load& l) {
+    most = std::max(most, l.waiting() + l.running_prefill() + l.running_decode());
+    return l.running_prefill() >= 2;
+  }));
+  auto all_done = [&] {
+    for (auto& c : calls) {
+      if (c.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    }
+    return true;
+  };
+  const auto end = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!all_done() && std::chrono::steady_clock::now() < end) {
+    daemon.WaitForLoad([&most](const v1::Load& l) {
+      most = std::max(most, l.waiting() + l.running_prefill() + l.running_decode());
+      return true;
+    });
+  }
+  ASSERT_TRUE(all_done());
+  EXPECT_EQ(most, 2);
+  for (auto& c : calls) {
+    Generation g = c.get();
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.token_ids.size(), 60u);
+  }
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
 TEST(ApiLifecycleTest, DrainingRefusesNewCallsAndCancelsStragglersWithUnavailable) {
   Daemon daemon({"--drain_timeout=6s"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
