@@ -69,3 +69,40 @@ def test_errors_name_the_field(daemon):
             stub.GenerateUnary(pb2.GenerateRequest(prompt="x", max_tokens=-1), timeout=10)
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "max_tokens" in error.value.details()
+
+
+def test_every_generation_rpc_demands_an_api_key(tmp_path):
+    """Walks the service as the proto declares it, so an RPC added later
+    without the key check fails here. (gRPC C++ has no hook that can refuse a
+    call before its handler on an insecure port: server interceptors cannot
+    end a call, and AuthMetadataProcessor needs TLS credentials; so each
+    handler checks, and this test checks every handler.)"""
+    keys = tmp_path / "keys"
+    keys.write_text("k-1\n")
+    d = tandem_e2e.Daemon(f"--api_keys_file={keys}")
+    try:
+        d.wait_serving()  # health answers without a key
+        service = pb2.DESCRIPTOR.services_by_name["Generation"]
+        assert len(service.methods) >= 5
+        with grpc.insecure_channel(d.address) as channel:
+            for method in service.methods:
+                path = f"/{service.full_name}/{method.name}"
+                raw = dict(request_serializer=lambda m: m, response_deserializer=lambda b: b)
+                if method.client_streaming:
+                    pytest.fail(f"{path}: add a client-streaming case to this test")
+                call = (channel.unary_stream(path, **raw) if method.server_streaming
+                        else channel.unary_unary(path, **raw))
+                for metadata in ((), (("authorization", "Bearer wrong"),)):
+                    with pytest.raises(grpc.RpcError) as error:
+                        result = call(b"", metadata=metadata, timeout=30)
+                        if method.server_streaming:
+                            list(result)
+                    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED, path
+            # With the key, the cheapest call goes through.
+            stub = pb2_grpc.GenerationStub(channel)
+            info = stub.GetModelInfo(pb2.GetModelInfoRequest(), timeout=30,
+                                     metadata=(("authorization", "Bearer k-1"),))
+            assert info.context_length > 0
+        assert d.stop() == 0
+    finally:
+        d.kill()
