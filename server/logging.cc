@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "absl/time/time.h"
-#include "engine/tokenizer/unicode.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/response_stream.h"
@@ -35,14 +35,7 @@ class JsonLineFlag final : public spdlog::custom_flag_formatter {
 
 // `text` with every invalid UTF-8 byte replaced by U+FFFD (JSON strings,
 // and protobuf's, are Unicode).
-std::string ValidUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const tokenizer::CodePoint& cp : tokenizer::DecodeUtf8(text)) {
-    tokenizer::AppendUtf8(cp.value, &out);
-  }
-  return out;
-}
+std::string ValidUtf8(std::string_view text) { return tokenizer::SanitizeUtf8(text); }
 
 std::string PrintJson(const google::protobuf::Struct& fields) {
   std::string out;

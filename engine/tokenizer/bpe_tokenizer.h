@@ -52,6 +52,9 @@ class BpeTokenizer {
   static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromGguf(const model::GgufFile& file);
 
   int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
+  // Whether the vocabulary has a token for this byte (byte-level
+  // vocabularies may omit bytes never seen in training; Encode drops them).
+  bool HasByteToken(unsigned char byte) const { return byte_token_[byte] >= 0; }
   const SpecialTokens& special() const { return special_; }
   PretokenizerKind pretokenizer() const { return pretokenizer_; }
   bool add_bos() const { return add_bos_; }

@@ -1,0 +1,36 @@
+// Request validation on GenerateRequest messages parsed from arbitrary bytes:
+// BuildRequest accepts, or refuses with INVALID_ARGUMENT whose message starts
+// with a field name; what it accepts fits the context.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "fuzz/fuzz_model.h"
+#include "server/request_builder.h"
+#include "tandem/v1/generate.pb.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace tandem;
+  v1::GenerateRequest proto;
+  if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
+  const auto& model = fuzz::Model();
+  static const tokenizer::ChatTemplate* chat = [&] {
+    auto c = tokenizer::ChatTemplate::Create(model.template_text, "");
+    if (!c.ok()) std::abort();
+    return new tokenizer::ChatTemplate(*std::move(c));
+  }();
+  constexpr int32_t kContext = 2048;
+  server::ModelLimits limits{model.tokenizer.get(), chat, kContext, 0};
+  auto built = server::BuildRequest(proto, limits, server::RequestDefaults{}, 42);
+  if (!built.ok()) {
+    if (built.status().code() != absl::StatusCode::kInvalidArgument) std::abort();
+    if (built.status().message().find(':') == std::string::npos) std::abort();  // "field: ..."
+    return 0;
+  }
+  const auto& r = built->request;
+  const auto prompt = static_cast<int32_t>(r.prompt.size());
+  if (prompt < 1 || prompt >= kContext || r.max_tokens < 1 || prompt + r.max_tokens > kContext) {
+    std::abort();
+  }
+  return 0;
+}
