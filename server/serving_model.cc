@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include "common/strings.h"
 #include "engine/kernels/cpu/cpu_backend.h"
@@ -203,8 +204,16 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   shape.block_size = options.block_size;
   shape.kv_heads = m->config_.kv_heads;
   shape.head_dim = m->config_.head_dim;
-  m->kv_blocks_ =
-      static_cast<int>(options.kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock()));
+  // Block ids are 32-bit: more blocks than that is a flag error, not a
+  // wrapped-around count.
+  const int64_t blocks = options.kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock());
+  if (blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        StrCat("--kv_cache_bytes=", options.kv_cache_bytes, " is ", blocks, " blocks of ",
+               shape.BytesPerBlock(), " bytes; at most ", std::numeric_limits<int32_t>::max(),
+               " are addressable"));
+  }
+  m->kv_blocks_ = static_cast<int>(blocks);
   const int min_blocks = (m->context_length_ + options.block_size - 1) / options.block_size;
   if (m->kv_blocks_ < min_blocks) {
     return absl::InvalidArgumentError(
@@ -249,7 +258,16 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   m->backends_.push_back("prefill: " + prefill_backend->name());
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model =
       model::LlamaModel::Create(m->file_, prefill_backend.get(), m->kv_blocks_, options.block_size);
-  if (!prefill_model.ok()) return prefill_model.status();
+  if (!prefill_model.ok()) {
+    if (prefill_model.status().code() == absl::StatusCode::kResourceExhausted) {
+      // The KV storage could not be allocated: say which flag sized it.
+      return absl::ResourceExhaustedError(StrCat("--kv_cache_bytes=", options.kv_cache_bytes, " (",
+                                                 m->kv_blocks_,
+                                                 " blocks): ", prefill_model.status().message(),
+                                                 "; lower it or use --kv_cache_memory_fraction"));
+    }
+    return prefill_model.status();
+  }
   // The model that runs most decode steps (the decode worker's, if any).
   model::LlamaModel* decoding_model = prefill_model->get();
   if (options.decode_worker) {

@@ -450,6 +450,22 @@ TEST(TandemdLifecycleTest, ACorruptModelFileIsAClearStartupError) {
   EXPECT_THAT(daemon.Log(), HasSubstr("extends past the end of the file"));
 }
 
+TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNamingTheFlag) {
+  ExpectStartupErrors({
+      // 200 TiB: more than any x86-64 process can map, whatever the
+      // machine's overcommit policy.
+      {{"--kv_cache_bytes=219902325555200"},
+       1,
+       "--kv_cache_bytes=219902325555200 (596523235 blocks): cannot map"},
+      // More blocks than 32-bit block ids address (not a wrapped count).
+      {{"--kv_cache_bytes=1000000000000000"}, 1, "are addressable"},
+      {{"--max_queued_tokens=-1"}, 2, "--max_queued_tokens must be >= 0"},
+      {{"--max_prompt_tokens=-1"}, 2, "--max_prompt_tokens and --default_deadline must be >= 0"},
+      {{"--default_deadline=-1s"}, 2, "--max_prompt_tokens and --default_deadline must be >= 0"},
+      {{"--max_concurrent_streams=0"}, 2, "--max_concurrent_streams must be at least 1"},
+  });
+}
+
 TEST(TandemdLifecycleTest, AMissingModelAndAnUnknownTemplateAreClearStartupErrors) {
   Daemon missing({"--model=/nonexistent/model.gguf"});
   EXPECT_EQ(missing.WaitExit(std::chrono::seconds(30)), 1);
