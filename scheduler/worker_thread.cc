@@ -1,6 +1,9 @@
 #include "scheduler/worker_thread.h"
 
+#include <exception>
+
 #include "common/check.h"
+#include "common/strings.h"
 #include "common/thread_name.h"
 
 namespace tandem::scheduler {
@@ -37,7 +40,18 @@ void WorkerThread::Loop() {
       if (plan_ == nullptr) return;  // stopping with nothing to run
       plan = plan_;
     }
-    step::StepResult result = worker_->Execute(*plan);
+    step::StepResult result;
+    // A worker that throws fails its step (and only the requests in it), as
+    // one that returns an error does; the thread keeps serving.
+    try {
+      result = worker_->Execute(*plan);
+    } catch (const std::exception& e) {
+      result = step::StepResult();
+      result.status = absl::InternalError(StrCat("the worker failed: ", e.what()));
+    } catch (...) {
+      result = step::StepResult();
+      result.status = absl::InternalError("the worker failed with an unknown exception");
+    }
     {
       absl::MutexLock lock(&mu_);
       plan_ = nullptr;

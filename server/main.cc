@@ -25,6 +25,7 @@
 #include "engine/kernels/cuda/cuda_loader.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "scheduler/fault_injection.h"
 #include "scheduler/scheduler.h"
 #include "server/generation_service.h"
 #include "server/grpc_server.h"
@@ -138,6 +139,9 @@ ABSL_FLAG(int, draft_layers, 0,
           "the draft model for --speculative=draft: the model's own first N layers and "
           "output head (layer-skip self-speculation); 0: none");
 ABSL_FLAG(std::string, log_format, "text", "text, or json (one JSON object per line)");
+ABSL_FLAG(std::string, inject_fault, "",
+          "testing only: a fault in one worker's steps, LANE:KIND@STEP[:DURATION] with KIND "
+          "error, throw or stall (e.g. prefill:error@3, decode:stall@2:3s)");
 
 namespace tandem {
 namespace {
@@ -357,11 +361,28 @@ int Main() {
     spdlog::error("--max_queued_tokens must be >= 0 (0: no limit)");
     return 2;
   }
+  step::Worker* prefill_worker = (*model)->prefill_worker();
+  step::Worker* decode_worker = (*model)->decode_worker();
+  std::unique_ptr<scheduler::FaultInjectingWorker> faulty;
+  if (const std::string fault = absl::GetFlag(FLAGS_inject_fault); !fault.empty()) {
+    absl::StatusOr<scheduler::FaultSpec> spec = scheduler::ParseFaultSpec(fault);
+    if (!spec.ok()) {
+      spdlog::error("{}", std::string(spec.status().message()));
+      return 2;
+    }
+    step::Worker*& target = spec->lane == "prefill" ? prefill_worker : decode_worker;
+    if (target == nullptr) {
+      spdlog::error("--inject_fault='{}': there is no {} worker", fault, spec->lane);
+      return 2;
+    }
+    faulty = std::make_unique<scheduler::FaultInjectingWorker>(target, *spec);
+    target = faulty.get();
+    spdlog::warn("--inject_fault={}: a fault will be injected (testing only)", fault);
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   server::ServerMetrics metrics(*registry);
   scheduler::Scheduler scheduler(
-      sched, absl::GetFlag(FLAGS_max_queued_requests), (*model)->prefill_worker(),
-      (*model)->decode_worker(),
+      sched, absl::GetFlag(FLAGS_max_queued_requests), prefill_worker, decode_worker,
       [&metrics](const scheduler::StepStats& step) { metrics.OnStep(step); }, pacing);
   spdlog::info("disaggregation: {}",
                threshold.has_value() && (*model)->decode_worker() != nullptr

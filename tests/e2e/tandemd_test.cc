@@ -463,7 +463,64 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       {{"--max_prompt_tokens=-1"}, 2, "--max_prompt_tokens and --default_deadline must be >= 0"},
       {{"--default_deadline=-1s"}, 2, "--max_prompt_tokens and --default_deadline must be >= 0"},
       {{"--max_concurrent_streams=0"}, 2, "--max_concurrent_streams must be at least 1"},
+      {{"--inject_fault=prefill:explode@3"}, 2, "the kind is not error, throw or stall"},
+      {{"--inject_fault=prefill:stall@2"}, 2, "a stall needs a positive DURATION"},
   });
+}
+
+// Injected faults (--inject_fault): a failing step fails the requests in it
+// and nothing else; a stalled worker turns health NOT_SERVING and back.
+void ExpectAFailedStepFailsOnlyItsRequest(const std::string& fault, const std::string& message) {
+  // One request per step (max_running 1, one-step requests), so step 3 is
+  // the third request's.
+  Daemon daemon({"--inject_fault=" + fault, "--max_running=1", "--disagg_output_threshold=off",
+                 "--prefix_caching=false", "--speculative=off"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  auto one_step = [&](uint32_t first) {
+    v1::GenerateRequest r;
+    for (uint32_t t = 0; t < 5; ++t) r.add_token_ids(first + t);
+    r.set_max_tokens(1);
+    r.mutable_sampling()->set_temperature(0.0f);
+    return Generate(*stub, r);
+  };
+  EXPECT_TRUE(one_step(100).status.ok());
+  EXPECT_TRUE(one_step(200).status.ok());
+  Generation failed = one_step(300);
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_THAT(failed.status.error_message(), HasSubstr(message));
+  Generation after = one_step(400);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.token_ids.size(), 1u);
+  // Every block came back (nothing is cached with prefix caching off).
+  EXPECT_TRUE(daemon.WaitForLoad([](const v1::Load& l) {
+    return l.kv_used_blocks() == 0 && l.waiting() == 0 &&
+           l.running_prefill() + l.running_decode() == 0;
+  }));
+  EXPECT_EQ(daemon.Health(), "SERVING");
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+TEST(TandemdLifecycleTest, AStepThatReturnsAnErrorFailsOnlyItsRequestsWithInternal) {
+  ExpectAFailedStepFailsOnlyItsRequest("prefill:error@3", "injected fault: step 3 failed");
+}
+
+TEST(TandemdLifecycleTest, AStepThatThrowsFailsOnlyItsRequestsWithInternal) {
+  ExpectAFailedStepFailsOnlyItsRequest("prefill:throw@3",
+                                       "the worker failed: injected fault: step 3 threw");
+}
+
+TEST(TandemdLifecycleTest, AStalledWorkerTurnsHealthNotServingAndBack) {
+  Daemon daemon({"--inject_fault=prefill:stall@1:4s", "--stall_timeout=1s"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  auto call = std::async(std::launch::async, [&] { return Generate(*stub, Chat("Hi", 0.0f, 3)); });
+  EXPECT_TRUE(daemon.WaitForHealth("NOT_SERVING", std::chrono::seconds(30)));
+  EXPECT_TRUE(daemon.WaitForHealth("SERVING", std::chrono::seconds(30)));
+  Generation g = call.get();
+  EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.token_ids.size(), 3u);
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 
 TEST(TandemdLifecycleTest, AMissingModelAndAnUnknownTemplateAreClearStartupErrors) {
