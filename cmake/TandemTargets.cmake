@@ -20,17 +20,20 @@ endfunction()
 # tandem_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT SECONDS]): a
 # GoogleTest binary whose tests are registered with ctest one by one. Every
 # test has a timeout: TIMEOUT, else 120 s for unit tests and 600 s for the
-# others (a hung test fails instead of stalling CI).
+# others (a hung test fails instead of stalling CI). The label `tsan` marks
+# the tests scripts/test --sanitize=thread runs.
 function(tandem_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   tandem_warnings(${name})
   set(labels unit)
-  set(timeout 120)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
-    set(timeout 600)
+  endif()
+  set(timeout 600)
+  if("unit" IN_LIST labels)
+    set(timeout 120)
   endif()
   if(ARG_TIMEOUT)
     set(timeout ${ARG_TIMEOUT})

@@ -6,6 +6,20 @@ std::string_view PathName(Path path) {
   return path == Path::kColocated ? "colocated" : "disaggregated";
 }
 
+std::string_view StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kQueued:
+      return "queued";
+    case Stage::kPrefill:
+      return "prefill";
+    case Stage::kHandoff:
+      return "handoff";
+    case Stage::kDecode:
+      return "decode";
+  }
+  return "unknown";
+}
+
 std::string_view PathReasonName(PathReason reason) {
   switch (reason) {
     case PathReason::kDisaggregationOff:

@@ -54,7 +54,18 @@ enum class PathReason : uint8_t {
   kMaxTokens,           // disaggregated after prefill: max_tokens (the operator opted in)
 };
 
+// Where a request was when it ended. The interesting case is a request that
+// did not end by itself (cancelled, deadline, error): which stage it left.
+enum class Stage : uint8_t {
+  kQueued,   // waiting for admission (never admitted, or preempted and waiting again)
+  kPrefill,  // admitted, its prompt (or a recomputation) not yet all computed
+  kHandoff,  // handed to the decode worker, before its first step there
+  kDecode,   // generating
+};
+
 std::string_view PathName(Path path);
+// "queued", "prefill", "handoff", "decode": for logs and metric labels.
+std::string_view StageName(Stage stage);
 // "none", "ngram", "draft": for logs and metric labels.
 std::string_view ProposerName(step::Proposer proposer);
 std::string_view PathReasonName(PathReason reason);
@@ -88,6 +99,7 @@ struct FinishInfo {
   Timeline timeline;
   Path path = Path::kColocated;
   PathReason path_reason = PathReason::kDisaggregationOff;
+  Stage stage = Stage::kDecode;  // where it was when it ended
 };
 
 // Receives one request's output. Called only on the scheduler thread, in

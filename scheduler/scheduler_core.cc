@@ -77,6 +77,7 @@ int32_t SchedulerCore::Admit(Sequence& seq, int32_t budget) {
     return 0;
   }
   seq.computed = match.tokens;
+  seq.queued = false;
   if (seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = match.tokens;
   return count;
 }
@@ -107,6 +108,7 @@ void SchedulerCore::Preempt(RunningList& list, RunningList::iterator it) {
   Sequence& seq = **it;
   kv_.Release(seq.id);
   seq.computed = 0;  // recomputed later, mostly from the prefix cache
+  seq.queued = true;
   seq.lane = Lane::kPrefill;
   ++preemptions_;
   waiting_.push_back(std::move(*it));
@@ -425,6 +427,17 @@ absl::Time SchedulerCore::NextDeadline() const {
   return next;
 }
 
+Stage SchedulerCore::StageOf(const Sequence& seq) {
+  if (seq.queued) return Stage::kQueued;
+  // Every token but the last has its KV once the prompt is done: the last
+  // one is the input of the next decode step.
+  if (seq.computed < static_cast<int32_t>(seq.tokens.size()) - 1) return Stage::kPrefill;
+  if (seq.lane == Lane::kDecode && seq.timeline.handoff_end == absl::InfinitePast()) {
+    return Stage::kHandoff;
+  }
+  return Stage::kDecode;
+}
+
 void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status why) {
   TANDEM_CHECK(seq != nullptr, "finishing an unknown sequence");
   kv_.Release(seq->id);
@@ -443,6 +456,7 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
   info.timeline = seq->timeline;
   info.path = seq->handed_off ? Path::kDisaggregated : Path::kColocated;
   info.path_reason = seq->decision.reason;
+  info.stage = StageOf(*seq);
   seq->request.sink->OnFinish(info);
 }
 

@@ -131,6 +131,7 @@ class SchedulerCore {
     int32_t generated = 0;
     int32_t cached_prompt_tokens = -1;  // prefix-cache hit at first admission
     Lane lane = Lane::kPrefill;
+    bool queued = true;  // in waiting_: not yet admitted, or preempted
     bool in_flight = false;
     std::optional<std::pair<FinishReason, absl::Status>> pending_cancel;
     AdmissionDecision decision;
@@ -161,6 +162,7 @@ class SchedulerCore {
   // decoding), within `budget` tokens; returns the tokens used.
   int32_t PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budget);
   void Finish(SequencePtr seq, FinishReason reason, absl::Status why);
+  static Stage StageOf(const Sequence& seq);
   step::SequenceStep MakeStep(const Sequence& seq, int32_t count) const;
   // Finds a waiting or running sequence.
   Sequence* Find(uint64_t id);

@@ -1,5 +1,8 @@
 #include "server/generate_reactors.h"
 
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
 namespace tandem::server {
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -34,9 +37,10 @@ void CancellationLink::Cancel() {
 
 // --- streaming ----------------------------------------------------------------
 
-class StreamingGenerate::Channel final : public ResponseChannel {
+class StreamingGenerate::Channel final : public ResponseChannel, public WatchedStream {
  public:
-  explicit Channel(StreamingGenerate* reactor) : reactor_(reactor) {}
+  Channel(StreamingGenerate* reactor, grpc::CallbackServerContext* context)
+      : reactor_(reactor), context_(context) {}
 
   void Send(v1::GenerateResponse response) override {
     absl::MutexLock lock(&mu_);
@@ -59,7 +63,7 @@ class StreamingGenerate::Channel final : public ResponseChannel {
     if (closing_ || reactor_ == nullptr) return;
     closing_ = true;
     close_status_ = status;
-    if (!write_in_flight_) FinishLocked();
+    if (!write_in_flight_ && !cancelling_) FinishLocked();
   }
 
   void OnWriteDone(bool ok) {
@@ -70,20 +74,51 @@ class StreamingGenerate::Channel final : public ResponseChannel {
       v1::GenerateResponse next = *std::move(pending_);
       pending_.reset();
       StartWriteLocked(std::move(next));
-    } else if (closing_ && !finished_) {
+    } else if (closing_ && !finished_ && !cancelling_) {
       FinishLocked();
     }
+  }
+
+  bool CancelIfStalledSince(absl::Time cutoff) override {
+    grpc::CallbackServerContext* context = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reactor_ == nullptr || finished_ || cancelling_ || !write_in_flight_ ||
+          write_started_ > cutoff) {
+        return false;
+      }
+      // Holds Finish() back until TryCancel returns: the call, and with it
+      // the context, cannot end (OnDone) before it is finished.
+      cancelling_ = true;
+      context = context_;
+      spdlog::warn("request {}: the client read nothing for {}; cancelling its stream", request_id_,
+                   absl::FormatDuration(absl::Now() - write_started_));
+    }
+    // gRPC may run this call's callbacks (OnWriteDone, OnCancel) on this
+    // thread before TryCancel returns: no lock is held across it.
+    context->TryCancel();
+    absl::MutexLock lock(&mu_);
+    cancelling_ = false;
+    if (closing_ && !write_in_flight_ && !finished_) FinishLocked();
+    return true;
+  }
+
+  void set_request_id(std::string id) {
+    absl::MutexLock lock(&mu_);
+    request_id_ = std::move(id);
   }
 
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
+    context_ = nullptr;
   }
 
  private:
   void StartWriteLocked(v1::GenerateResponse response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     in_flight_ = std::move(response);
     write_in_flight_ = true;
+    write_started_ = absl::Now();
     reactor_->StartWrite(&in_flight_);
   }
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -93,17 +128,25 @@ class StreamingGenerate::Channel final : public ResponseChannel {
 
   absl::Mutex mu_;
   StreamingGenerate* reactor_ ABSL_GUARDED_BY(mu_);
+  grpc::CallbackServerContext* context_ ABSL_GUARDED_BY(mu_);
+  std::string request_id_ ABSL_GUARDED_BY(mu_);
   v1::GenerateResponse in_flight_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time write_started_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelling_ ABSL_GUARDED_BY(mu_) = false;  // in CancelIfStalledSince
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
 
-StreamingGenerate::StreamingGenerate(scheduler::Scheduler* scheduler,
-                                     std::atomic<int64_t>* open_calls)
-    : open_calls_(open_calls), channel_(std::make_shared<Channel>(this)), link_(scheduler) {
+StreamingGenerate::StreamingGenerate(grpc::CallbackServerContext* context,
+                                     scheduler::Scheduler* scheduler,
+                                     std::atomic<int64_t>* open_calls, SlowReaderWatchdog* watchdog)
+    : open_calls_(open_calls),
+      watchdog_(watchdog),
+      channel_(std::make_shared<Channel>(this, context)),
+      link_(scheduler) {
   open_calls_->fetch_add(1);
 }
 
@@ -111,11 +154,17 @@ StreamingGenerate::~StreamingGenerate() { open_calls_->fetch_sub(1); }
 
 std::shared_ptr<ResponseChannel> StreamingGenerate::channel() const { return channel_; }
 
+void StreamingGenerate::Started(std::string request_id) {
+  channel_->set_request_id(std::move(request_id));
+  if (watchdog_ != nullptr) watchdog_->Watch(channel_);
+}
+
 void StreamingGenerate::Reject(const grpc::Status& status) { channel_->Finish(status); }
 
 void StreamingGenerate::OnWriteDone(bool ok) { channel_->OnWriteDone(ok); }
 
 void StreamingGenerate::OnDone() {
+  if (watchdog_ != nullptr) watchdog_->Forget(channel_.get());
   channel_->Detach();
   delete this;
 }

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "scheduler/scheduler.h"
 #include "server/response_stream.h"
+#include "server/slow_reader_watchdog.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 namespace tandem::server {
@@ -42,13 +43,18 @@ class CancellationLink {
 };
 
 // Generate: one write in flight; messages produced meanwhile are coalesced.
+// With a watchdog, a write that waits too long on the client cancels the call.
 class StreamingGenerate final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  StreamingGenerate(scheduler::Scheduler* scheduler, std::atomic<int64_t>* open_calls);
+  // `watchdog` may be null (no slow-reader timeout).
+  StreamingGenerate(grpc::CallbackServerContext* context, scheduler::Scheduler* scheduler,
+                    std::atomic<int64_t>* open_calls, SlowReaderWatchdog* watchdog);
   ~StreamingGenerate() override;
 
   std::shared_ptr<ResponseChannel> channel() const;
   CancellationLink& link() { return link_; }
+  // The request reached the scheduler: watch for a slow reader from now on.
+  void Started(std::string request_id);
   // Ends a call that never reached the scheduler.
   void Reject(const grpc::Status& status);
 
@@ -59,6 +65,7 @@ class StreamingGenerate final : public grpc::ServerWriteReactor<v1::GenerateResp
  private:
   class Channel;
   std::atomic<int64_t>* open_calls_;
+  SlowReaderWatchdog* watchdog_;
   std::shared_ptr<Channel> channel_;
   CancellationLink link_;
 };

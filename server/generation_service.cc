@@ -46,7 +46,12 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl
 
 GenerationService::GenerationService(ServingModel* model, scheduler::Scheduler* scheduler,
                                      ServerMetrics* metrics, ServiceOptions options)
-    : model_(model), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {}
+    : model_(model), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {
+  if (options_.slow_reader_timeout > absl::ZeroDuration()) {
+    watchdog_ = std::make_unique<SlowReaderWatchdog>(
+        options_.slow_reader_timeout, [metrics] { metrics->OnSlowReaderCancelled(); });
+  }
+}
 
 absl::Status GenerationService::Authorize(const grpc::CallbackServerContext& context) const {
   if (options_.api_keys.empty()) return absl::OkStatus();
@@ -70,7 +75,7 @@ absl::Status GenerationService::Authorize(const grpc::CallbackServerContext& con
 absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
                                       const v1::GenerateRequest& request,
                                       std::shared_ptr<ResponseChannel> channel,
-                                      CancellationLink& link) {
+                                      CancellationLink& link, std::string* id_out) {
   const absl::Time received = absl::Now();  // the request's timeline starts here
   const std::string request_id =
       request.request_id().empty() ? NewRequestId() : request.request_id();
@@ -109,14 +114,19 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
   absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
   if (!id.ok()) return reject(id.status());
   link.Started(*id);
+  if (id_out != nullptr) *id_out = request_id;
   return absl::OkStatus();
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto* reactor = new StreamingGenerate(scheduler_, &open_calls_);
-  if (absl::Status s = Start(*context, *request, reactor->channel(), reactor->link()); !s.ok()) {
+  auto* reactor = new StreamingGenerate(context, scheduler_, &open_calls_, watchdog_.get());
+  std::string request_id;
+  if (absl::Status s = Start(*context, *request, reactor->channel(), reactor->link(), &request_id);
+      !s.ok()) {
     reactor->Reject(ToGrpc(s));
+  } else {
+    reactor->Started(std::move(request_id));
   }
   return reactor;
 }
@@ -182,6 +192,7 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
                              ? static_cast<double>(load.kv.used_blocks) / load.kv.total_blocks
                              : 0.0);
   response->set_accepting(accepting());
+  response->set_open_calls(open_calls());
   return Reply(context, absl::OkStatus());
 }
 

@@ -17,6 +17,7 @@
 #include "server/response_stream.h"
 #include "server/server_metrics.h"
 #include "server/serving_model.h"
+#include "server/slow_reader_watchdog.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 namespace tandem::server {
@@ -31,6 +32,9 @@ struct ServiceOptions {
   int32_t max_prompt_tokens = 0;
   // Deadline of requests whose client set none (zero: none).
   absl::Duration default_deadline = absl::ZeroDuration();
+  // A stream whose write waits this long on its client is cancelled (zero:
+  // never; server/slow_reader_watchdog.h).
+  absl::Duration slow_reader_timeout = absl::ZeroDuration();
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -65,7 +69,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Authorizes, validates and submits a generation request whose output goes
   // to `channel`; on success the scheduler holds it.
   absl::Status Start(grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
-                     std::shared_ptr<ResponseChannel> channel, class CancellationLink& link);
+                     std::shared_ptr<ResponseChannel> channel, class CancellationLink& link,
+                     std::string* id_out = nullptr);
 
   ServingModel* model_;
   scheduler::Scheduler* scheduler_;
@@ -73,6 +78,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   ServiceOptions options_;
   std::atomic<bool> accepting_{true};
   std::atomic<int64_t> open_calls_{0};
+  // Declared last: destroyed first, so its thread never sees a dead member.
+  std::unique_ptr<SlowReaderWatchdog> watchdog_;
 };
 
 }  // namespace tandem::server

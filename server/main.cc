@@ -104,6 +104,9 @@ ABSL_FLAG(int, max_concurrent_streams, 100,
 ABSL_FLAG(absl::Duration, default_deadline, absl::Minutes(10),
           "deadline for requests whose client set none (DEADLINE_EXCEEDED after it); "
           "0: none");
+ABSL_FLAG(absl::Duration, slow_reader_timeout, absl::Seconds(60),
+          "a stream whose client reads nothing for this long (its next message cannot be "
+          "sent) is cancelled, freeing its request slot and KV blocks; 0: never");
 ABSL_FLAG(int, max_tokens_default, 2048, "max_tokens for requests that set none");
 ABSL_FLAG(double, default_temperature, 0.8, "sampling temperature for requests that set none");
 ABSL_FLAG(double, default_top_p, 0.95, "top-p, in (0, 1], for requests that set none");
@@ -390,29 +393,22 @@ int Main() {
                                  sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "")
                    : std::string("off"));
 
-  auto scheduler_collector = std::make_shared<server::SchedulerCollector>(
-      &scheduler, threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1,
-      auto_threshold ? std::optional(disagg_costs) : std::nullopt);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(address);
-      exposer->RegisterCollectable(registry);
-      exposer->RegisterCollectable(scheduler_collector);
-    } catch (const std::exception& e) {
-      spdlog::error("cannot serve metrics on {}: {}", address, e.what());
-      return 1;
-    }
-  }
-
   server::ServiceOptions service_options;
   service_options.defaults = defaults;
   service_options.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   service_options.default_deadline = absl::GetFlag(FLAGS_default_deadline);
-  if (service_options.max_prompt_tokens < 0 ||
-      service_options.default_deadline < absl::ZeroDuration()) {
-    spdlog::error("--max_prompt_tokens and --default_deadline must be >= 0");
+  service_options.slow_reader_timeout = absl::GetFlag(FLAGS_slow_reader_timeout);
+  if (service_options.max_prompt_tokens < 0) {
+    spdlog::error("--max_prompt_tokens must be >= 0");
     return 2;
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--default_deadline", service_options.default_deadline},
+        std::pair{"--slow_reader_timeout", service_options.slow_reader_timeout}}) {
+    if (value < absl::ZeroDuration()) {
+      spdlog::error("{} must be >= 0 (got {})", flag, absl::FormatDuration(value));
+      return 2;
+    }
   }
   if (const std::string keys = absl::GetFlag(FLAGS_api_keys_file); !keys.empty()) {
     absl::StatusOr<std::vector<std::string>> read = server::ReadApiKeys(keys);
@@ -429,6 +425,22 @@ int Main() {
   service_options.model_info.set_disagg_output_threshold_auto(auto_threshold);
   service_options.model_info.set_speculative(absl::GetFlag(FLAGS_speculative));
   server::GenerationService service(model->get(), &scheduler, &metrics, service_options);
+
+  auto scheduler_collector = std::make_shared<server::SchedulerCollector>(
+      &scheduler, threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1,
+      auto_threshold ? std::optional(disagg_costs) : std::nullopt,
+      [&service] { return service.open_calls(); });
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(address);
+      exposer->RegisterCollectable(registry);
+      exposer->RegisterCollectable(scheduler_collector);
+    } catch (const std::exception& e) {
+      spdlog::error("cannot serve metrics on {}: {}", address, e.what());
+      return 1;
+    }
+  }
 
   server::GrpcServerOptions grpc_options;
   grpc_options.listen = absl::GetFlag(FLAGS_listen);

@@ -75,6 +75,12 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
              "Prompt tokens found in the prefix cache (not recomputed).", MetricType::Counter,
              static_cast<double>(load.kv.prefix_hit_tokens)),
   };
+  if (open_calls_) {
+    families.push_back(Family("tandem_open_calls",
+                              "Generation calls whose RPC is still open (queued, running, or "
+                              "finishing their last write).",
+                              MetricType::Gauge, static_cast<double>(open_calls_())));
+  }
   if (auto_costs_.has_value()) {
     families.push_back(Family(
         "tandem_disagg_auto_cost_seconds",

@@ -3,6 +3,7 @@
 #ifndef TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
 #define TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -18,11 +19,14 @@ class SchedulerCollector final : public prometheus::Collectable {
   // `scheduler` must outlive the collector's registration. `threshold` is
   // --disagg_output_threshold (-1: off), exported for `tandem shape`;
   // `auto_costs`, when set, what the auto threshold was measured from.
+  // `open_calls`, when set, counts the generation calls still open.
   SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t disagg_threshold,
-                     std::optional<scheduler::DisaggregationCosts> auto_costs = std::nullopt)
+                     std::optional<scheduler::DisaggregationCosts> auto_costs = std::nullopt,
+                     std::function<int64_t()> open_calls = nullptr)
       : scheduler_(scheduler),
         threshold_(disagg_threshold),
         auto_costs_(auto_costs),
+        open_calls_(std::move(open_calls)),
         start_(absl::Now()) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -31,6 +35,7 @@ class SchedulerCollector final : public prometheus::Collectable {
   const scheduler::Scheduler* scheduler_;
   int32_t threshold_;
   std::optional<scheduler::DisaggregationCosts> auto_costs_;
+  std::function<int64_t()> open_calls_;
   absl::Time start_;
 };
 

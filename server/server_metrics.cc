@@ -7,6 +7,17 @@ namespace {
 
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
+// What ended a cancelled request, from the status the scheduler finished it
+// with: its deadline, the daemon stopping, or its client (gone, or cancelled).
+std::string CancelCause(const absl::Status& why) {
+  if (absl::IsDeadlineExceeded(why)) return "deadline";
+  if (absl::IsUnavailable(why)) return "shutdown";
+  return "client";
+}
+
+constexpr scheduler::Stage kStages[] = {scheduler::Stage::kQueued, scheduler::Stage::kPrefill,
+                                        scheduler::Stage::kHandoff, scheduler::Stage::kDecode};
+
 }  // namespace
 
 prometheus::Histogram::BucketBoundaries ServerMetrics::LatencyBuckets() {
@@ -65,6 +76,17 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                     .Help("Requests refused before queueing (invalid, queue full, draining).")
                     .Register(registry)
                     .Add({})),
+      cancelled_(prometheus::BuildCounter()
+                     .Name("tandem_cancelled_requests_total")
+                     .Help("Cancelled requests by the stage they were in and by cause (client, "
+                           "deadline, shutdown).")
+                     .Register(registry)),
+      slow_reader_cancellations_(prometheus::BuildCounter()
+                                     .Name("tandem_slow_reader_cancellations_total")
+                                     .Help("Streams cancelled because the client read nothing "
+                                           "for --slow_reader_timeout.")
+                                     .Register(registry)
+                                     .Add({})),
       queue_time_(prometheus::BuildHistogram()
                       .Name("tandem_queue_time_seconds")
                       .Help("Arrival to first admission into a batch.")
@@ -139,6 +161,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
     step_time_.Add({{"worker", worker}}, LatencyBuckets());
   }
   handoff_time_.Add({{"path", "disaggregated"}}, LatencyBuckets());
+  for (scheduler::Stage stage : kStages) {
+    for (const char* cause : {"client", "deadline", "shutdown"}) {
+      cancelled_.Add({{"stage", std::string(scheduler::StageName(stage))}, {"cause", cause}});
+    }
+  }
   for (auto proposer : {step::Proposer::kNgram, step::Proposer::kDraftModel}) {
     const std::string name(scheduler::ProposerName(proposer));
     drafted_tokens_.Add({{"proposer", name}});
@@ -180,6 +207,12 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
       .Add({{"finish_reason", std::string(scheduler::FinishReasonName(info.reason))},
             {"path", path}})
       .Increment();
+  if (info.reason == scheduler::FinishReason::kCancelled) {
+    cancelled_
+        .Add({{"stage", std::string(scheduler::StageName(info.stage))},
+              {"cause", CancelCause(info.error)}})
+        .Increment();
+  }
   prompt_tokens_.Increment(info.usage.prompt_tokens);
   generated_tokens_.Increment(info.usage.completion_tokens);
   const scheduler::Timeline& t = info.timeline;
@@ -212,5 +245,7 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
 }
 
 void ServerMetrics::OnRejected() { rejected_.Increment(); }
+
+void ServerMetrics::OnSlowReaderCancelled() { slow_reader_cancellations_.Increment(); }
 
 }  // namespace tandem::server

@@ -27,6 +27,8 @@ class ServerMetrics {
   void OnStep(const scheduler::StepStats& step);
   // Records a request rejected before it was queued (bad input, full queue).
   void OnRejected();
+  // Records a stream cancelled because its client stopped reading.
+  void OnSlowReaderCancelled();
 
   // Latency buckets in seconds, chosen to resolve both a CPU (tens of ms per
   // token, seconds per long prompt) and a GPU (ms per token).
@@ -43,6 +45,9 @@ class ServerMetrics {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Counter& rejected_;
+  // Cancelled requests by the stage they left and by what ended them.
+  prometheus::Family<prometheus::Counter>& cancelled_;
+  prometheus::Counter& slow_reader_cancellations_;
   // Per-phase latency, labelled by path.
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& time_to_first_token_;

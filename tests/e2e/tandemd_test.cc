@@ -460,8 +460,9 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       // More blocks than 32-bit block ids address (not a wrapped count).
       {{"--kv_cache_bytes=1000000000000000"}, 1, "are addressable"},
       {{"--max_queued_tokens=-1"}, 2, "--max_queued_tokens must be >= 0"},
-      {{"--max_prompt_tokens=-1"}, 2, "--max_prompt_tokens and --default_deadline must be >= 0"},
-      {{"--default_deadline=-1s"}, 2, "--max_prompt_tokens and --default_deadline must be >= 0"},
+      {{"--max_prompt_tokens=-1"}, 2, "--max_prompt_tokens must be >= 0"},
+      {{"--default_deadline=-1s"}, 2, "--default_deadline must be >= 0 (got -1s)"},
+      {{"--slow_reader_timeout=-2s"}, 2, "--slow_reader_timeout must be >= 0 (got -2s)"},
       {{"--max_concurrent_streams=0"}, 2, "--max_concurrent_streams must be at least 1"},
       {{"--inject_fault=prefill:explode@3"}, 2, "the kind is not error, throw or stall"},
       {{"--inject_fault=prefill:stall@2"}, 2, "a stall needs a positive DURATION"},

@@ -212,7 +212,9 @@ TEST(SchedulerCoreTest, CancelInEveryStateFreesEverything) {
   core.Cancel(1, FinishReason::kCancelled, absl::CancelledError("client left"));
   EXPECT_EQ(waiting->finish->reason, FinishReason::kCancelled);
   EXPECT_EQ(waiting->tokens.size(), 0u);
+  EXPECT_EQ(waiting->finish->stage, Stage::kQueued);
   EXPECT_EQ(running->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(running->finish->stage, Stage::kDecode);
   EXPECT_EQ(running->finish->usage.completion_tokens, static_cast<int32_t>(running->tokens.size()));
   // A prompt cancelled between two of its chunks.
   core.Add(3, MakeRequest(30, 5, mid_prompt));
@@ -220,6 +222,7 @@ TEST(SchedulerCoreTest, CancelInEveryStateFreesEverything) {
   core.Update(Lane::kPrefill, plan, worker.Execute(plan));
   core.Cancel(3, FinishReason::kCancelled, absl::CancelledError("client left"));
   EXPECT_EQ(mid_prompt->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(mid_prompt->finish->stage, Stage::kPrefill);
   core.Cancel(3, FinishReason::kCancelled, absl::OkStatus());  // unknown by now: ignored
   EXPECT_FALSE(core.HasWork());
   EXPECT_EQ(core.free_blocks(), 64);

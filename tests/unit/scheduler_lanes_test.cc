@@ -299,6 +299,7 @@ TEST(SchedulerLanesTest, CancellationInEveryStateFreesEverythingExactlyOnce) {
   add("waiting", 1, 4);
   sim.core().Cancel(1, FinishReason::kCancelled, absl::CancelledError("client left"));
   EXPECT_EQ(sinks["waiting"]->finishes, 1);
+  EXPECT_EQ(sinks["waiting"]->finish->stage, Stage::kQueued);
 
   add("in_flight_prefill", 2, 40);
   add("mid_handoff", 3, 4);
@@ -316,9 +317,11 @@ TEST(SchedulerLanesTest, CancellationInEveryStateFreesEverythingExactlyOnce) {
   }
   EXPECT_EQ(sinks["in_flight_prefill"]->finishes, 1);
   EXPECT_EQ(sinks["in_flight_prefill"]->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(sinks["in_flight_prefill"]->finish->stage, Stage::kPrefill);
   EXPECT_FALSE(sim.InFlight(3));
   sim.core().Cancel(3, FinishReason::kCancelled, absl::CancelledError("client left"));
   EXPECT_EQ(sinks["mid_handoff"]->finishes, 1);
+  EXPECT_EQ(sinks["mid_handoff"]->finish->stage, Stage::kHandoff);
   // 4 on the decode lane, in flight or not: a deadline this time.
   for (int i = 0; i < 50; ++i) {
     sim.ScheduleIdleLanes();
@@ -330,6 +333,7 @@ TEST(SchedulerLanesTest, CancellationInEveryStateFreesEverythingExactlyOnce) {
   sim.RunToCompletion();
   EXPECT_EQ(sinks["on_decode"]->finishes, 1);
   EXPECT_EQ(sinks["on_decode"]->finish->path, Path::kDisaggregated);
+  EXPECT_EQ(sinks["on_decode"]->finish->stage, Stage::kDecode);
   for (auto& [name, sink] : sinks) EXPECT_EQ(sink->finishes, 1) << name;
   EXPECT_EQ(sim.core().free_blocks(), sim.core().total_blocks());
 }
