@@ -24,17 +24,6 @@ std::string NewRequestId() {
   return id;
 }
 
-// Compares in time that depends only on the lengths, so that a key cannot be
-// guessed byte by byte from response times.
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
-  }
-  return diff == 0;
-}
-
 // A unary reply that is complete at once.
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -53,25 +42,6 @@ GenerationService::GenerationService(ServingModel* model, scheduler::Scheduler* 
   }
 }
 
-absl::Status GenerationService::Authorize(const grpc::CallbackServerContext& context) const {
-  if (options_.api_keys.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError("missing 'authorization: Bearer <key>' metadata");
-  }
-  const std::string_view value(it->second.data(), it->second.size());
-  constexpr std::string_view kBearer = "Bearer ";
-  if (value.substr(0, kBearer.size()) != kBearer) {
-    return absl::UnauthenticatedError("the authorization metadata is not a bearer token");
-  }
-  const std::string_view key = value.substr(kBearer.size());
-  bool valid = false;
-  for (const std::string& k : options_.api_keys) valid |= ConstantTimeEquals(key, k);
-  if (!valid) return absl::UnauthenticatedError("invalid API key");
-  return absl::OkStatus();
-}
-
 absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
                                       const v1::GenerateRequest& request,
                                       std::shared_ptr<ResponseChannel> channel,
@@ -84,7 +54,6 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
     metrics_->OnRejected();
     return status;
   };
-  if (absl::Status s = Authorize(context); !s.ok()) return reject(s);
   if (!accepting()) {
     return reject(absl::UnavailableError("the server is draining; retry on another instance"));
   }
@@ -144,7 +113,6 @@ grpc::ServerUnaryReactor* GenerationService::GenerateUnary(grpc::CallbackServerC
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const v1::TokenizeRequest* request,
                                                       v1::TokenizeResponse* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return Reply(context, s);
   const tokenizer::BpeTokenizer& tok = model_->tokenizer();
   const bool has_text = !request->text().empty(), has_messages = !request->messages().empty();
   if (has_text == has_messages) {
@@ -173,7 +141,6 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetModelInfoRequest*,
                                                           v1::ModelInfo* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return Reply(context, s);
   *response = options_.model_info;
   return Reply(context, absl::OkStatus());
 }
@@ -181,7 +148,6 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext* context,
                                                      const v1::GetLoadRequest*,
                                                      v1::Load* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return Reply(context, s);
   const scheduler::SchedulerLoad load = scheduler_->Load();
   response->set_waiting(load.waiting);
   response->set_running_prefill(load.running[0]);

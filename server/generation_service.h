@@ -1,6 +1,7 @@
 // The tandem.v1.Generation gRPC service (callback API).
 //
-// Generate and GenerateUnary authorize, validate and tokenize on the gRPC
+// API keys are checked before any of this runs, in gRPC's transport
+// (grpc_auth.h). Generate and GenerateUnary validate and tokenize on the gRPC
 // thread, submit to the scheduler and return a reactor that the scheduler
 // thread then feeds (generate_reactors.h). Tokenize, GetModelInfo and GetLoad
 // answer at once.
@@ -24,8 +25,6 @@ namespace tandem::server {
 
 struct ServiceOptions {
   RequestDefaults defaults;
-  // Bearer tokens accepted in the `authorization` metadata; empty: no auth.
-  std::vector<std::string> api_keys;
   // What GetModelInfo answers.
   v1::ModelInfo model_info;
   // Longest prompt accepted (0: the context length minus one).
@@ -65,7 +64,6 @@ class GenerationService final : public v1::Generation::CallbackService {
   int64_t open_calls() const { return open_calls_.load(); }
 
  private:
-  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
   // Authorizes, validates and submits a generation request whose output goes
   // to `channel`; on success the scheduler holds it.
   absl::Status Start(grpc::CallbackServerContext& context, const v1::GenerateRequest& request,

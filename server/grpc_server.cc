@@ -4,10 +4,12 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "common/strings.h"
+#include "server/grpc_auth.h"
 
 namespace tandem::server {
 namespace {
@@ -41,7 +43,7 @@ absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
                                                               grpc::Service* service) {
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  grpc_server_credentials* core = nullptr;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
       return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
@@ -50,18 +52,25 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOp
     if (!cert.ok()) return cert.status();
     absl::StatusOr<std::string> key = ReadFile(options.tls_key_file, "--tls_key");
     if (!key.ok()) return key.status();
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    std::optional<std::string> ca;
     if (!options.tls_client_ca.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile(options.tls_client_ca, "--tls_client_ca");
-      if (!ca.ok()) return ca.status();
-      ssl.pem_root_certs = *ca;
-      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      absl::StatusOr<std::string> read = ReadFile(options.tls_client_ca, "--tls_client_ca");
+      if (!read.ok()) return read.status();
+      ca = *std::move(read);
     }
-    credentials = grpc::SslServerCredentials(ssl);
+    grpc_ssl_pem_key_cert_pair pair = {key->c_str(), cert->c_str()};
+    core = grpc_ssl_server_credentials_create_ex(
+        ca.has_value() ? ca->c_str() : nullptr, &pair, 1,
+        ca.has_value() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                       : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        nullptr);
   } else if (!options.tls_client_ca.empty()) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+  } else {
+    core = grpc_insecure_server_credentials_create();
   }
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      CoreServerCredentials(core, options.api_keys, options.on_unauthenticated);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

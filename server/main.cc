@@ -410,14 +410,15 @@ int Main() {
       return 2;
     }
   }
+  std::shared_ptr<const server::ApiKeys> api_keys;
   if (const std::string keys = absl::GetFlag(FLAGS_api_keys_file); !keys.empty()) {
     absl::StatusOr<std::vector<std::string>> read = server::ReadApiKeys(keys);
     if (!read.ok()) {
       spdlog::error("{}", read.status().ToString());
       return 2;
     }
-    service_options.api_keys = *std::move(read);
-    spdlog::info("API keys: {} accepted (from {})", service_options.api_keys.size(), keys);
+    api_keys = std::make_shared<const server::ApiKeys>(*std::move(read));
+    spdlog::info("API keys: {} accepted (from {})", api_keys->size(), keys);
   }
   service_options.model_info = (*model)->Info();
   service_options.model_info.set_disagg_output_threshold(
@@ -449,6 +450,8 @@ int Main() {
   grpc_options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   grpc_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   grpc_options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  grpc_options.api_keys = api_keys;
+  grpc_options.on_unauthenticated = [&metrics] { metrics.OnUnauthenticated(); };
   if (grpc_options.max_concurrent_streams < 1) {
     spdlog::error("--max_concurrent_streams must be at least 1");
     return 2;

@@ -87,6 +87,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                                            "for --slow_reader_timeout.")
                                      .Register(registry)
                                      .Add({})),
+      unauthenticated_(prometheus::BuildCounter()
+                           .Name("tandem_unauthenticated_calls_total")
+                           .Help("Calls refused for a missing or wrong API key.")
+                           .Register(registry)
+                           .Add({})),
       queue_time_(prometheus::BuildHistogram()
                       .Name("tandem_queue_time_seconds")
                       .Help("Arrival to first admission into a batch.")
@@ -245,6 +250,8 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
 }
 
 void ServerMetrics::OnRejected() { rejected_.Increment(); }
+
+void ServerMetrics::OnUnauthenticated() { unauthenticated_.Increment(); }
 
 void ServerMetrics::OnSlowReaderCancelled() { slow_reader_cancellations_.Increment(); }
 

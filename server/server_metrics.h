@@ -27,6 +27,8 @@ class ServerMetrics {
   void OnStep(const scheduler::StepStats& step);
   // Records a request rejected before it was queued (bad input, full queue).
   void OnRejected();
+  // Records a call refused for a missing or wrong API key.
+  void OnUnauthenticated();
   // Records a stream cancelled because its client stopped reading.
   void OnSlowReaderCancelled();
 
@@ -48,6 +50,7 @@ class ServerMetrics {
   // Cancelled requests by the stage they left and by what ended them.
   prometheus::Family<prometheus::Counter>& cancelled_;
   prometheus::Counter& slow_reader_cancellations_;
+  prometheus::Counter& unauthenticated_;
   // Per-phase latency, labelled by path.
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& time_to_first_token_;

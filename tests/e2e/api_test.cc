@@ -384,8 +384,14 @@ TEST(ApiLifecycleTest, ApiKeysGuardEveryRpcButHealth) {
                      v1::TokenizeResponse* o) { return stub->Tokenize(c, r, o); },
                  request, &response, key);
   };
-  EXPECT_EQ(tokenize("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(tokenize("wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Checked in gRPC's transport before any service code: the reasons are
+  // named, and the refusals counted.
+  const grpc::Status missing = tokenize("");
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(missing.error_message(), HasSubstr("missing 'authorization: Bearer <key>'"));
+  const grpc::Status wrong = tokenize("wrong");
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(wrong.error_message(), "invalid API key");
   EXPECT_TRUE(tokenize("secret-key-1").ok());
   EXPECT_TRUE(tokenize("secret-key-2").ok());
   EXPECT_EQ(Generate(*stub, Chat("Hi", 0.0f, 2)).status.error_code(),
@@ -397,6 +403,9 @@ TEST(ApiLifecycleTest, ApiKeysGuardEveryRpcButHealth) {
   while (reader->Read(&message)) {
   }
   EXPECT_TRUE(reader->Finish().ok());
+  std::optional<std::string> metrics = HttpGet(daemon.metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_EQ(MetricValue(*metrics, "tandem_unauthenticated_calls_total"), 3.0);
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
   EXPECT_THAT(daemon.Log(), ::testing::Not(HasSubstr("secret-key")));
 }
@@ -428,12 +437,19 @@ std::string Read(const std::string& path) {
   return s.str();
 }
 
-bool TlsCallWorks(const std::string& address, const grpc::SslCredentialsOptions& ssl) {
+grpc::Status TlsCall(const std::string& address, const grpc::SslCredentialsOptions& ssl,
+                     const std::string& api_key = "") {
   auto stub = v1::Generation::NewStub(grpc::CreateChannel(address, grpc::SslCredentials(ssl)));
   v1::ModelInfo info;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  return stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok();
+  if (!api_key.empty()) context.AddMetadata("authorization", "Bearer " + api_key);
+  return stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+}
+
+bool TlsCallWorks(const std::string& address, const grpc::SslCredentialsOptions& ssl,
+                  const std::string& api_key = "") {
+  return TlsCall(address, ssl, api_key).ok();
 }
 
 TEST(ApiLifecycleTest, TlsAndMutualTls) {
@@ -453,18 +469,23 @@ TEST(ApiLifecycleTest, TlsAndMutualTls) {
     EXPECT_EQ(daemon.Stop(SIGTERM), 0);
   }
   {
+    // Mutual TLS, and API keys on top (checked the same way over TLS).
+    const std::string keys = dir + "/keys";
+    std::ofstream(keys) << "tls-key\n";
     Daemon daemon({"--tls_cert=" + dir + "/server.pem", "--tls_key=" + dir + "/server.key",
-                   "--tls_client_ca=" + dir + "/ca.pem"});
+                   "--tls_client_ca=" + dir + "/ca.pem", "--api_keys_file=" + keys});
     grpc::SslCredentialsOptions with_cert = trust;
     with_cert.pem_private_key = Read(dir + "/client.key");
     with_cert.pem_cert_chain = Read(dir + "/client.pem");
     bool up = false;
     for (int i = 0; i < 100 && !up; ++i) {
-      up = TlsCallWorks(daemon.address(), with_cert);
+      up = TlsCallWorks(daemon.address(), with_cert, "tls-key");
       if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     ASSERT_TRUE(up) << daemon.Log();
-    EXPECT_FALSE(TlsCallWorks(daemon.address(), trust)) << "no client certificate: refused";
+    EXPECT_EQ(TlsCall(daemon.address(), with_cert).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_FALSE(TlsCallWorks(daemon.address(), trust, "tls-key"))
+        << "no client certificate: refused";
     EXPECT_EQ(daemon.Stop(SIGTERM), 0);
   }
 }
