@@ -21,7 +21,7 @@ endfunction()
 # GoogleTest binary whose tests are registered with ctest one by one. Every
 # test has a timeout: TIMEOUT, else 120 s for unit tests and 600 s for the
 # others (a hung test fails instead of stalling CI). The label `tsan` marks
-# the tests scripts/test --sanitize=thread runs.
+# the tests scripts/test --sanitize=thread runs, `gpu` those that need one.
 function(tandem_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -38,6 +38,10 @@ function(tandem_test name)
   if(ARG_TIMEOUT)
     set(timeout ${ARG_TIMEOUT})
   endif()
+  # gtest_discover_tests splits a list of labels into separate property
+  # arguments, so several labels become one joined by '-' ("unit-tsan"):
+  # ctest -L takes a regular expression, so -L unit and -L tsan both match.
+  string(JOIN "-" labels ${labels})
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES LABELS "${labels}" TIMEOUT ${timeout}

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,13 +91,20 @@ Daemon::Daemon(std::vector<std::string> extra) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    // The daemon dies with the test (even one that aborts before its
+    // destructors run), so no daemon outlives its test. The kernel sends the
+    // signal when the creating *thread* ends: tests create daemons on their
+    // main thread. Only async-signal-safe calls between fork and exec.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log < 0 || ::dup2(log, 2) < 0 || ::dup2(2, 1) < 0) ::_exit(127);
+    ::execve(argv[0], argv.data(), environ);
+    ::_exit(127);
+  }
 }
 
 Daemon::~Daemon() {
