@@ -1,9 +1,11 @@
-"""Two tandemd instances behind nginx (gRPC over HTTP/2). Requests spread
-over both; one is stopped with SIGTERM under load: every request completes or
+"""Two tandemd instances behind nginx and behind HAProxy (gRPC over HTTP/2),
+with the configs of deploy/lb, each first passing the proxy's own check.
+Requests spread over both; one is stopped with SIGTERM under load: every request completes or
 gets UNAVAILABLE before its first token (so the caller can retry), none
 hangs, and the other instance keeps serving."""
 import os
 import shutil
+import string
 import subprocess
 import tempfile
 import threading
@@ -17,36 +19,38 @@ import tandem_e2e
 
 pb2, pb2_grpc = tandem_e2e.generated_stubs()
 
-NGINX_CONF = """
-daemon off;
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 512; }}
-http {{
-  access_log off;
-  client_body_temp_path {dir}/body;
-  proxy_temp_path {dir}/proxy;
-  fastcgi_temp_path {dir}/fastcgi;
-  uwsgi_temp_path {dir}/uwsgi;
-  scgi_temp_path {dir}/scgi;
-  upstream tandem {{
-    server 127.0.0.1:{a} max_fails=1 fail_timeout=30s;
-    server 127.0.0.1:{b} max_fails=1 fail_timeout=30s;
-  }}
-  server {{
-    listen 127.0.0.1:{port} http2;
-    location / {{
-      grpc_pass grpc://tandem;
-      # A backend that refuses the connection (stopped) is retried on the
-      # other before anything is sent to the client.
-      grpc_next_upstream error timeout;
-      grpc_read_timeout 300s;
-      grpc_send_timeout 300s;
-    }}
-  }}
-}}
-"""
+DEPLOY_LB = os.path.join(os.path.dirname(__file__), "..", "..", "..", "deploy", "lb")
+
+
+def render(template, **values):
+    """The deploy/lb template with ${NAME} placeholders filled, as envsubst would."""
+    with open(os.path.join(DEPLOY_LB, template)) as f:
+        return string.Template(f.read()).substitute(values)
+
+
+def start_proxy(kind, directory, port, backends):
+    """Writes the load balancer's config from deploy/lb, checks it with the
+    proxy's own checker, and starts the proxy in the foreground."""
+    values = dict(LISTEN=f"127.0.0.1:{port}", BACKEND_1=f"127.0.0.1:{backends[0]}",
+                  BACKEND_2=f"127.0.0.1:{backends[1]}", RUN_DIR=directory)
+    if kind == "nginx":
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        conf = os.path.join(directory, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(render("nginx.conf.template", **values))
+        check = [binary, "-t", "-p", directory, "-c", conf]
+        command = [binary, "-p", directory, "-c", conf]
+    else:
+        binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        conf = os.path.join(directory, "haproxy.cfg")
+        with open(conf, "w") as f:
+            f.write(render("haproxy.cfg.template", **values))
+        check = [binary, "-c", "-f", conf]
+        command = [binary, "-db", "-f", conf]
+    assert os.path.exists(binary), f"{kind} is installed by scripts/setup --test"
+    checked = subprocess.run(check, capture_output=True, text=True)
+    assert checked.returncode == 0, f"{kind} rejects deploy/lb's config:\n{checked.stderr}"
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def served(daemon):
@@ -58,20 +62,14 @@ def served(daemon):
     return total
 
 
-@pytest.fixture
-def cluster():
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert os.path.exists(nginx), "nginx is installed by scripts/setup --test"
+@pytest.fixture(params=["nginx", "haproxy"])
+def cluster(request):
     a, b = tandem_e2e.Daemon("--drain_timeout=20s"), tandem_e2e.Daemon("--drain_timeout=20s")
     a.wait_serving()
     b.wait_serving()
-    directory = tempfile.mkdtemp(prefix="nginx_")
+    directory = tempfile.mkdtemp(prefix=f"{request.param}_")
     port = tandem_e2e.free_port()
-    conf = os.path.join(directory, "nginx.conf")
-    with open(conf, "w") as f:
-        f.write(NGINX_CONF.format(dir=directory, a=a.port, b=b.port, port=port))
-    proxy = subprocess.Popen([nginx, "-p", directory, "-c", conf],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proxy = start_proxy(request.param, directory, port, (a.port, b.port))
     address = f"127.0.0.1:{port}"
     for _ in range(100):
         try:
