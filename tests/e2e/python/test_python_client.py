@@ -1,5 +1,10 @@
 """A client that is not ours: Python grpcio with stubs generated from the
-proto runs a chat, cancels a stream mid-way, and checks health."""
+proto runs a chat, cancels a stream mid-way, and checks health; every metric
+it serves is documented."""
+import os
+import re
+import urllib.request
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
@@ -106,3 +111,16 @@ def test_every_generation_rpc_demands_an_api_key(tmp_path):
         assert d.stop() == 0
     finally:
         d.kill()
+
+
+def test_every_metric_served_is_documented(daemon):
+    """docs/metrics.md lists every metric family /metrics serves (a new
+    metric without its row fails here)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics").read().decode()
+    served = set(re.findall(r"^# TYPE (\S+) ", text, flags=re.M))
+    assert "tandem_requests_total" in served and "tandem_open_calls" in served
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "metrics.md")
+    with open(docs) as f:
+        documented = set(re.findall(r"^\| `(tandem_[a-z0-9_]+)`", f.read(), flags=re.M))
+    missing = sorted(name for name in served if name.startswith("tandem_") and name not in documented)
+    assert not missing, f"served but not in docs/metrics.md: {missing}"
