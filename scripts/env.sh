@@ -9,7 +9,11 @@ TANDEM_BUILD_DIR="${TANDEM_BUILD_DIR:-$TANDEM_ROOT/build}"
 TANDEM_VENV="$TANDEM_CACHE/venv"
 TANDEM_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 export TANDEM_CACHE TANDEM_MODEL_DIR TANDEM_BUILD_DIR
-# ccache keeps rebuilds of a fresh clone fast.
+# ccache keeps rebuilds of a fresh clone fast, wherever it is cloned: paths
+# under the checkout are hashed relative to it (BASEDIR), and the working
+# directory is left out of the hash of -g builds (NOHASHDIR).
 export CCACHE_DIR="${CCACHE_DIR:-$TANDEM_CACHE/ccache}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$TANDEM_ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 
 tandem_log() { printf '\033[1m[tandem]\033[0m %s\n' "$*" >&2; }
