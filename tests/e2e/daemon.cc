@@ -49,6 +49,18 @@ std::optional<double> MetricValue(const std::string& text, const std::string& na
   return std::nullopt;
 }
 
+double FinishedRequests(const std::string& metrics, const std::vector<std::string>& reasons) {
+  double finished = 0;
+  for (const std::string& reason : reasons) {
+    for (const char* path : {"colocated", "disaggregated"}) {
+      finished += MetricValue(metrics, "tandem_requests_total{finish_reason=\"" + reason +
+                                           "\",path=\"" + path + "\"}")
+                      .value_or(0);
+    }
+  }
+  return finished;
+}
+
 std::optional<std::string> HttpGet(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

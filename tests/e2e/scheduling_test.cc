@@ -208,14 +208,7 @@ TEST(SchedulingTest, SoakOfTwoHundredMixedRequestsLeaksNothing) {
   ASSERT_TRUE(metrics.has_value());
   EXPECT_EQ(MetricValue(*metrics, "tandem_kv_cache_used_blocks"), 0.0) << *metrics;
   EXPECT_EQ(MetricValue(*metrics, "tandem_waiting_requests"), 0.0);
-  double finished = 0;
-  for (const char* reason : {"stop", "length", "cancelled", "error"}) {
-    for (const char* path : {"colocated", "disaggregated"}) {
-      finished += MetricValue(*metrics, std::string("tandem_requests_total{finish_reason=\"") +
-                                            reason + "\",path=\"" + path + "\"}")
-                      .value_or(0);
-    }
-  }
+  const double finished = FinishedRequests(*metrics);
   EXPECT_EQ(finished, kRequests);
   EXPECT_EQ(daemon.Health(), "SERVING");
   auto stub = daemon.Stub();
