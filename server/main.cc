@@ -428,7 +428,8 @@ int Main() {
   server::GenerationService service(model->get(), &scheduler, &metrics, service_options);
 
   auto scheduler_collector = std::make_shared<server::SchedulerCollector>(
-      &scheduler, threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1,
+      &scheduler, (*model)->block_size(),
+      threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1,
       auto_threshold ? std::optional(disagg_costs) : std::nullopt,
       [&service] { return service.open_calls(); });
   std::unique_ptr<prometheus::Exposer> exposer;

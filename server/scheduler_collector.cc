@@ -62,6 +62,14 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
              MetricType::Gauge, static_cast<double>(load.kv.used_blocks)),
       Family("tandem_kv_cache_usage_ratio", "Held KV blocks over all KV blocks (0..1).",
              MetricType::Gauge, total > 0 ? load.kv.used_blocks / total : 0.0),
+      // Labels named as Kubernetes inference gateways read them (the
+      // model-server protocol's cache-info metric); the value is always 1.
+      Family("tandem_kv_cache_config_info",
+             "The KV cache's shape: tokens per block and blocks in all (value 1).",
+             MetricType::Gauge,
+             {Sample{{{"block_size", std::to_string(block_size_)},
+                      {"num_gpu_blocks", std::to_string(load.kv.total_blocks)}},
+                     1.0}}),
       Family("tandem_kv_cache_cached_blocks",
              "KV blocks in the prefix index (held or free but not yet evicted).", MetricType::Gauge,
              load.kv.cached_blocks),

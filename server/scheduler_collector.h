@@ -16,14 +16,17 @@ namespace tandem::server {
 
 class SchedulerCollector final : public prometheus::Collectable {
  public:
-  // `scheduler` must outlive the collector's registration. `threshold` is
+  // `scheduler` must outlive the collector's registration. `block_size` is
+  // the KV cache's tokens per block. `threshold` is
   // --disagg_output_threshold (-1: off), exported for `tandem shape`;
   // `auto_costs`, when set, what the auto threshold was measured from.
   // `open_calls`, when set, counts the generation calls still open.
-  SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t disagg_threshold,
+  SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t block_size,
+                     int32_t disagg_threshold,
                      std::optional<scheduler::DisaggregationCosts> auto_costs = std::nullopt,
                      std::function<int64_t()> open_calls = nullptr)
       : scheduler_(scheduler),
+        block_size_(block_size),
         threshold_(disagg_threshold),
         auto_costs_(auto_costs),
         open_calls_(std::move(open_calls)),
@@ -33,6 +36,7 @@ class SchedulerCollector final : public prometheus::Collectable {
 
  private:
   const scheduler::Scheduler* scheduler_;
+  int32_t block_size_;
   int32_t threshold_;
   std::optional<scheduler::DisaggregationCosts> auto_costs_;
   std::function<int64_t()> open_calls_;

@@ -1,0 +1,218 @@
+"""deploy/ checked from the outside: every Kubernetes manifest (each kustomize
+overlay, rendered by `kubectl kustomize`) validates against the Kubernetes
+schemas offline and holds together (probes, ports, labels, drain timing);
+the daemon starts with the flags the manifests give it; every metric the
+Grafana dashboard queries is one that /metrics serves; and the container
+images install a Debian package for every shared library tandemd links."""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+
+import grpc
+import kubernetes_validate
+import pytest
+import yaml
+
+import tandem_e2e
+
+pb2, pb2_grpc = tandem_e2e.generated_stubs()
+
+DEPLOY = os.path.join(tandem_e2e.ROOT, "deploy")
+OVERLAYS = sorted(glob.glob(os.path.join(DEPLOY, "k8s", "overlays", "*")))
+# The oldest Kubernetes with GA gRPC probes, and the newest schemas known.
+KUBERNETES_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
+# Flags the test replaces with its own (paths and ports of this machine).
+LOCAL_FLAGS = ("--model=", "--listen=", "--metrics_listen=")
+
+
+def kubectl_with_kustomize_v4():
+    """kubectl whose built-in kustomize understands `labels:` (v4 and later);
+    Debian 12's kubernetes-client (1.20, kustomize v2) does not."""
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        return None
+    out = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True).stdout
+    match = re.search(r"Kustomize Version: v(\d+)", out)
+    return kubectl if match and int(match.group(1)) >= 4 else None
+
+
+def render(overlay):
+    kubectl = kubectl_with_kustomize_v4()
+    if kubectl is None:
+        pytest.skip("needs kubectl 1.21+ (kustomize v4+) on PATH to render deploy/k8s")
+    out = subprocess.run([kubectl, "kustomize", overlay], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def container(deployment):
+    (c,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "tandemd"]
+    return c
+
+
+def flag(args, name, default=None):
+    for a in args:
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def seconds(duration):
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, f"use whole seconds or minutes in manifests: {duration}"
+    return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+
+
+def test_there_are_overlays():
+    assert [os.path.basename(o) for o in OVERLAYS] == ["unified"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
+def test_manifests_validate_against_the_kubernetes_schemas(overlay):
+    docs = render(overlay)
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodMonitor"}
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD; its schema is not Kubernetes'; checked below
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
+def test_manifests_hold_together(overlay):
+    docs = render(overlay)
+    (service,) = by_kind(docs, "Service")
+    (monitor,) = by_kind(docs, "PodMonitor")
+    for deployment in by_kind(docs, "Deployment"):
+        pod = deployment["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        c = container(deployment)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        grpc_port = int(flag(c["args"], "listen").rsplit(":", 1)[1])
+        metrics_port = int(flag(c["args"], "metrics_listen").rsplit(":", 1)[1])
+        assert ports == {"grpc": grpc_port, "metrics": metrics_port}
+        # Listening on every interface, or the kubelet's probes cannot reach it.
+        assert flag(c["args"], "listen").startswith("0.0.0.0:")
+        # Native gRPC probes against the daemon's health service.
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"]["port"] == grpc_port, probe
+        # The kubelet waits out the preStop pause and the whole drain.
+        pre_stop = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
+        pause = int(re.search(r"sleep (\d+);", pre_stop).group(1))
+        assert "kill -TERM 1" in pre_stop
+        drain = seconds(flag(c["args"], "drain_timeout", "30s"))
+        grpc_shutdown = 5
+        assert pod["spec"]["terminationGracePeriodSeconds"] > pause + drain + grpc_shutdown
+        # As many compute threads as whole CPUs requested.
+        assert int(flag(c["args"], "threads")) == int(c["resources"]["requests"]["cpu"])
+        assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
+        # The headless Service and the PodMonitor select these pods, by port name.
+        assert service["spec"]["clusterIP"] == "None"
+        assert set(service["spec"]["selector"].items()) <= set(labels.items())
+        assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+        assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(labels.items())
+        assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
+def test_the_daemon_starts_with_the_manifests_flags(overlay):
+    for deployment in by_kind(render(overlay), "Deployment"):
+        args = [a for a in container(deployment)["args"] if not a.startswith(LOCAL_FLAGS)]
+        daemon = tandem_e2e.Daemon(*args)
+        try:
+            daemon.wait_serving()
+        finally:
+            daemon.kill()
+
+
+def served_families(daemon):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics").read().decode()
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_every_metric_the_dashboard_queries_is_served():
+    with open(os.path.join(DEPLOY, "grafana", "tandem-dashboard.json")) as f:
+        dashboard = json.load(f)
+    queried = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            queried |= set(re.findall(r"\btandem_[a-z0-9_]+", target["expr"]))
+    for variable in dashboard["templating"]["list"]:
+        if isinstance(variable.get("query"), dict):
+            queried |= set(re.findall(r"\btandem_[a-z0-9_]+", variable["query"]["query"]))
+    families = {re.sub(r"_(bucket|sum|count)$", "", name) for name in queried}
+    assert len(families) > 20
+
+    # One request on each path (the second long enough to be handed to the
+    # decode worker) so that every labelled family has a child.
+    daemon = tandem_e2e.Daemon("--disagg_output_threshold=8")
+    try:
+        daemon.wait_serving()
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb2_grpc.GenerationStub(channel)
+            for max_tokens in (4, 24):
+                request = pb2.GenerateRequest(
+                    messages=[pb2.ChatMessage(role="user", content="Count to twenty.")],
+                    sampling=pb2.SamplingParams(temperature=0.0), max_tokens=max_tokens,
+                    ignore_eos=True)
+                list(stub.Generate(request, timeout=60))
+        served = served_families(daemon)
+    finally:
+        daemon.kill()
+    assert sorted(families - served) == []
+
+
+def linked_packages(binary):
+    """The Debian packages that hold the shared libraries `binary` links."""
+    packages = set()
+    for line in subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout.splitlines():
+        if "=>" not in line or "not found" in line:
+            continue
+        path = os.path.realpath(line.split("=>")[1].split()[0])
+        for candidate in (path, "/usr" + path, path.removeprefix("/usr")):
+            found = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
+            if found.returncode == 0:
+                packages.add(found.stdout.split(":")[0])
+                break
+        else:
+            raise AssertionError(f"no Debian package holds {path}")
+    return packages
+
+
+def with_dependencies(packages):
+    """`packages` and everything they depend on, as installed here."""
+    closure, todo = set(), list(packages)
+    while todo:
+        package = todo.pop()
+        if package in closure:
+            continue
+        closure.add(package)
+        depends = subprocess.run(["dpkg-query", "-W", "-f=${Depends}", package],
+                                 capture_output=True, text=True).stdout
+        for alternative in filter(None, (d.strip() for d in depends.split(","))):
+            todo.append(re.split(r"[\s:(|]", alternative.strip())[0])
+    return closure
+
+
+@pytest.mark.parametrize("image", ["cpu", "cuda"])
+def test_the_images_install_every_library_tandemd_links(image):
+    with open(os.path.join(DEPLOY, "docker", f"{image}.Dockerfile")) as f:
+        dockerfile = f.read()
+    runtime_stage = dockerfile.rsplit("\nFROM ", 1)[1]
+    installed = re.search(r"apt-get install[^\n]*\n((?:.*\\\n)+)", runtime_stage).group(1)
+    listed = set(re.findall(r"\b(lib[a-z0-9+.\-]+)", installed))
+    # Always present in debian:12-slim.
+    essential = {"libc6", "libgcc-s1", "libstdc++6", "zlib1g"}
+    linked = {p for p in linked_packages(tandem_e2e.DAEMON)
+              if not re.match(r"lib(a|ub|t)san\d", p)}  # a sanitizer build's runtime
+    missing = sorted(linked - essential - with_dependencies(listed))
+    assert missing == [], f"{image}.Dockerfile's runtime stage lacks {missing}"
