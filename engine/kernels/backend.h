@@ -90,6 +90,16 @@ struct KvCacheShape {
   }
 };
 
+// The paged KV storage as one block of backend memory: [layer][K, V][block]
+// [slot][kv head][head dim] half floats, so block b of layer l's K pool
+// starts at ((2 * l) * blocks + b) * (BytesPerBlock() / (2 * layers)) bytes
+// and its V pool one pool later. What a KV-transfer agent registers.
+struct KvStorage {
+  void* data = nullptr;  // null before CreateKvCache
+  size_t bytes = 0;
+  bool device = false;  // device memory (a GPU's), not host memory
+};
+
 // Rotary embedding of the first `rotary_dims` dimensions of each head.
 // `table` holds, for each position p < max_positions and each pair i <
 // rotary_dims/2, the pair (cos, sin) of p * theta_i, as one F32 weight row per
@@ -162,6 +172,7 @@ class Backend {
   // a block table, not bytes.
   virtual absl::Status ShareKvCache(const Backend& other) = 0;
   virtual const KvCacheShape& kv_cache_shape() const = 0;
+  virtual KvStorage kv_storage() const = 0;
   virtual void CopyToHost(const Matrix& src, float* dst) = 0;
   virtual void CopyFromHost(const float* src, Matrix dst) = 0;
 

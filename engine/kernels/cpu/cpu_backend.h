@@ -34,6 +34,10 @@ class CpuBackend final : public Backend {
   absl::Status CreateKvCache(const KvCacheShape& shape) override;
   absl::Status ShareKvCache(const Backend& other) override;
   const KvCacheShape& kv_cache_shape() const override { return kv_shape_; }
+  KvStorage kv_storage() const override {
+    if (kv_storage_ == nullptr) return {};
+    return {kv_storage_->data(), kv_storage_->bytes(), /*device=*/false};
+  }
   void CopyToHost(const Matrix& src, float* dst) override;
   void CopyFromHost(const float* src, Matrix dst) override;
 
