@@ -51,16 +51,27 @@ kernels::KvCacheShape Shape(int blocks) {
   std::exit(1);
 }
 
-// The owner: registers its storage, writes its metadata to `out` and waits
-// until the parent closes `done`.
-[[noreturn]] void Owner(const std::string& transport, int out, int done) {
+size_t StorageBytes() {
   const kernels::KvCacheShape shape = Shape(absl::GetFlag(FLAGS_pool_blocks));
-  std::vector<char> storage(shape.BytesPerBlock() * static_cast<size_t>(shape.blocks), 1);
+  return shape.BytesPerBlock() * static_cast<size_t>(shape.blocks);
+}
+
+// A UCX agent on `transport` with `storage` registered as its region 0.
+std::unique_ptr<kvtransfer::TransferAgent> StartAgent(const std::string& transport,
+                                                      std::vector<char>& storage) {
   auto agent = kvtransfer::CreateUcxAgent({transport});
   if (!agent.ok()) Fail(agent.status().ToString());
   if (!(*agent)->RegisterMemory(storage.data(), storage.size(), kvtransfer::MemoryKind::kHost).ok())
     Fail("register");
-  absl::StatusOr<std::string> metadata = (*agent)->LocalMetadata();
+  return *std::move(agent);
+}
+
+// The owner: registers its storage, writes its metadata to `out` and waits
+// until the parent closes `done`.
+[[noreturn]] void Owner(const std::string& transport, int out, int done) {
+  std::vector<char> storage(StorageBytes(), 1);
+  std::unique_ptr<kvtransfer::TransferAgent> agent = StartAgent(transport, storage);
+  absl::StatusOr<std::string> metadata = agent->LocalMetadata();
   if (!metadata.ok()) Fail(metadata.status().ToString());
   const uint64_t size = metadata->size();
   if (write(out, &size, sizeof(size)) != sizeof(size) ||
@@ -94,12 +105,9 @@ void Measure(const std::string& transport, const std::vector<int>& block_counts)
   }
 
   const kernels::KvCacheShape shape = Shape(absl::GetFlag(FLAGS_pool_blocks));
-  std::vector<char> storage(shape.BytesPerBlock() * static_cast<size_t>(shape.blocks), 0);
-  auto agent = kvtransfer::CreateUcxAgent({transport});
-  if (!agent.ok()) Fail(agent.status().ToString());
-  if (!(*agent)->RegisterMemory(storage.data(), storage.size(), kvtransfer::MemoryKind::kHost).ok())
-    Fail("register");
-  absl::StatusOr<kvtransfer::PeerId> peer = (*agent)->AddPeer(metadata);
+  std::vector<char> storage(StorageBytes(), 0);
+  std::unique_ptr<kvtransfer::TransferAgent> agent = StartAgent(transport, storage);
+  absl::StatusOr<kvtransfer::PeerId> peer = agent->AddPeer(metadata);
   if (!peer.ok()) Fail(peer.status().ToString());
 
   std::mt19937 random(7);
@@ -116,15 +124,15 @@ void Measure(const std::string& transport, const std::vector<int>& block_counts)
       auto reads = kvtransfer::PlanKvPageReads(shape, 0, local, shape, 0, remote);
       if (!reads.ok()) Fail(reads.status().ToString());
       const absl::Time start = absl::Now();
-      auto id = (*agent)->PostRead(*peer, reads->local, reads->remote, "done");
+      auto id = agent->PostRead(*peer, reads->local, reads->remote, "done");
       if (!id.ok()) Fail(id.status().ToString());
-      kvtransfer::TransferStatus status = (*agent)->Poll(*id);
+      kvtransfer::TransferStatus status = agent->Poll(*id);
       while (status.state == kvtransfer::TransferState::kInProgress) {
-        status = (*agent)->Poll(*id);
+        status = agent->Poll(*id);
       }
       if (status.state != kvtransfer::TransferState::kDone) Fail(status.error.ToString());
       ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-      (*agent)->Release(*id);
+      agent->Release(*id);
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
@@ -133,7 +141,7 @@ void Measure(const std::string& transport, const std::vector<int>& block_counts)
                 transport.c_str(), blocks, bytes / (1 << 20), median, ms.front(), ms.back(),
                 bytes / (median / 1000) / 1e9);
   }
-  agent->reset();
+  agent.reset();
   close(to_child[1]);
   int wstatus = 0;
   waitpid(child, &wstatus, 0);

@@ -2,12 +2,14 @@
 and gRPC stubs generated from the repository's .proto files at test time
 (by grpcio-tools, as any client in any language would generate them)."""
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -67,6 +69,15 @@ class Daemon:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"tandemd not serving: {self.read_log()}")
+
+    def metrics_text(self):
+        """What /metrics serves now, in Prometheus text format."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return urllib.request.urlopen(url).read().decode()
+
+    def metric_families(self):
+        """The names of the metric families /metrics serves now."""
+        return set(re.findall(r"^# TYPE (\S+) ", self.metrics_text(), flags=re.M))
 
     def read_log(self):
         with open(self.log.name) as f:

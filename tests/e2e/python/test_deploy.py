@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import urllib.request
 
 import grpc
 import kubernetes_validate
@@ -134,11 +133,6 @@ def test_the_daemon_starts_with_the_manifests_flags(overlay):
             daemon.kill()
 
 
-def served_families(daemon):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics").read().decode()
-    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-
-
 def test_every_metric_the_dashboard_queries_is_served():
     with open(os.path.join(DEPLOY, "grafana", "tandem-dashboard.json")) as f:
         dashboard = json.load(f)
@@ -165,7 +159,7 @@ def test_every_metric_the_dashboard_queries_is_served():
                     sampling=pb2.SamplingParams(temperature=0.0), max_tokens=max_tokens,
                     ignore_eos=True)
                 list(stub.Generate(request, timeout=60))
-        served = served_families(daemon)
+        served = daemon.metric_families()
     finally:
         daemon.kill()
     assert sorted(families - served) == []

@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
@@ -62,9 +61,8 @@ def start_proxy(kind, directory, port, backends):
 
 
 def served(daemon):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics").read().decode()
     total = 0.0
-    for line in text.splitlines():
+    for line in daemon.metrics_text().splitlines():
         if line.startswith("tandem_requests_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
