@@ -2,6 +2,7 @@
 which libFuzzer then mutates."""
 import argparse
 import os
+import struct
 import sys
 
 import numpy as np
@@ -73,6 +74,21 @@ def request_seeds(out):
         write(os.path.join(out, "fuzz_request"), f"request{i}", r.SerializeToString())
 
 
+def agent_metadata_seeds(out):
+    """KV-transfer metadata blobs (kvtransfer/agent_metadata.h): "TKV1", then
+    little-endian u64-length-prefixed backend and address, a u64 region count
+    and per region base, size and a length-prefixed key."""
+    def field(b):
+        return struct.pack("<Q", len(b)) + b
+    regions = [(0x7F0000001000, 368640 * 64, b"\x01\x02rkey"), (0x1000, 4096, b"")]
+    blob = b"TKV1" + field(b"ucx") + field(bytes(range(40))) + struct.pack("<Q", len(regions))
+    for base, size, key in regions:
+        blob += struct.pack("<QQ", base, size) + field(key)
+    write(os.path.join(out, "fuzz_agent_metadata"), "two-regions", blob)
+    write(os.path.join(out, "fuzz_agent_metadata"), "no-regions",
+          b"TKV1" + field(b"ucx") + field(b"addr") + struct.pack("<Q", 0))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -81,6 +97,7 @@ def main():
     gguf_seeds(a.out)
     text_seeds(a.out, a.docs)
     request_seeds(a.out)
+    agent_metadata_seeds(a.out)
 
 
 if __name__ == "__main__":
