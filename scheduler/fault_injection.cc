@@ -24,8 +24,8 @@ absl::StatusOr<FaultSpec> ParseFaultSpec(std::string_view text) {
   const size_t colon = text.find(':');
   if (colon == std::string_view::npos) return invalid("no lane");
   spec.lane = std::string(text.substr(0, colon));
-  if (spec.lane != "prefill" && spec.lane != "decode")
-    return invalid("the lane is not prefill or decode");
+  if (spec.lane != "prefill" && spec.lane != "decode" && spec.lane != "kv_transfer")
+    return invalid("the lane is not prefill, decode or kv_transfer");
   std::string_view rest = text.substr(colon + 1);
   const size_t at = rest.find('@');
   if (at == std::string_view::npos) return invalid("no @STEP");

@@ -5,7 +5,9 @@
 //   stall@N:DUR    step N sleeps DUR before running (the stall detector's
 //                  case: health turns NOT_SERVING, then back)
 // N counts the worker's steps from 1. A spec names the lane:
-// "prefill:error@3" or "decode:stall@2:3s".
+// "prefill:error@3" or "decode:stall@2:3s". On a decode daemon,
+// "kv_transfer:error@N" makes its Nth KV transfer from a prefill daemon
+// fail half way (server/peer_service.h).
 #ifndef TANDEM_SCHEDULER_FAULT_INJECTION_H_
 #define TANDEM_SCHEDULER_FAULT_INJECTION_H_
 
@@ -22,7 +24,7 @@ namespace tandem::scheduler {
 
 struct FaultSpec {
   enum class Kind { kError, kThrow, kStall };
-  std::string lane;  // "prefill" or "decode"
+  std::string lane;  // "prefill", "decode" or "kv_transfer"
   Kind kind = Kind::kError;
   int64_t step = 1;
   absl::Duration stall;

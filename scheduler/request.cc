@@ -3,7 +3,15 @@
 namespace tandem::scheduler {
 
 std::string_view PathName(Path path) {
-  return path == Path::kColocated ? "colocated" : "disaggregated";
+  switch (path) {
+    case Path::kColocated:
+      return "colocated";
+    case Path::kDisaggregated:
+      return "disaggregated";
+    case Path::kRemote:
+      return "remote";
+  }
+  return "unknown";
 }
 
 std::string_view StageName(Stage stage) {

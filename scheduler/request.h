@@ -42,6 +42,8 @@ inline std::string_view FinishReasonName(FinishReason reason) {
 enum class Path : uint8_t {
   kColocated,      // on the prefill worker, in its mixed batches
   kDisaggregated,  // handed to a decode worker after its prefill
+  kRemote,         // decoded by another daemon (on the entering daemon: handed to a decode
+                   // daemon; on the decode daemon: taken over from a prefill daemon)
 };
 
 // Why the request took its path.
@@ -89,6 +91,10 @@ struct Timeline {
   absl::Time first_token = absl::InfinitePast();
   absl::Time handoff_start = absl::InfinitePast();  // handed to the decode worker
   absl::Time handoff_end = absl::InfinitePast();    // its first decode-worker step began
+  // Remote decode: from offering the KV pages to a decode daemon until it
+  // had read them all (the prefill side's lease released).
+  absl::Time kv_transfer_start = absl::InfinitePast();
+  absl::Time kv_transfer_end = absl::InfinitePast();
   absl::Time finished = absl::InfinitePast();
 };
 

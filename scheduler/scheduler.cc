@@ -84,13 +84,80 @@ absl::StatusOr<uint64_t> Scheduler::Submit(Request request) {
   ++queued_;
   queued_tokens_ += prompt;
   request.sink = std::make_shared<FinishAfterPublishSink>(std::move(request.sink), &held_finishes_);
-  inbox_.push_back({id, std::move(request)});
+  inbox_.push_back({id, std::move(request), nullptr});
   return id;
 }
 
 void Scheduler::Cancel(uint64_t sequence_id) {
   absl::MutexLock lock(&mu_);
-  inbox_.push_back({sequence_id, std::nullopt});
+  inbox_.push_back({sequence_id, std::nullopt, nullptr});
+}
+
+void Scheduler::Post(std::function<void()> action) {
+  absl::MutexLock lock(&mu_);
+  Command command;
+  command.action = std::move(action);
+  inbox_.push_back(std::move(command));
+}
+
+void Scheduler::SetRemoteDecodeLink(RemoteDecodeLink* link) { remote_link_ = link; }
+
+void Scheduler::RemoteTokens(uint64_t sequence_id, std::vector<TokenId> tokens,
+                             std::vector<step::TokenLogprobs> logprobs) {
+  Post([this, sequence_id, tokens = std::move(tokens), logprobs = std::move(logprobs)] {
+    core_.OnRemoteTokens(sequence_id, tokens, logprobs);
+  });
+}
+
+void Scheduler::RemoteFinished(uint64_t sequence_id, FinishReason reason, int32_t drafted,
+                               int32_t accepted) {
+  Post([this, sequence_id, reason, drafted, accepted] {
+    core_.FinishRemote(sequence_id, reason, drafted, accepted);
+  });
+}
+
+void Scheduler::RemoteFailed(uint64_t sequence_id) {
+  Post([this, sequence_id] { core_.ResumeLocally(sequence_id); });
+}
+
+void Scheduler::CommitLease(uint64_t sequence_id, std::function<void(bool)> answer) {
+  Post([this, sequence_id, answer = std::move(answer)] { answer(core_.CommitLease(sequence_id)); });
+}
+
+absl::StatusOr<uint64_t> Scheduler::Import(ImportedRequest imported, ImportCallback reserved) {
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    id = next_id_++;
+  }
+  imported.request.sink =
+      std::make_shared<FinishAfterPublishSink>(std::move(imported.request.sink), &held_finishes_);
+  // std::function needs a copyable callable: the request travels in a shared_ptr.
+  auto shared = std::make_shared<ImportedRequest>(std::move(imported));
+  Post([this, id, shared, reserved = std::move(reserved)] {
+    reserved(core_.Import(id, std::move(*shared)));
+  });
+  return id;
+}
+
+void Scheduler::CompleteImport(uint64_t sequence_id, absl::Status status) {
+  Post([this, sequence_id, status = std::move(status)] {
+    core_.CompleteImport(sequence_id, status);
+  });
+}
+
+void Scheduler::DeliverRemote() {
+  for (HandoffOffer& offer : core_.TakeOffers()) {
+    if (remote_link_ == nullptr) {
+      core_.ResumeLocally(offer.sequence_id);
+    } else {
+      remote_link_->Offer(std::move(offer));
+    }
+  }
+  for (uint64_t id : core_.TakeRemoteAborts()) {
+    if (remote_link_ != nullptr) remote_link_->Abort(id);
+  }
 }
 
 void Scheduler::Stop() {
@@ -162,7 +229,9 @@ void Scheduler::Loop() {
       lane.plan = {};
     }
     for (Command& c : commands) {
-      if (c.request.has_value()) {
+      if (c.action) {
+        c.action();
+      } else if (c.request.has_value()) {
         core_.Add(c.id, *std::move(c.request));
       } else {
         core_.Cancel(c.id, FinishReason::kCancelled, absl::CancelledError("cancelled"));
@@ -172,6 +241,7 @@ void Scheduler::Loop() {
       // Nothing new runs after Stop(); steps in flight finish first.
       core_.CancelAll(FinishReason::kCancelled,
                       absl::UnavailableError("the server is shutting down"));
+      DeliverRemote();
       PublishLoad();
       DeliverHeldFinishes();
       if (!AnyBusy()) return;
@@ -200,6 +270,7 @@ void Scheduler::Loop() {
       lane.thread->Run(&lane.plan);
       progressed = true;
     }
+    DeliverRemote();
     PublishLoad();
     DeliverHeldFinishes();
   }
@@ -215,6 +286,8 @@ void Scheduler::PublishLoad() {
   }
   load_.waiting = core_.waiting();
   load_.running = {core_.running(Lane::kPrefill), core_.running(Lane::kDecode)};
+  load_.running_remote = core_.remote();
+  load_.lease_expirations = core_.lease_expirations();
   load_.preemptions = core_.preemptions();
   load_.handoffs = core_.handoffs();
   load_.kv = core_.kv_stats();

@@ -32,8 +32,10 @@ namespace tandem::scheduler {
 struct SchedulerLoad {
   int32_t waiting = 0;
   std::array<int32_t, kLanes> running = {0, 0};
+  int32_t running_remote = 0;  // handed to decode daemons, not yet ended
   int64_t preemptions = 0;
   int64_t handoffs = 0;
+  int64_t lease_expirations = 0;  // remote decode leases that ran out
   kvcache::KvCacheStats kv;
   // For stall detection: when a step last completed, and whether any
   // request is waiting or running.
@@ -67,6 +69,17 @@ struct StepStats {
 };
 using StepObserver = std::function<void(const StepStats&)>;
 
+// Where a prefill daemon's scheduler sends the requests it hands to decode
+// daemons, and the aborts of those that ended here first
+// (server/remote_decoder.h). Called on the scheduler thread: must not block.
+// The link reports back through the Scheduler's Remote* and CommitLease.
+class RemoteDecodeLink {
+ public:
+  virtual ~RemoteDecodeLink() = default;
+  virtual void Offer(HandoffOffer offer) = 0;
+  virtual void Abort(uint64_t sequence_id) = 0;
+};
+
 class Scheduler {
  public:
   // Workers must outlive the scheduler; `decode` may be null (no decode
@@ -97,11 +110,41 @@ class Scheduler {
 
   SchedulerLoad Load() const;
 
+  // --- remote decode, a prefill daemon (SchedulerCore's file comment) ---
+  // REQUIRES: called before the first Submit(), with options.remote_decode.
+  // Without a link, requests due for a decode daemon go on here.
+  void SetRemoteDecodeLink(RemoteDecodeLink* link);
+  // What the decode daemon reported for a request it took over.
+  void RemoteTokens(uint64_t sequence_id, std::vector<TokenId> tokens,
+                    std::vector<step::TokenLogprobs> logprobs);
+  void RemoteFinished(uint64_t sequence_id, FinishReason reason, int32_t drafted, int32_t accepted);
+  void RemoteFailed(uint64_t sequence_id);
+  // The decode daemon has read the pages: `answer(true)` once they are
+  // released, `answer(false)` when the lease expired first (or the request
+  // ended): the decode daemon must not use them. Called on the scheduler
+  // thread.
+  void CommitLease(uint64_t sequence_id, std::function<void(bool)> answer);
+
+  // --- remote decode, a decode daemon ---
+  // Takes a request over from a prefill daemon: returns its sequence id at
+  // once (for Cancel and CompleteImport); `reserved` is then called on the
+  // scheduler thread with the block table its pages go to, or the reason it
+  // cannot run here (the request is gone then: its sink hears nothing).
+  using ImportCallback = std::function<void(absl::StatusOr<std::vector<int32_t>>)>;
+  absl::StatusOr<uint64_t> Import(ImportedRequest imported, ImportCallback reserved);
+  // The transfer into its blocks ended (SchedulerCore::CompleteImport).
+  void CompleteImport(uint64_t sequence_id, absl::Status status);
+
  private:
   struct Command {
     uint64_t id = 0;
-    std::optional<Request> request;  // empty: a cancellation
+    std::optional<Request> request;  // empty: a cancellation, unless `action`
+    std::function<void()> action;    // run on the scheduler thread, in order
   };
+  // Queues `action` for the scheduler thread.
+  void Post(std::function<void()> action);
+  // Hands the core's offers and aborts to the remote-decode link.
+  void DeliverRemote();
   struct Completion {
     Lane lane;
     step::StepResult result;
@@ -136,6 +179,7 @@ class Scheduler {
   int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // in the inbox or waiting in the core
   int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
   SchedulerLoad load_ ABSL_GUARDED_BY(mu_);
+  RemoteDecodeLink* remote_link_ = nullptr;  // set before the first request
   std::thread thread_;
 };
 

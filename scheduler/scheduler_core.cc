@@ -14,7 +14,7 @@ std::string_view LaneName(Lane lane) { return lane == Lane::kPrefill ? "prefill"
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
       kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching),
-      policy_(options_.disaggregation, options_.decode_lane) {}
+      policy_(options_.disaggregation, options_.decode_lane || options_.remote_decode) {}
 
 absl::Status SchedulerCore::Admissible(const Request& request) const {
   const int32_t prompt = static_cast<int32_t>(request.prompt.size());
@@ -116,11 +116,8 @@ void SchedulerCore::Preempt(RunningList& list, RunningList::iterator it) {
 }
 
 SchedulerCore::Sequence* SchedulerCore::Find(uint64_t id) {
-  for (SequencePtr& s : waiting_) {
-    if (s->id == id) return s.get();
-  }
-  for (RunningList& list : running_) {
-    for (SequencePtr& s : list) {
+  for (std::list<SequencePtr>* list : AllLists()) {
+    for (SequencePtr& s : *list) {
       if (s->id == id) return s.get();
     }
   }
@@ -135,7 +132,7 @@ SchedulerCore::Sequence* SchedulerCore::FindRunning(Lane lane, uint64_t id) {
 }
 
 SchedulerCore::SequencePtr SchedulerCore::Take(uint64_t id) {
-  for (std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+  for (std::list<SequencePtr>* list : AllLists()) {
     for (auto it = list->begin(); it != list->end(); ++it) {
       if ((*it)->id != id) continue;
       TANDEM_CHECK(!(*it)->in_flight, "taking a sequence whose step is running");
@@ -304,7 +301,7 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
 }
 
 void SchedulerCore::MaybeHandOff(Sequence& seq) {
-  if (seq.lane != Lane::kPrefill || !policy_.enabled()) return;
+  if (seq.lane != Lane::kPrefill || !policy_.enabled() || seq.remote_failed) return;
   const bool decoding = seq.computed == static_cast<int32_t>(seq.tokens.size()) - 1;
   if (!decoding) return;
   const bool now_due = seq.handed_off || seq.decision.hand_off_after_prefill ||
@@ -319,6 +316,10 @@ void SchedulerCore::MaybeHandOff(Sequence& seq) {
   RunningList& from = running_of(Lane::kPrefill);
   for (auto it = from.begin(); it != from.end(); ++it) {
     if (it->get() != &seq) continue;
+    if (options_.remote_decode) {
+      OfferRemote(it);
+      return;
+    }
     seq.lane = Lane::kDecode;
     running_of(Lane::kDecode).push_back(std::move(*it));
     from.erase(it);
@@ -401,7 +402,7 @@ void SchedulerCore::Cancel(uint64_t sequence_id, FinishReason reason, absl::Stat
 
 void SchedulerCore::CancelAll(FinishReason reason, const absl::Status& why) {
   std::vector<uint64_t> ids;
-  for (const std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+  for (const std::list<SequencePtr>* list : AllLists()) {
     for (const SequencePtr& s : *list) ids.push_back(s->id);
   }
   for (uint64_t id : ids) Cancel(id, reason, why);
@@ -409,9 +410,18 @@ void SchedulerCore::CancelAll(FinishReason reason, const absl::Status& why) {
 
 void SchedulerCore::ExpireDeadlines(absl::Time now) {
   std::vector<uint64_t> expired;
-  for (const std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+  for (const std::list<SequencePtr>* list : AllLists()) {
     for (const SequencePtr& s : *list) {
       if (s->request.deadline <= now && !s->pending_cancel.has_value()) expired.push_back(s->id);
+    }
+  }
+  // Leases: the decode daemon had its time to read the pages. From here on
+  // CommitLease refuses, so its copy is never used.
+  for (SequencePtr& s : remote_) {
+    if (s->lease_held && s->lease_deadline <= now) {
+      kv_.Release(s->id);
+      s->lease_held = false;
+      ++lease_expirations_;
     }
   }
   for (uint64_t id : expired) {
@@ -421,8 +431,11 @@ void SchedulerCore::ExpireDeadlines(absl::Time now) {
 
 absl::Time SchedulerCore::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
-  for (const std::list<SequencePtr>* list : {&waiting_, &running_[0], &running_[1]}) {
+  for (const std::list<SequencePtr>* list : AllLists()) {
     for (const SequencePtr& s : *list) next = std::min(next, s->request.deadline);
+  }
+  for (const SequencePtr& s : remote_) {
+    if (s->lease_held) next = std::min(next, s->lease_deadline);
   }
   return next;
 }
@@ -436,6 +449,197 @@ Stage SchedulerCore::StageOf(const Sequence& seq) {
     return Stage::kHandoff;
   }
   return Stage::kDecode;
+}
+
+// --- remote decode ----------------------------------------------------------
+
+void SchedulerCore::OfferRemote(RunningList::iterator it) {
+  Sequence& seq = **it;
+  const absl::Time now = options_.clock();
+  seq.lane = Lane::kDecode;
+  seq.remote = true;
+  seq.lease_held = true;
+  seq.lease_deadline = now + options_.kv_lease;
+  seq.timeline.kv_transfer_start = now;
+  HandoffOffer offer;
+  offer.sequence_id = seq.id;
+  offer.request = seq.request;
+  offer.request.sink = nullptr;
+  offer.tokens = seq.tokens;
+  offer.generated = seq.generated;
+  offer.reason = seq.decision.reason;
+  const std::vector<kvcache::BlockId>& table = kv_.BlockTable(seq.id);
+  // Only the blocks that hold computed tokens travel.
+  offer.block_table.assign(table.begin(), table.begin() + kv_.BlocksFor(seq.computed));
+  offer.lease_deadline = seq.lease_deadline;
+  offers_.push_back(std::move(offer));
+  remote_.push_back(std::move(*it));
+  running_of(Lane::kPrefill).erase(it);
+}
+
+std::vector<HandoffOffer> SchedulerCore::TakeOffers() {
+  std::vector<HandoffOffer> out;
+  out.swap(offers_);
+  return out;
+}
+
+std::vector<uint64_t> SchedulerCore::TakeRemoteAborts() {
+  std::vector<uint64_t> out;
+  out.swap(remote_aborts_);
+  return out;
+}
+
+SchedulerCore::Sequence* SchedulerCore::FindRemote(uint64_t id) {
+  for (SequencePtr& s : remote_) {
+    if (s->id == id) return s.get();
+  }
+  return nullptr;
+}
+
+bool SchedulerCore::CommitLease(uint64_t sequence_id) {
+  Sequence* seq = FindRemote(sequence_id);
+  if (seq == nullptr || !seq->lease_held) return false;
+  const absl::Time now = options_.clock();
+  kv_.Release(seq->id);  // its blocks stay in the prefix cache
+  seq->lease_held = false;
+  if (now >= seq->lease_deadline) {
+    // Expired, though ExpireDeadlines has not run since: refused all the same.
+    ++lease_expirations_;
+    return false;
+  }
+  seq->remote_path = true;
+  seq->timeline.kv_transfer_end = now;
+  seq->timeline.handoff_end = now;
+  return true;
+}
+
+void SchedulerCore::OnRemoteTokens(uint64_t sequence_id, std::span<const TokenId> tokens,
+                                   std::span<const step::TokenLogprobs> logprobs) {
+  Sequence* seq = FindRemote(sequence_id);
+  if (seq == nullptr) return;  // it ended here; the abort is on its way
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const TokenId token = tokens[t];
+    seq->tokens.push_back(token);
+    ++seq->generated;
+    if (seq->timeline.first_token == absl::InfinitePast()) {
+      seq->timeline.first_token = options_.clock();
+    }
+    const auto& stops = seq->request.stop_token_ids;
+    const bool is_stop_token = std::find(stops.begin(), stops.end(), token) != stops.end();
+    const step::TokenLogprobs* lp = t < logprobs.size() ? &logprobs[t] : nullptr;
+    if (seq->request.sink->OnToken(token, is_stop_token, lp) && !is_stop_token) {
+      // A stop string matched here: the decode daemon cannot know.
+      Finish(Take(sequence_id), FinishReason::kStop, absl::OkStatus());
+      return;
+    }
+  }
+}
+
+void SchedulerCore::FinishRemote(uint64_t sequence_id, FinishReason reason, int32_t drafted,
+                                 int32_t accepted) {
+  Sequence* seq = FindRemote(sequence_id);
+  if (seq == nullptr) return;
+  seq->drafted += drafted;
+  seq->accepted += accepted;
+  seq->remote = false;  // nothing to abort there
+  Finish(Take(sequence_id), reason, absl::OkStatus());
+}
+
+void SchedulerCore::ResumeLocally(uint64_t sequence_id) {
+  Sequence* found = FindRemote(sequence_id);
+  if (found == nullptr) return;
+  SequencePtr seq = Take(sequence_id);
+  seq->remote = false;
+  seq->remote_failed = true;
+  seq->lane = Lane::kPrefill;
+  const absl::Time now = options_.clock();
+  if (seq->timeline.handoff_end == absl::InfinitePast()) seq->timeline.handoff_end = now;
+  if (seq->lease_held) {
+    // Its blocks still hold every computed token: it goes on as it was
+    // (tokens the decode daemon sent meanwhile are computed as a chunk).
+    seq->lease_held = false;
+    running_of(Lane::kPrefill).push_back(std::move(seq));
+    return;
+  }
+  // Its blocks went back to the pool (into the prefix cache): from its tokens.
+  seq->computed = 0;
+  seq->queued = true;
+  waiting_.push_back(std::move(seq));
+}
+
+absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
+                                                           ImportedRequest imported) {
+  const int32_t length = static_cast<int32_t>(imported.tokens.size());
+  const int32_t prompt = static_cast<int32_t>(imported.request.prompt.size());
+  if (length < 2 || prompt < 1 || imported.generated < 0 || prompt + imported.generated != length) {
+    return absl::InvalidArgumentError(StrCat("tokens: ", length, " tokens are not a ", prompt,
+                                             "-token prompt and ", imported.generated,
+                                             " generated tokens"));
+  }
+  if (length >= options_.context_length) {
+    return absl::InvalidArgumentError(StrCat("tokens: ", length, " tokens leave no room in a ",
+                                             options_.context_length, "-token context"));
+  }
+  if (imported.generated >= imported.request.max_tokens) {
+    return absl::InvalidArgumentError("max_tokens: the request has generated them all");
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = sequence_id;
+  seq->tokens = std::move(imported.tokens);
+  seq->request = std::move(imported.request);
+  seq->generated = imported.generated;
+  seq->computed = length - 1;
+  seq->cached_prompt_tokens = 0;
+  if (!seq->request.disable_speculation) seq->proposer = options_.speculation.proposer;
+  // Pages are written by the transfer: plain new blocks (no prefix match),
+  // with room for the next token.
+  // (An empty prompt span: no prefix lookup to count in the statistics.)
+  if (!kv_.Admit(seq->id, seq->request.cache_salt, {}, kvcache::PrefixMatch{}, length)) {
+    return absl::ResourceExhaustedError(StrCat("the KV cache has ", kv_.free_blocks(),
+                                               " free blocks; the request needs ",
+                                               kv_.BlocksFor(length)));
+  }
+  const absl::Time now = options_.clock();
+  seq->timeline.arrival = now;
+  seq->timeline.scheduled = now;
+  seq->timeline.handoff_start = now;
+  seq->timeline.kv_transfer_start = now;
+  seq->queued = false;
+  seq->in_flight = true;  // until CompleteImport: the transfer writes its blocks
+  seq->handed_off = true;
+  seq->remote_path = true;
+  seq->decision.reason = imported.reason;
+  // The decode lane when there is one, else the one worker.
+  seq->lane = options_.decode_lane ? Lane::kDecode : Lane::kPrefill;
+  const std::vector<kvcache::BlockId>& table = kv_.BlockTable(seq->id);
+  std::vector<int32_t> blocks(table.begin(), table.begin() + kv_.BlocksFor(seq->computed));
+  importing_.push_back(std::move(seq));
+  return blocks;
+}
+
+void SchedulerCore::CompleteImport(uint64_t sequence_id, const absl::Status& status) {
+  auto it = std::find_if(importing_.begin(), importing_.end(),
+                         [&](const SequencePtr& s) { return s->id == sequence_id; });
+  if (it == importing_.end()) return;  // completed already
+  SequencePtr owned = std::move(*it);
+  importing_.erase(it);
+  Sequence* seq = owned.get();
+  seq->in_flight = false;
+  running_of(seq->lane).push_back(std::move(owned));
+  // A cancellation (or deadline) that came during the transfer wins over
+  // the transfer's own outcome.
+  if (seq->pending_cancel.has_value()) {
+    auto [reason, why] = *seq->pending_cancel;
+    Finish(Take(sequence_id), reason, std::move(why));
+    return;
+  }
+  if (!status.ok()) {
+    Finish(Take(sequence_id), FinishReason::kError, status);
+    return;
+  }
+  kv_.Commit(seq->id, seq->tokens, seq->computed);
+  seq->timeline.kv_transfer_end = options_.clock();
+  seq->timeline.handoff_end = seq->timeline.kv_transfer_end;
 }
 
 void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status why) {
@@ -454,7 +658,14 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
   info.usage.drafted_tokens = seq->drafted;
   info.usage.accepted_tokens = seq->accepted;
   info.timeline = seq->timeline;
-  info.path = seq->handed_off ? Path::kDisaggregated : Path::kColocated;
+  // (A request that came back from a failed remote handoff before any
+  // pages moved was decoded here, colocated.)
+  info.path = seq->remote_path                         ? Path::kRemote
+              : seq->handed_off && !seq->remote_failed ? Path::kDisaggregated
+                                                       : Path::kColocated;
+  // The decode daemon stops too (it may not know yet: a stop string, a
+  // cancellation or a deadline here).
+  if (seq->remote) remote_aborts_.push_back(seq->id);
   info.path_reason = seq->decision.reason;
   info.stage = StageOf(*seq);
   seq->request.sink->OnFinish(info);

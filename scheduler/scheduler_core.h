@@ -37,6 +37,23 @@
 // step's results arrive. Every way a sequence ends goes through Finish(),
 // which releases its blocks exactly once.
 //
+// Remote decode (several daemons). On a prefill daemon (`remote_decode`), a
+// request due for the decode lane goes to another daemon instead: it leaves
+// the running lists for the remote set, and an offer (its tokens and block
+// table) is queued for TakeOffers(). Its blocks stay held under a lease
+// until the decode daemon has read them (CommitLease) or the lease's deadline
+// passes (ExpireDeadlines); a commit after expiry is refused, so nobody
+// decodes from pages that may have been reused. The decode daemon's tokens
+// come back through OnRemoteTokens and its end through FinishRemote. If it
+// fails (it died, it refused, the transfer broke), ResumeLocally continues
+// the request here: from its blocks if the lease still holds them, else
+// from its tokens (the prefix cache keeps most of their KV). A remote
+// request that ends here (cancelled, deadline, a stop string) is queued for
+// TakeRemoteAborts() so the decode daemon stops too.
+// On a decode daemon, Import() takes such a request in with blocks reserved
+// for its pages; it is in flight (untouchable, its blocks being written by
+// the transfer) until CompleteImport().
+//
 // Thread safety: none; owned by the Scheduler thread (or a test).
 #ifndef TANDEM_SCHEDULER_SCHEDULER_CORE_H_
 #define TANDEM_SCHEDULER_SCHEDULER_CORE_H_
@@ -47,9 +64,12 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/step/step_plan.h"
 #include "kvcache/kv_cache_manager.h"
@@ -77,7 +97,32 @@ struct SchedulerOptions {
   // request that would pass it is refused unless nothing waits. 0: no limit.
   int64_t max_queued_tokens = 0;
   SpeculationOptions speculation;
+  // Hand requests due for decoding to other daemons (TakeOffers) instead of
+  // a local decode lane.
+  bool remote_decode = false;
+  // How long a prefill daemon holds an offered request's blocks for the
+  // decode daemon to read them.
+  absl::Duration kv_lease = absl::Seconds(30);
   std::function<absl::Time()> clock = [] { return absl::Now(); };
+};
+
+// A request offered to a decode daemon: everything it needs to go on.
+struct HandoffOffer {
+  uint64_t sequence_id = 0;
+  Request request;              // without its sink
+  std::vector<TokenId> tokens;  // prompt and generated; all but the last have KV
+  int32_t generated = 0;
+  PathReason reason = PathReason::kThresholdReached;
+  std::vector<int32_t> block_table;  // holds the KV of tokens[0, tokens.size() - 1)
+  absl::Time lease_deadline;
+};
+
+// A request taken over from a prefill daemon (Import).
+struct ImportedRequest {
+  Request request;              // prompt, sampling, limits, sink
+  std::vector<TokenId> tokens;  // prompt and generated; all but the last have KV (sent)
+  int32_t generated = 0;        // tokens of `tokens` already generated (and streamed)
+  PathReason reason = PathReason::kThresholdReached;
 };
 
 class SchedulerCore {
@@ -108,6 +153,33 @@ class SchedulerCore {
   // handoffs, and cancellations that waited for the step.
   void Update(Lane lane, const step::StepPlan& plan, const step::StepResult& result);
 
+  // --- remote decode, the prefill daemon's side (see the file comment) ---
+  // Requests handed off since the last call, to send to decode daemons.
+  std::vector<HandoffOffer> TakeOffers();
+  // Remote requests that ended here since the last call, to abort there.
+  std::vector<uint64_t> TakeRemoteAborts();
+  // The decode daemon has read the request's pages: releases them and
+  // returns true, unless the lease already expired (or the request ended).
+  bool CommitLease(uint64_t sequence_id);
+  // Tokens the decode daemon generated, in order, with their log-probabilities
+  // when the request asked for them (empty otherwise).
+  void OnRemoteTokens(uint64_t sequence_id, std::span<const TokenId> tokens,
+                      std::span<const step::TokenLogprobs> logprobs);
+  // The decode daemon finished the request by itself (kStop or kLength).
+  void FinishRemote(uint64_t sequence_id, FinishReason reason, int32_t drafted, int32_t accepted);
+  // The decode daemon failed the request: it continues here.
+  void ResumeLocally(uint64_t sequence_id);
+
+  // --- remote decode, the decode daemon's side ---
+  // Registers the request with blocks for its tokens' KV and returns its
+  // block table (where the transfer writes); RESOURCE_EXHAUSTED when the
+  // pool is short, INVALID_ARGUMENT when it could not run here.
+  absl::StatusOr<std::vector<int32_t>> Import(uint64_t sequence_id, ImportedRequest imported);
+  // The transfer into an imported request's blocks ended: decoding starts
+  // when it succeeded, else the request ends with `status` (kError). A
+  // cancellation that arrived meanwhile takes effect now.
+  void CompleteImport(uint64_t sequence_id, const absl::Status& status);
+
   bool has_decode_lane() const { return options_.decode_lane; }
   bool HasWork() const;
   int32_t waiting() const { return static_cast<int32_t>(waiting_.size()); }
@@ -119,8 +191,10 @@ class SchedulerCore {
   int32_t free_blocks() const { return kv_.free_blocks(); }
   int32_t total_blocks() const { return kv_.total_blocks(); }
   kvcache::KvCacheStats kv_stats() const { return kv_.stats(); }
+  int32_t remote() const { return static_cast<int32_t>(remote_.size()); }
   int64_t preemptions() const { return preemptions_; }
   int64_t handoffs() const { return handoffs_; }
+  int64_t lease_expirations() const { return lease_expirations_; }
 
  private:
   struct Sequence {
@@ -141,6 +215,14 @@ class SchedulerCore {
     AcceptanceEstimate acceptance;
     int32_t drafted = 0;  // drafted tokens verified, over its life
     int32_t accepted = 0;
+    // Remote decode: in remote_ (handed to a decode daemon); its blocks held
+    // under a lease until lease_deadline; it came back after a failure (it
+    // stays here from then on); decoded by a peer or taken from one.
+    bool remote = false;
+    bool lease_held = false;
+    absl::Time lease_deadline = absl::InfiniteFuture();
+    bool remote_failed = false;
+    bool remote_path = false;
   };
   using SequencePtr = std::unique_ptr<Sequence>;
   using RunningList = std::list<SequencePtr>;
@@ -158,6 +240,16 @@ class SchedulerCore {
                                    const absl::flat_hash_set<uint64_t>& planned, absl::Time now);
   void Preempt(RunningList& list, RunningList::iterator it);
   void MaybeHandOff(Sequence& seq);
+  // Moves a running prefill-lane sequence to remote_ and queues its offer.
+  void OfferRemote(RunningList::iterator it);
+  Sequence* FindRemote(uint64_t id);
+  // Every list a sequence can be in.
+  std::array<std::list<SequencePtr>*, 5> AllLists() {
+    return {&waiting_, &running_[0], &running_[1], &remote_, &importing_};
+  }
+  std::array<const std::list<SequencePtr>*, 5> AllLists() const {
+    return {&waiting_, &running_[0], &running_[1], &remote_, &importing_};
+  }
   // Gives the decode steps of `lane`'s plan their drafts (speculative
   // decoding), within `budget` tokens; returns the tokens used.
   int32_t PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budget);
@@ -176,8 +268,13 @@ class SchedulerCore {
   DisaggregationPolicy policy_;
   std::list<SequencePtr> waiting_;  // arrival order; admission picks by priority
   std::array<RunningList, kLanes> running_;
+  std::list<SequencePtr> remote_;     // decoding on other daemons (remote_decode)
+  std::list<SequencePtr> importing_;  // imported, their pages still arriving (in flight)
+  std::vector<HandoffOffer> offers_;
+  std::vector<uint64_t> remote_aborts_;
   int64_t preemptions_ = 0;
   int64_t handoffs_ = 0;
+  int64_t lease_expirations_ = 0;
 };
 
 }  // namespace tandem::scheduler

@@ -27,6 +27,9 @@ class ApiKeys {
                      std::optional<std::string_view> authorization) const;
 
   size_t size() const { return keys_.size(); }
+  // The key this daemon presents to its own peers (a pool shares one key
+  // file): the first.
+  const std::string& first() const { return keys_.front(); }
 
  private:
   std::vector<std::string> keys_;

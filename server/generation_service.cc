@@ -54,6 +54,11 @@ absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
     metrics_->OnRejected();
     return status;
   };
+  if (!options_.accepts_prompts) {
+    return reject(absl::FailedPreconditionError(
+        "this daemon runs with --role=decode: it decodes requests that prefill daemons hand "
+        "over; send prompts to a prefill or unified daemon"));
+  }
   if (!accepting()) {
     return reject(absl::UnavailableError("the server is draining; retry on another instance"));
   }
@@ -159,6 +164,8 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
                              : 0.0);
   response->set_accepting(accepting());
   response->set_open_calls(open_calls());
+  response->set_running_remote(load.running_remote);
+  response->set_accepts_prompts(options_.accepts_prompts);
   return Reply(context, absl::OkStatus());
 }
 

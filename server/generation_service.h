@@ -34,6 +34,9 @@ struct ServiceOptions {
   // A stream whose write waits this long on its client is cancelled (zero:
   // never; server/slow_reader_watchdog.h).
   absl::Duration slow_reader_timeout = absl::ZeroDuration();
+  // False on a decode daemon (--role=decode): prompts belong to prefill or
+  // unified daemons, Generate calls get FAILED_PRECONDITION.
+  bool accepts_prompts = true;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -62,6 +65,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   bool accepting() const { return accepting_.load(); }
   // Generation calls whose stream is still open.
   int64_t open_calls() const { return open_calls_.load(); }
+  // The counter of open calls, for other services whose calls a drain waits
+  // for too (the Peer service's).
+  std::atomic<int64_t>* open_calls_counter() { return &open_calls_; }
 
  private:
   // Authorizes, validates and submits a generation request whose output goes

@@ -41,8 +41,8 @@ absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path) {
   return keys;
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
-                                                              grpc::Service* service) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const GrpcServerOptions& options, const std::vector<grpc::Service*>& services) {
   grpc_server_credentials* core = nullptr;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOp
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(options.listen, credentials, &bound_port);
-  builder.RegisterService(service);
+  for (grpc::Service* service : services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/api_keys.h"
@@ -30,8 +31,8 @@ struct GrpcServerOptions {
 
 // Starts the server with `service` registered (plus health and reflection).
 // Errors name the file or address that is wrong.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const GrpcServerOptions& options,
-                                                              grpc::Service* service);
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
 
 // Reads an API keys file: one key per line; blank lines and lines starting
 // with '#' are ignored. Errors for an unreadable or empty file.

@@ -29,7 +29,10 @@
 #include "scheduler/scheduler.h"
 #include "server/generation_service.h"
 #include "server/grpc_server.h"
+#include "server/kv_endpoint.h"
 #include "server/logging.h"
+#include "server/peer_service.h"
+#include "server/remote_decoder.h"
 #include "server/scheduler_collector.h"
 #include "server/server_metrics.h"
 #include "server/serving_model.h"
@@ -144,7 +147,23 @@ ABSL_FLAG(int, draft_layers, 0,
 ABSL_FLAG(std::string, log_format, "text", "text, or json (one JSON object per line)");
 ABSL_FLAG(std::string, inject_fault, "",
           "testing only: a fault in one worker's steps, LANE:KIND@STEP[:DURATION] with KIND "
-          "error, throw or stall (e.g. prefill:error@3, decode:stall@2:3s)");
+          "error, throw or stall (e.g. prefill:error@3, decode:stall@2:3s), or in a decode "
+          "daemon's Nth KV transfer (kv_transfer:error@N: it fails half way)");
+ABSL_FLAG(std::string, role, "unified",
+          "unified (prefill and decode here), prefill (hand requests that reach "
+          "--disagg_output_threshold to the decode daemons of --decode_peers), or decode (take "
+          "requests over from prefill daemons; no prompts from clients)");
+ABSL_FLAG(std::string, decode_peers, "",
+          "--role=prefill: the decode daemons, host:port[,host:port...]; a name that resolves "
+          "to several addresses (a Kubernetes headless Service) is several peers");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "UCX transports for KV pages between daemons, as UCX_TLS takes them (tcp; rc,cuda_copy "
+          "where the hardware has them)");
+ABSL_FLAG(absl::Duration, kv_lease, absl::Seconds(30),
+          "--role=prefill: how long offered KV pages are held for the decode daemon to read; "
+          "after it the request continues here");
+ABSL_FLAG(absl::Duration, peer_load_interval, absl::Milliseconds(200),
+          "--role=prefill: how often each decode peer's GetLoad is polled");
 
 namespace tandem {
 namespace {
@@ -205,6 +224,24 @@ int Main() {
     }
   }
 
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role != "unified" && role != "prefill" && role != "decode") {
+    spdlog::error("--role='{}': expected unified, prefill or decode", role);
+    return 2;
+  }
+  std::vector<std::string> decode_peers;
+  if (const std::string peers = absl::GetFlag(FLAGS_decode_peers); role == "prefill") {
+    absl::StatusOr<std::vector<std::string>> parsed = server::ParsePeerList(peers);
+    if (!parsed.ok()) {
+      spdlog::error("--role=prefill: {}", std::string(parsed.status().message()));
+      return 2;
+    }
+    decode_peers = *std::move(parsed);
+  } else if (!peers.empty()) {
+    spdlog::error("--decode_peers is for --role=prefill (this daemon has --role={})", role);
+    return 2;
+  }
+
   absl::StatusOr<kernels::cpu::MatMulMode> matmul_mode =
       kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
   if (!matmul_mode.ok()) {
@@ -234,7 +271,14 @@ int Main() {
     }
     threshold = value;
   }
-  options.decode_worker = threshold_flag != "off";
+  // A prefill daemon hands decoding to its peers, a decode daemon only
+  // decodes: either way one worker takes all the compute here.
+  options.decode_worker = threshold_flag != "off" && role == "unified";
+  if (role == "prefill" && !threshold.has_value() && !auto_threshold) {
+    spdlog::error(
+        "--role=prefill needs --disagg_output_threshold (a token count or auto), not off");
+    return 2;
+  }
   scheduler::DecodePacingOptions pacing;
   pacing.interval = absl::GetFlag(FLAGS_decode_step_interval);
   pacing.prefill_min_share = absl::GetFlag(FLAGS_prefill_min_share);
@@ -358,7 +402,13 @@ int Main() {
         disagg_costs.chunk_with_decode,
         threshold.has_value() ? fmt::format("{} tokens", *threshold) : std::string("off"));
   }
-  sched.disaggregation.output_threshold = threshold;
+  sched.disaggregation.output_threshold = role == "decode" ? std::nullopt : threshold;
+  sched.remote_decode = role == "prefill";
+  sched.kv_lease = absl::GetFlag(FLAGS_kv_lease);
+  if (sched.kv_lease <= absl::ZeroDuration()) {
+    spdlog::error("--kv_lease must be > 0");
+    return 2;
+  }
   sched.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens);
   if (sched.max_queued_tokens < 0) {
     spdlog::error("--max_queued_tokens must be >= 0 (0: no limit)");
@@ -367,31 +417,64 @@ int Main() {
   step::Worker* prefill_worker = (*model)->prefill_worker();
   step::Worker* decode_worker = (*model)->decode_worker();
   std::unique_ptr<scheduler::FaultInjectingWorker> faulty;
+  server::PeerServiceOptions peer_options;
   if (const std::string fault = absl::GetFlag(FLAGS_inject_fault); !fault.empty()) {
     absl::StatusOr<scheduler::FaultSpec> spec = scheduler::ParseFaultSpec(fault);
     if (!spec.ok()) {
       spdlog::error("{}", std::string(spec.status().message()));
       return 2;
     }
-    step::Worker*& target = spec->lane == "prefill" ? prefill_worker : decode_worker;
-    if (target == nullptr) {
+    if (spec->lane == "kv_transfer") {
+      if (role != "decode" || spec->kind != scheduler::FaultSpec::Kind::kError) {
+        spdlog::error("--inject_fault='{}': kv_transfer takes error@N, on a --role=decode daemon",
+                      fault);
+        return 2;
+      }
+      peer_options.fail_transfer = spec->step;
+    }
+    step::Worker*& target = spec->lane == "decode" ? decode_worker : prefill_worker;
+    if (spec->lane == "kv_transfer") {
+      spdlog::warn("--inject_fault={}: a KV transfer will fail (testing only)", fault);
+    } else if (target == nullptr) {
       spdlog::error("--inject_fault='{}': there is no {} worker", fault, spec->lane);
       return 2;
+    } else {
+      faulty = std::make_unique<scheduler::FaultInjectingWorker>(target, *spec);
+      target = faulty.get();
+      spdlog::warn("--inject_fault={}: a fault will be injected (testing only)", fault);
     }
-    faulty = std::make_unique<scheduler::FaultInjectingWorker>(target, *spec);
-    target = faulty.get();
-    spdlog::warn("--inject_fault={}: a fault will be injected (testing only)", fault);
   }
   auto registry = std::make_shared<prometheus::Registry>();
   server::ServerMetrics metrics(*registry);
   scheduler::Scheduler scheduler(
       sched, absl::GetFlag(FLAGS_max_queued_requests), prefill_worker, decode_worker,
       [&metrics](const scheduler::StepStats& step) { metrics.OnStep(step); }, pacing);
-  spdlog::info("disaggregation: {}",
-               threshold.has_value() && (*model)->decode_worker() != nullptr
-                   ? fmt::format("at {} output tokens{}", *threshold,
-                                 sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "")
+  // Handing off locally (a decode worker here) or to decode daemons.
+  const bool hands_off =
+      threshold.has_value() && ((*model)->decode_worker() != nullptr || role == "prefill");
+  spdlog::info("role {}; disaggregation: {}", role,
+               hands_off
+                   ? fmt::format("at {} output tokens{}{}", *threshold,
+                                 sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "",
+                                 role == "prefill" ? ", to the decode peers" : "")
                    : std::string("off"));
+
+  // Several daemons: the KV transport, and the link to the decode peers.
+  std::unique_ptr<server::KvEndpoint> kv_endpoint;
+  if (role != "unified") {
+    absl::StatusOr<server::KvEndpoint> endpoint =
+        server::StartKvEndpoint((*model)->kv_backend(), absl::GetFlag(FLAGS_kv_transport));
+    if (!endpoint.ok()) {
+      spdlog::error("cannot start the KV transport: {}", endpoint.status().ToString());
+      return 1;
+    }
+    kv_endpoint = std::make_unique<server::KvEndpoint>(*std::move(endpoint));
+    spdlog::info("KV transport: {} over {} ({} MiB of KV pages registered)",
+                 kv_endpoint->agent->backend(), absl::GetFlag(FLAGS_kv_transport),
+                 (static_cast<int64_t>(kv_endpoint->shape.blocks) *
+                  static_cast<int64_t>(kv_endpoint->shape.BytesPerBlock())) >>
+                     20);
+  }
 
   server::ServiceOptions service_options;
   service_options.defaults = defaults;
@@ -420,16 +503,22 @@ int Main() {
     api_keys = std::make_shared<const server::ApiKeys>(*std::move(read));
     spdlog::info("API keys: {} accepted (from {})", api_keys->size(), keys);
   }
+  service_options.accepts_prompts = role != "decode";
   service_options.model_info = (*model)->Info();
-  service_options.model_info.set_disagg_output_threshold(
-      threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1);
+  service_options.model_info.set_disagg_output_threshold(hands_off ? *threshold : -1);
   service_options.model_info.set_disagg_output_threshold_auto(auto_threshold);
   service_options.model_info.set_speculative(absl::GetFlag(FLAGS_speculative));
   server::GenerationService service(model->get(), &scheduler, &metrics, service_options);
 
+  std::unique_ptr<server::PeerService> peer_service;
+  if (role == "decode") {
+    peer_service = std::make_unique<server::PeerService>(
+        &scheduler, kv_endpoint.get(), &metrics, service.open_calls_counter(),
+        [&service] { return service.accepting(); }, peer_options);
+  }
+
   auto scheduler_collector = std::make_shared<server::SchedulerCollector>(
-      &scheduler, (*model)->block_size(),
-      threshold.has_value() && (*model)->decode_worker() != nullptr ? *threshold : -1,
+      &scheduler, (*model)->block_size(), hands_off ? *threshold : -1,
       auto_threshold ? std::optional(disagg_costs) : std::nullopt,
       [&service] { return service.open_calls(); });
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -457,12 +546,30 @@ int Main() {
     spdlog::error("--max_concurrent_streams must be at least 1");
     return 2;
   }
+  std::vector<grpc::Service*> services = {&service};
+  if (peer_service != nullptr) services.push_back(peer_service.get());
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
-      server::StartGrpcServer(grpc_options, &service);
+      server::StartGrpcServer(grpc_options, services);
   if (!grpc_server.ok()) {
     spdlog::error("{}", grpc_server.status().ToString());
     return 2;
   }
+  // A prefill daemon finds its peers before it serves (one round of name
+  // resolution and GetLoad).
+  std::unique_ptr<server::RemoteDecoder> remote_decoder;
+  if (role == "prefill") {
+    server::RemoteDecoderOptions remote;
+    remote.peers = decode_peers;
+    remote.load_interval = absl::GetFlag(FLAGS_peer_load_interval);
+    remote.api_key = api_keys != nullptr ? api_keys->first() : std::string();
+    remote.max_message_bytes = grpc_options.max_message_bytes;
+    remote_decoder = std::make_unique<server::RemoteDecoder>(std::move(remote), &scheduler,
+                                                             kv_endpoint.get(), &metrics);
+    scheduler.SetRemoteDecodeLink(remote_decoder.get());
+    spdlog::info("decode peers: {} ready of {}", remote_decoder->ready_peers(),
+                 absl::GetFlag(FLAGS_decode_peers));
+  }
+
   grpc::HealthCheckServiceInterface* health = (*grpc_server)->GetHealthCheckService();
   health->SetServingStatus(true);
   spdlog::info(

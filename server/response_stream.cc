@@ -41,11 +41,24 @@ v1::Timeline TimelineToProto(const scheduler::Timeline& t) {
   out.set_handoff_ms(handoff);
   out.set_decode_ms(Ms(first_token, t.finished) - handoff);
   out.set_total_ms(Ms(t.arrival, t.finished));
+  if (t.kv_transfer_start != absl::InfinitePast()) {
+    out.set_kv_transfer_ms(Ms(t.kv_transfer_start, t.kv_transfer_end == absl::InfinitePast()
+                                                       ? t.finished
+                                                       : t.kv_transfer_end));
+  }
   return out;
 }
 
 v1::Path PathToProto(scheduler::Path path) {
-  return path == scheduler::Path::kColocated ? v1::PATH_COLOCATED : v1::PATH_DISAGGREGATED;
+  switch (path) {
+    case scheduler::Path::kColocated:
+      return v1::PATH_COLOCATED;
+    case scheduler::Path::kDisaggregated:
+      return v1::PATH_DISAGGREGATED;
+    case scheduler::Path::kRemote:
+      return v1::PATH_REMOTE;
+  }
+  return v1::PATH_UNSPECIFIED;
 }
 
 v1::PathReason PathReasonToProto(scheduler::PathReason reason) {

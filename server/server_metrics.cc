@@ -104,6 +104,18 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                         .Name("tandem_handoff_time_seconds")
                         .Help("Handed to the decode worker to its first step there.")
                         .Register(registry)),
+      kv_transfer_time_(HistogramFamily(registry, "tandem_kv_transfer_time_seconds",
+                                        "Per request decoded on another daemon: from offering "
+                                        "its KV pages until the decode daemon had read them all "
+                                        "(part of the handoff).")),
+      kv_transfer_bytes_(CounterFamily(registry, "tandem_kv_transfer_bytes_total",
+                                       "KV page bytes moved between daemons: direction in "
+                                       "(pulled into this daemon) or out (pulled from it).")),
+      kv_transfer_failures_(CounterFamily(registry, "tandem_kv_transfer_failures_total",
+                                          "Handoffs between daemons that moved no usable pages, "
+                                          "by direction and reason.")),
+      remote_handoffs_(CounterFamily(registry, "tandem_remote_handoffs_total",
+                                     "Requests handed to decode daemons, by peer and outcome.")),
       prefill_time_(HistogramFamily(registry, "tandem_prefill_time_seconds",
                                     "First admission to the first generated token.")),
       decode_time_(HistogramFamily(registry, "tandem_decode_time_seconds",
@@ -166,6 +178,7 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
     step_time_.Add({{"worker", worker}}, LatencyBuckets());
   }
   handoff_time_.Add({{"path", "disaggregated"}}, LatencyBuckets());
+  for (const char* direction : {"in", "out"}) kv_transfer_bytes_.Add({{"direction", direction}});
   for (scheduler::Stage stage : kStages) {
     for (const char* cause : {"client", "deadline", "shutdown"}) {
       cancelled_.Add({{"stage", std::string(scheduler::StageName(stage))}, {"cause", cause}});
@@ -232,6 +245,10 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
     handoff_time_.Add({{"path", path}}, LatencyBuckets())
         .Observe(Seconds(t.handoff_start, t.handoff_end));
   }
+  if (t.kv_transfer_start != absl::InfinitePast() && t.kv_transfer_end != absl::InfinitePast()) {
+    kv_transfer_time_.Add({{"path", path}}, LatencyBuckets())
+        .Observe(Seconds(t.kv_transfer_start, t.kv_transfer_end));
+  }
   end_to_end_.Add({{"path", path}}, LatencyBuckets()).Observe(Seconds(t.arrival, t.finished));
   if (t.scheduled != absl::InfinitePast() && t.first_token != absl::InfinitePast()) {
     prefill_time_.Add({{"path", path}}, LatencyBuckets())
@@ -250,6 +267,18 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
 }
 
 void ServerMetrics::OnRejected() { rejected_.Increment(); }
+
+void ServerMetrics::OnKvTransfer(const std::string& direction, uint64_t bytes) {
+  kv_transfer_bytes_.Add({{"direction", direction}}).Increment(static_cast<double>(bytes));
+}
+
+void ServerMetrics::OnKvTransferFailure(const std::string& direction, const std::string& reason) {
+  kv_transfer_failures_.Add({{"direction", direction}, {"reason", reason}}).Increment();
+}
+
+void ServerMetrics::OnRemoteHandoff(const std::string& peer, const std::string& outcome) {
+  remote_handoffs_.Add({{"peer", peer}, {"outcome", outcome}}).Increment();
+}
 
 void ServerMetrics::OnUnauthenticated() { unauthenticated_.Increment(); }
 

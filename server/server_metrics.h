@@ -31,6 +31,14 @@ class ServerMetrics {
   void OnUnauthenticated();
   // Records a stream cancelled because its client stopped reading.
   void OnSlowReaderCancelled();
+  // KV transfer between daemons: `direction` "in" (pages pulled into this
+  // daemon) or "out" (pulled from it).
+  void OnKvTransfer(const std::string& direction, uint64_t bytes);
+  void OnKvTransferFailure(const std::string& direction, const std::string& reason);
+  // A request handed to decode daemon `peer` (an address, or "none"):
+  // outcome "committed" (its pages moved), "lease_expired", "failed" (the
+  // peer ended it with an error: it continued here) or "no_peer".
+  void OnRemoteHandoff(const std::string& peer, const std::string& outcome);
 
   // Latency buckets in seconds, chosen to resolve both a CPU (tens of ms per
   // token, seconds per long prompt) and a GPU (ms per token).
@@ -55,6 +63,11 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& time_to_first_token_;
   prometheus::Family<prometheus::Histogram>& handoff_time_;
+  prometheus::Family<prometheus::Histogram>& kv_transfer_time_;
+  // Several daemons: KV pages moved, failures, handoffs by peer.
+  prometheus::Family<prometheus::Counter>& kv_transfer_bytes_;
+  prometheus::Family<prometheus::Counter>& kv_transfer_failures_;
+  prometheus::Family<prometheus::Counter>& remote_handoffs_;
   prometheus::Family<prometheus::Histogram>& prefill_time_;
   prometheus::Family<prometheus::Histogram>& decode_time_;
   prometheus::Family<prometheus::Histogram>& inter_token_;

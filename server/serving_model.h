@@ -76,6 +76,8 @@ class ServingModel {
   // set from (scheduler/disaggregation_policy.h), with prompt chunks of
   // `chunk_tokens`. Before the scheduler starts only: it writes KV blocks.
   absl::StatusOr<scheduler::DisaggregationCosts> MeasureDisaggregationCosts(int chunk_tokens);
+  // The backend that owns the paged KV storage (both workers use it).
+  const kernels::Backend& kv_backend() const { return prefill_->backend(); }
   step::Worker* prefill_worker() { return prefill_.get(); }
   step::Worker* decode_worker() { return decode_.get(); }  // null when there is none
 

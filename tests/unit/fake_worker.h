@@ -75,6 +75,18 @@ class FakeWorker {
     return result;
   }
 
+  // What a KV transfer between two daemons does: block src[i] of `from`'s
+  // storage into block dst[i] of this one's.
+  void CopyBlocksFrom(const FakeWorker& from, const std::vector<int32_t>& src,
+                      const std::vector<int32_t>& dst) {
+    for (size_t b = 0; b < src.size(); ++b) {
+      for (int32_t i = 0; i < block_size_; ++i) {
+        slots_[static_cast<size_t>(dst[b] * block_size_ + i)] =
+            from.slots_[static_cast<size_t>(src[b] * block_size_ + i)];
+      }
+    }
+  }
+
  private:
   // The hash of every token at positions 0..pos, read through the table.
   uint64_t Next(const step::SequenceStep& s, int32_t pos) const {

@@ -1,0 +1,471 @@
+#include "server/peer_service.h"
+
+#include <deque>
+#include <optional>
+
+#include "absl/time/clock.h"
+#include "common/strings.h"
+#include "common/thread_name.h"
+#include "kvtransfer/kv_pages.h"
+#include "server/generate_reactors.h"
+#include "server/logging.h"
+#include "server/response_stream.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::server {
+namespace {
+
+scheduler::PathReason PathReasonFromProto(v1::PathReason reason) {
+  switch (reason) {
+    case v1::PATH_REASON_EXPECTED_OUTPUT_HINT:
+      return scheduler::PathReason::kExpectedOutputHint;
+    case v1::PATH_REASON_WORKLOAD_ESTIMATE:
+      return scheduler::PathReason::kWorkloadEstimate;
+    case v1::PATH_REASON_MAX_TOKENS:
+      return scheduler::PathReason::kMaxTokens;
+    default:
+      return scheduler::PathReason::kThresholdReached;
+  }
+}
+
+// What a handoff must agree on with this daemon's KV storage.
+absl::Status CheckSource(const v1::KvSource& kv, const kernels::KvCacheShape& mine,
+                         int32_t tokens) {
+  if (kv.layers() != mine.layers || kv.block_size() != mine.block_size ||
+      kv.kv_heads() != mine.kv_heads || kv.head_dim() != mine.head_dim) {
+    return absl::FailedPreconditionError(
+        StrCat("kv: the prefill daemon's KV pages (", kv.layers(), " layers, ", kv.block_size(),
+               "-token blocks, ", kv.kv_heads(), " KV heads of ", kv.head_dim(),
+               ") differ from this "
+               "daemon's (",
+               mine.layers, ", ", mine.block_size, ", ", mine.kv_heads, ", ", mine.head_dim,
+               "): serve the same model with the same --block_size"));
+  }
+  const int32_t blocks = (tokens - 1 + mine.block_size - 1) / mine.block_size;
+  if (kv.block_ids_size() != blocks) {
+    return absl::InvalidArgumentError(StrCat("kv.block_ids: ", kv.block_ids_size(), " blocks for ",
+                                             tokens - 1, " tokens of KV; expected ", blocks));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// One Decode call. gRPC owns it until OnDone; the sink, the poller and the
+// scheduler's callbacks hold it by shared_ptr, so it lives until the last of
+// them lets go, and its stream operations do nothing once the call is done.
+class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent> {
+ public:
+  enum class Phase { kAwaitHandoff, kTransferring, kAwaitLease, kDecoding, kEnded };
+
+  Call(PeerService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context), link_(service->scheduler_) {
+    service_->open_calls_->fetch_add(1);
+  }
+  ~Call() override = default;
+
+  void Begin(std::shared_ptr<Call> self) {
+    self_ = std::move(self);
+    StartRead(&control_);
+  }
+
+  // --- the stream, from any thread ---
+  // Queues an event; tokens merge into a queued tokens event.
+  void Send(v1::DecodeEvent event) {
+    absl::MutexLock lock(&mu_);
+    if (done_ || closing_) return;
+    if (event.has_tokens() && !queue_.empty() && queue_.back().has_tokens()) {
+      v1::GeneratedTokens* into = queue_.back().mutable_tokens();
+      into->mutable_token_ids()->MergeFrom(event.tokens().token_ids());
+      into->mutable_logprobs()->MergeFrom(event.tokens().logprobs());
+      return;
+    }
+    queue_.push_back(std::move(event));
+    if (!write_in_flight_) WriteNextLocked();
+  }
+  // Ends the call with `status` after the queued events.
+  void Close(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (done_ || closing_) return;
+    closing_ = true;
+    close_status_ = ToGrpc(status);
+    if (!write_in_flight_) WriteNextLocked();
+  }
+
+  // --- the request's progress ---
+  const v1::HandoffRequest& handoff() const { return handoff_; }
+  kvtransfer::PeerId peer() const { return peer_; }
+  // The transfer ended: go on to the lease answer (true), or the call was
+  // cancelled meanwhile (false: the import is completed as cancelled here).
+  bool TransferDone() {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      phase_ = Phase::kEnded;
+      service_->scheduler_->CompleteImport(sequence_id_, absl::CancelledError("cancelled"));
+      return false;
+    }
+    phase_ = Phase::kAwaitLease;
+    return true;
+  }
+  void TransferFailed(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    phase_ = Phase::kEnded;
+    service_->scheduler_->CompleteImport(sequence_id_, status);
+  }
+
+  // --- gRPC's reactions ---
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the prefill daemon went away (it never half-closes)
+      OnGone();
+      return;
+    }
+    Phase phase;
+    {
+      absl::MutexLock lock(&mu_);
+      phase = phase_;
+    }
+    if (phase == Phase::kAwaitHandoff && control_.has_handoff()) {
+      handoff_ = control_.handoff();
+      StartRead(&control_);  // the lease answer
+      if (absl::Status s = TakeOver(); !s.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          phase_ = Phase::kEnded;
+        }
+        service_->metrics_->OnKvTransferFailure("in", "refused");
+        Close(s);
+      }
+      return;
+    }
+    if (phase == Phase::kAwaitLease && control_.has_lease()) {
+      absl::MutexLock lock(&mu_);
+      phase_ = control_.lease().committed() ? Phase::kDecoding : Phase::kEnded;
+      if (!control_.lease().committed()) service_->metrics_->OnKvTransferFailure("in", "lease");
+      service_->scheduler_->CompleteImport(
+          sequence_id_, control_.lease().committed()
+                            ? absl::OkStatus()
+                            : absl::AbortedError("the prefill daemon's lease on the KV pages "
+                                                 "expired before they were read"));
+      return;
+    }
+    Close(absl::InvalidArgumentError(
+        "unexpected message: a Decode call sends one handoff, then one lease answer"));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    write_in_flight_ = false;
+    if (!ok) queue_.clear();  // the prefill daemon is gone; OnCancel follows
+    WriteNextLocked();
+  }
+
+  void OnCancel() override { OnGone(); }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    service_->open_calls_->fetch_sub(1);
+    self_.reset();  // may destroy this
+  }
+
+ private:
+  // Validates the handoff and hands the request to the scheduler.
+  absl::Status TakeOver();
+
+  // The prefill daemon cancelled or vanished: the request ends here too.
+  void OnGone() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    link_.Cancel();
+    if (phase_ == Phase::kAwaitLease) {
+      // No answer will come: release the pages read for nothing.
+      phase_ = Phase::kEnded;
+      service_->scheduler_->CompleteImport(sequence_id_, absl::CancelledError("cancelled"));
+    }
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (done_ || write_in_flight_) return;
+    if (!queue_.empty()) {
+      in_flight_ = std::move(queue_.front());
+      queue_.pop_front();
+      write_in_flight_ = true;
+      StartWrite(&in_flight_);
+    } else if (closing_ && !finished_) {
+      finished_ = true;
+      Finish(close_status_);
+    }
+  }
+
+  PeerService* service_;
+  grpc::CallbackServerContext* context_;
+  CancellationLink link_;
+  std::shared_ptr<Call> self_;   // gRPC's reference, dropped in OnDone
+  v1::DecodeControl control_;    // the read buffer (one read at a time)
+  v1::HandoffRequest handoff_;   // set once, before the scheduler sees the request
+  kvtransfer::PeerId peer_ = 0;  // ditto
+
+  absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kAwaitHandoff;
+  uint64_t sequence_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::DecodeEvent> queue_ ABSL_GUARDED_BY(mu_);
+  v1::DecodeEvent in_flight_ ABSL_GUARDED_BY(mu_);
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// The imported request's output: its tokens and its end, onto the call.
+class PeerService::Sink final : public scheduler::RequestSink {
+ public:
+  Sink(std::shared_ptr<Call> call, ServerMetrics* metrics)
+      : call_(std::move(call)), metrics_(metrics) {}
+
+  bool OnToken(scheduler::TokenId token, bool, const step::TokenLogprobs* logprobs) override {
+    v1::DecodeEvent event;
+    v1::GeneratedTokens* tokens = event.mutable_tokens();
+    tokens->add_token_ids(static_cast<uint32_t>(token));
+    if (logprobs != nullptr) {
+      v1::TokenLogprobs* lp = tokens->add_logprobs();
+      lp->set_token_id(static_cast<uint32_t>(logprobs->token));
+      lp->set_logprob(logprobs->logprob);
+      for (const auto& [id, value] : logprobs->top) {
+        v1::TopLogprob* top = lp->add_top();
+        top->set_token_id(static_cast<uint32_t>(id));
+        top->set_logprob(value);
+      }
+    }
+    call_->Send(std::move(event));
+    return false;  // stop strings are the entering daemon's business
+  }
+
+  void OnFinish(const scheduler::FinishInfo& info) override {
+    // Counted here too (path "remote"): the per-phase histograms of what
+    // this daemon decoded. The entering daemon counts the request as well.
+    metrics_->OnFinish(info, {});
+    spdlog::info("{}",
+                 RequestFinishedLine(call_->handoff().request_id(),
+                                     static_cast<int32_t>(call_->handoff().prompt_tokens()), info));
+    if (info.reason == scheduler::FinishReason::kStop ||
+        info.reason == scheduler::FinishReason::kLength) {
+      v1::DecodeEvent event;
+      v1::DecodeFinished* finished = event.mutable_finished();
+      finished->set_finish_reason(info.reason == scheduler::FinishReason::kStop
+                                      ? v1::FINISH_REASON_STOP
+                                      : v1::FINISH_REASON_LENGTH);
+      finished->set_drafted_tokens(info.usage.drafted_tokens);
+      finished->set_accepted_tokens(info.usage.accepted_tokens);
+      call_->Send(std::move(event));
+      call_->Close(absl::OkStatus());
+    } else if (info.reason == scheduler::FinishReason::kCancelled) {
+      // Shutting down, or the prefill daemon's own cancellation.
+      call_->Close(info.error.ok() || absl::IsCancelled(info.error)
+                       ? absl::CancelledError("cancelled")
+                       : info.error);
+    } else {
+      call_->Close(info.error.ok() ? absl::InternalError("the decode step failed") : info.error);
+    }
+    call_.reset();
+  }
+
+ private:
+  std::shared_ptr<Call> call_;
+  ServerMetrics* metrics_;
+};
+
+absl::Status PeerService::Call::TakeOver() {
+  if (!service_->accepting_()) {
+    return absl::UnavailableError("the decode daemon is draining; retry on another");
+  }
+  const v1::HandoffRequest& h = handoff_;
+  const int32_t length = h.token_ids_size();
+  if (h.prompt_tokens() < 1 || h.prompt_tokens() >= length) {
+    return absl::InvalidArgumentError(StrCat("prompt_tokens: ", h.prompt_tokens(), " of ", length,
+                                             " tokens (a handoff carries the prompt and at "
+                                             "least one generated token)"));
+  }
+  if (absl::Status s = CheckSource(h.kv(), service_->kv_->shape, length); !s.ok()) return s;
+  absl::StatusOr<kvtransfer::PeerId> peer = service_->PeerFor(h.kv().agent_metadata());
+  if (!peer.ok()) return peer.status();
+  peer_ = *peer;
+
+  scheduler::ImportedRequest imported;
+  scheduler::Request& r = imported.request;
+  r.id = h.request_id();
+  r.prompt.assign(h.token_ids().begin(), h.token_ids().begin() + h.prompt_tokens());
+  r.sampling.temperature = h.temperature();
+  r.sampling.top_k = h.top_k();
+  r.sampling.top_p = h.top_p();
+  r.sampling.seed = h.seed();
+  r.max_tokens = h.max_tokens();
+  r.stop_token_ids.assign(h.stop_token_ids().begin(), h.stop_token_ids().end());
+  r.deadline = absl::FromChrono(context_->deadline());
+  r.cache_salt = h.cache_salt();
+  r.priority = h.priority();
+  r.logprobs = h.logprobs();
+  r.disable_speculation = h.disable_speculation();
+  r.sink = std::make_shared<Sink>(self_, service_->metrics_);
+  imported.tokens.assign(h.token_ids().begin(), h.token_ids().end());
+  imported.generated = length - h.prompt_tokens();
+  imported.reason = PathReasonFromProto(h.path_reason());
+
+  std::shared_ptr<Call> self = self_;
+  PeerService* service = service_;
+  // Held across Import: the transfer (started from the scheduler thread)
+  // may end before Import returns, and must find the id and phase set.
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<uint64_t> id = service_->scheduler_->Import(
+      std::move(imported), [self, service](absl::StatusOr<std::vector<int32_t>> blocks) {
+        if (!blocks.ok()) {
+          {
+            absl::MutexLock lock(&self->mu_);
+            self->phase_ = Phase::kEnded;
+          }
+          service->metrics_->OnKvTransferFailure("in", "refused");
+          self->Close(blocks.status());
+          return;
+        }
+        service->StartTransfer(self, *blocks);
+      });
+  if (!id.ok()) return id.status();
+  sequence_id_ = *id;
+  phase_ = Phase::kTransferring;
+  link_.Started(*id);
+  return absl::OkStatus();
+}
+
+PeerService::PeerService(scheduler::Scheduler* scheduler, KvEndpoint* kv, ServerMetrics* metrics,
+                         std::atomic<int64_t>* open_calls, std::function<bool()> accepting,
+                         PeerServiceOptions options)
+    : scheduler_(scheduler),
+      kv_(kv),
+      metrics_(metrics),
+      open_calls_(open_calls),
+      accepting_(std::move(accepting)),
+      options_(options) {
+  poller_ = std::thread([this] {
+    NameThisThread("tandem-kvread");
+    PollTransfers();
+  });
+}
+
+PeerService::~PeerService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  poller_.join();
+}
+
+grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent>* PeerService::Decode(
+    grpc::CallbackServerContext* context) {
+  auto call = std::make_shared<Call>(this, context);
+  Call* raw = call.get();
+  raw->Begin(std::move(call));
+  return raw;
+}
+
+absl::StatusOr<kvtransfer::PeerId> PeerService::PeerFor(const std::string& metadata) {
+  absl::MutexLock lock(&peers_mu_);
+  if (auto it = peers_.find(metadata); it != peers_.end()) return it->second;
+  absl::StatusOr<kvtransfer::PeerId> peer = kv_->agent->AddPeer(metadata);
+  if (!peer.ok()) {
+    return absl::UnavailableError(
+        StrCat("kv.agent_metadata: cannot reach the prefill daemon's KV transport: ",
+               peer.status().message()));
+  }
+  peers_.emplace(metadata, *peer);
+  return *peer;
+}
+
+void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
+                                const std::vector<int32_t>& blocks) {
+  const v1::KvSource& source = call->handoff().kv();
+  kernels::KvCacheShape remote_shape = kv_->shape;
+  remote_shape.blocks = source.total_blocks();
+  const std::vector<int32_t> remote_blocks(source.block_ids().begin(), source.block_ids().end());
+  absl::StatusOr<kvtransfer::KvPageReads> reads = kvtransfer::PlanKvPageReads(
+      kv_->shape, kv_->region, blocks, remote_shape, source.region(), remote_blocks);
+  const bool fail =
+      options_.fail_transfer > 0 && transfers_started_.fetch_add(1) + 1 == options_.fail_transfer;
+  absl::StatusOr<kvtransfer::TransferId> id = absl::UnknownError("not posted");
+  if (!reads.ok()) {
+    id = reads.status();
+  } else {
+    std::span<const kvtransfer::Descriptor> local = reads->local, remote = reads->remote;
+    if (fail) {
+      // The injected fault: half the pages land, then the transfer "breaks".
+      local = local.first((local.size() + 1) / 2);
+      remote = remote.first(local.size());
+      spdlog::warn("request {}: injected fault: the KV transfer fails half way",
+                   call->handoff().request_id());
+    }
+    id = kv_->agent->PostRead(call->peer(), local, remote, call->handoff().request_id());
+  }
+  if (!id.ok()) {
+    metrics_->OnKvTransferFailure("in", "transfer");
+    call->TransferFailed(
+        absl::UnavailableError(StrCat("the KV transfer could not start: ", id.status().message())));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  transfers_.push_back({*id, call, reads->bytes, absl::Now(), fail});
+}
+
+void PeerService::PollTransfers() {
+  for (;;) {
+    std::vector<Transfer> ended;
+    std::vector<kvtransfer::TransferStatus> statuses;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      // Reads complete on the agent's progress thread; this only looks.
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](std::vector<Transfer>* t) { return !t->empty(); }, &transfers_),
+                           absl::Milliseconds(50));
+      for (auto it = transfers_.begin(); it != transfers_.end();) {
+        kvtransfer::TransferStatus status = kv_->agent->Poll(it->id);
+        if (status.state == kvtransfer::TransferState::kInProgress) {
+          ++it;
+          continue;
+        }
+        statuses.push_back(std::move(status));
+        ended.push_back(std::move(*it));
+        it = transfers_.erase(it);
+      }
+    }
+    for (size_t i = 0; i < ended.size(); ++i) {
+      Transfer& t = ended[i];
+      kv_->agent->Release(t.id);
+      if (statuses[i].state == kvtransfer::TransferState::kFailed || t.fail) {
+        metrics_->OnKvTransferFailure("in", "transfer");
+        const absl::Status why =
+            t.fail ? absl::UnavailableError("injected fault: the KV transfer failed half way")
+                   : absl::UnavailableError(
+                         StrCat("the KV transfer failed: ", statuses[i].error.message()));
+        spdlog::warn("request {}: {}", t.call->handoff().request_id(), std::string(why.message()));
+        t.call->TransferFailed(why);
+        continue;
+      }
+      metrics_->OnKvTransfer("in", t.bytes);
+      if (!t.call->TransferDone()) continue;
+      v1::DecodeEvent event;
+      event.mutable_pages_read()->set_bytes(t.bytes);
+      event.mutable_pages_read()->set_transfer_ms(
+          absl::ToDoubleMilliseconds(absl::Now() - t.posted));
+      t.call->Send(std::move(event));
+    }
+    if (ended.empty()) {
+      // Nothing finished: look again shortly (a read of a few pages takes
+      // well under a millisecond on a LAN).
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,90 @@
+// The tandem.v1.Peer service (proto/tandem/v1/peer.proto): how a decode
+// daemon takes requests over from prefill daemons.
+//
+// One Decode call per request: the handoff arrives; the scheduler reserves
+// blocks for its pages (Scheduler::Import); the pages are read from the
+// prefill daemon's KV storage over the KV transport into those blocks (a
+// poller thread watches the reads); "pages read" goes back; the prefill
+// daemon's lease answer either starts the decoding (its tokens stream back on
+// the call) or ends it. However the call ends (the prefill daemon cancels or
+// dies, the transfer fails, the lease expired, this daemon stops), the
+// blocks come back exactly once: the imported request stays untouchable
+// while its transfer runs and ends through the scheduler like any other.
+#ifndef TANDEM_SERVER_PEER_SERVICE_H_
+#define TANDEM_SERVER_PEER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/scheduler.h"
+#include "server/kv_endpoint.h"
+#include "server/server_metrics.h"
+#include "tandem/v1/peer.grpc.pb.h"
+
+namespace tandem::server {
+
+struct PeerServiceOptions {
+  // Testing only (--inject_fault=kv_transfer:error@N): the Nth transfer
+  // reads the first half of its pages and then fails. 0: never.
+  int64_t fail_transfer = 0;
+};
+
+class PeerService final : public v1::Peer::CallbackService {
+ public:
+  // Every pointer must outlive the service. `open_calls` counts open Decode
+  // calls with the Generation calls (so a drain waits for both); `accepting`
+  // turns false when the daemon drains (new handoffs get UNAVAILABLE).
+  PeerService(scheduler::Scheduler* scheduler, KvEndpoint* kv, ServerMetrics* metrics,
+              std::atomic<int64_t>* open_calls, std::function<bool()> accepting,
+              PeerServiceOptions options = {});
+  ~PeerService() override;  // stops the transfer poller
+
+  grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent>* Decode(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  class Call;
+  class Sink;
+  struct Transfer {
+    kvtransfer::TransferId id = 0;
+    std::shared_ptr<Call> call;  // kept alive until the transfer ends
+    uint64_t bytes = 0;
+    absl::Time posted;
+    bool fail = false;  // an injected fault: fails once its half has landed
+  };
+
+  // Starts the reads of an imported request's pages into `blocks`.
+  void StartTransfer(const std::shared_ptr<Call>& call, const std::vector<int32_t>& blocks);
+  // The peer id of the agent with `metadata`, connecting on first use.
+  absl::StatusOr<kvtransfer::PeerId> PeerFor(const std::string& metadata);
+  void PollTransfers();
+
+  scheduler::Scheduler* scheduler_;
+  KvEndpoint* kv_;
+  ServerMetrics* metrics_;
+  std::atomic<int64_t>* open_calls_;
+  std::function<bool()> accepting_;
+  const PeerServiceOptions options_;
+  std::atomic<int64_t> transfers_started_{0};
+
+  absl::Mutex peers_mu_;
+  absl::flat_hash_map<std::string, kvtransfer::PeerId> peers_ ABSL_GUARDED_BY(peers_mu_);
+
+  absl::Mutex mu_;
+  std::vector<Transfer> transfers_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread poller_;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_PEER_SERVICE_H_

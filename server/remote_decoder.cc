@@ -1,0 +1,450 @@
+#include "server/remote_decoder.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/strings.h"
+#include "common/thread_name.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::server {
+namespace {
+
+scheduler::FinishReason FinishReasonFromProto(v1::FinishReason reason) {
+  return reason == v1::FINISH_REASON_STOP ? scheduler::FinishReason::kStop
+                                          : scheduler::FinishReason::kLength;
+}
+
+v1::PathReason PathReasonToProtoValue(scheduler::PathReason reason) {
+  switch (reason) {
+    case scheduler::PathReason::kExpectedOutputHint:
+      return v1::PATH_REASON_EXPECTED_OUTPUT_HINT;
+    case scheduler::PathReason::kWorkloadEstimate:
+      return v1::PATH_REASON_WORKLOAD_ESTIMATE;
+    case scheduler::PathReason::kMaxTokens:
+      return v1::PATH_REASON_MAX_TOKENS;
+    default:
+      return v1::PATH_REASON_THRESHOLD_REACHED;
+  }
+}
+
+// host and port of "host:port" or "[v6]:port".
+bool SplitHostPort(const std::string& entry, std::string* host, std::string* port) {
+  const size_t colon = entry.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == entry.size()) return false;
+  *host = entry.substr(0, colon);
+  *port = entry.substr(colon + 1);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  int value = 0;
+  return absl::SimpleAtoi(AbslView(*port), &value) && value > 0 && value < 65536;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParsePeerList(const std::string& flag) {
+  std::vector<std::string> peers;
+  for (absl::string_view part : absl::StrSplit(AbslView(flag), ',', absl::SkipWhitespace())) {
+    std::string entry(absl::StripAsciiWhitespace(part));
+    if (absl::StartsWith(entry, "dns:///")) entry = entry.substr(7);
+    std::string host, port;
+    if (!SplitHostPort(entry, &host, &port)) {
+      return absl::InvalidArgumentError(
+          StrCat("--decode_peers: '", entry, "' is not host:port (a name or an address)"));
+    }
+    peers.push_back(entry);
+  }
+  if (peers.empty()) return absl::InvalidArgumentError("--decode_peers: no peer given");
+  return peers;
+}
+
+// One handoff's Decode call. The scheduler's lease answer may come after the
+// call broke: a hold keeps the call from ending until the answer has been
+// written or is known not to be needed.
+class RemoteDecoder::Call final
+    : public grpc::ClientBidiReactor<v1::DecodeControl, v1::DecodeEvent> {
+ public:
+  Call(RemoteDecoder* owner, std::shared_ptr<Peer> peer, uint64_t sequence_id)
+      : owner_(owner), peer_(std::move(peer)), sequence_id_(sequence_id) {}
+
+  void Start(std::shared_ptr<Call> self, v1::HandoffRequest handoff, absl::Time deadline) {
+    self_ = std::move(self);
+    if (!owner_->options_.api_key.empty()) {
+      context_.AddMetadata("authorization", "Bearer " + owner_->options_.api_key);
+    }
+    if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
+    *first_.mutable_handoff() = std::move(handoff);
+    peer_->peer->async()->Decode(&context_, this);
+    AddHold();
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = true;
+    }
+    StartWrite(&first_);
+    StartRead(&event_);
+    StartCall();
+  }
+
+  // The request ended here: stop the peer.
+  void Abort() {
+    {
+      absl::MutexLock lock(&mu_);
+      aborted_ = true;
+    }
+    context_.TryCancel();
+  }
+
+  // Ends the call at once (the daemon is stopping).
+  void ForceEnd() {
+    Abort();
+    ReleaseHoldOnce();
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool write_lease = false, release = false;
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = false;
+      if (lease_write_started_) {
+        release = true;  // the lease answer is out (or the call broke)
+      } else if (lease_answered_ && ok) {
+        write_lease = lease_write_started_ = write_in_flight_ = true;
+      } else if (lease_answered_) {
+        release = true;
+      }
+    }
+    if (write_lease) StartWrite(&lease_);
+    if (release) ReleaseHoldOnce();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool release = false;
+      {
+        absl::MutexLock lock(&mu_);
+        broken_ = true;
+        // No lease answer will be needed, or it was already written.
+        release = !asked_commit_ || (lease_answered_ && !write_in_flight_);
+      }
+      if (release) ReleaseHoldOnce();
+      return;
+    }
+    if (event_.has_pages_read()) {
+      const uint64_t bytes = event_.pages_read().bytes();
+      {
+        absl::MutexLock lock(&mu_);
+        asked_commit_ = true;
+      }
+      std::shared_ptr<Call> self = self_;
+      owner_->scheduler_->CommitLease(
+          sequence_id_, [self, bytes](bool committed) { self->Answer(committed, bytes); });
+    } else if (event_.has_tokens()) {
+      const v1::GeneratedTokens& t = event_.tokens();
+      std::vector<scheduler::TokenId> tokens(t.token_ids().begin(), t.token_ids().end());
+      std::vector<step::TokenLogprobs> logprobs;
+      for (const v1::TokenLogprobs& lp : t.logprobs()) {
+        step::TokenLogprobs& out = logprobs.emplace_back();
+        out.token = static_cast<scheduler::TokenId>(lp.token_id());
+        out.logprob = lp.logprob();
+        for (const v1::TopLogprob& top : lp.top()) {
+          out.top.emplace_back(static_cast<scheduler::TokenId>(top.token_id()), top.logprob());
+        }
+      }
+      owner_->scheduler_->RemoteTokens(sequence_id_, std::move(tokens), std::move(logprobs));
+    } else if (event_.has_finished()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      const v1::DecodeFinished& f = event_.finished();
+      owner_->scheduler_->RemoteFinished(sequence_id_, FinishReasonFromProto(f.finish_reason()),
+                                         f.drafted_tokens(), f.accepted_tokens());
+    }
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    bool report = false;
+    {
+      absl::MutexLock lock(&mu_);
+      report = !finished_ && !aborted_;
+    }
+    if (report) {
+      // The peer died, refused or failed: the request goes on here.
+      spdlog::warn("request handed to {} continues here: {} ({})", peer_->address,
+                   status.error_message(), static_cast<int>(status.error_code()));
+      owner_->metrics_->OnRemoteHandoff(peer_->address, "failed");
+      owner_->scheduler_->RemoteFailed(sequence_id_);
+    }
+    owner_->CallEnded(sequence_id_);
+    self_.reset();  // may destroy this
+  }
+
+ private:
+  // The scheduler's answer to "pages read", on the scheduler thread.
+  void Answer(bool committed, uint64_t bytes) {
+    if (committed) {
+      owner_->metrics_->OnRemoteHandoff(peer_->address, "committed");
+      owner_->metrics_->OnKvTransfer("out", bytes);
+    } else {
+      owner_->metrics_->OnRemoteHandoff(peer_->address, "lease_expired");
+      owner_->metrics_->OnKvTransferFailure("out", "lease");
+    }
+    bool write = false, release = false;
+    {
+      absl::MutexLock lock(&mu_);
+      lease_.mutable_lease()->set_committed(committed);
+      lease_answered_ = true;
+      if (broken_) {
+        release = true;
+      } else if (!write_in_flight_) {
+        write = lease_write_started_ = write_in_flight_ = true;
+      }
+    }
+    if (write) StartWrite(&lease_);
+    if (release) ReleaseHoldOnce();
+  }
+
+  void ReleaseHoldOnce() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (hold_released_) return;
+      hold_released_ = true;
+    }
+    RemoveHold();
+  }
+
+  RemoteDecoder* owner_;
+  std::shared_ptr<Peer> peer_;
+  const uint64_t sequence_id_;
+  std::shared_ptr<Call> self_;  // until OnDone
+  grpc::ClientContext context_;
+  v1::DecodeControl first_;
+  v1::DecodeEvent event_;  // the read buffer
+
+  absl::Mutex mu_;
+  v1::DecodeControl lease_ ABSL_GUARDED_BY(mu_);
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool asked_commit_ ABSL_GUARDED_BY(mu_) = false;
+  bool lease_answered_ ABSL_GUARDED_BY(mu_) = false;
+  bool lease_write_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+RemoteDecoder::RemoteDecoder(RemoteDecoderOptions options, scheduler::Scheduler* scheduler,
+                             const KvEndpoint* kv, ServerMetrics* metrics)
+    : options_(std::move(options)), scheduler_(scheduler), kv_(kv), metrics_(metrics) {
+  // The first round before serving, so the first requests find their peers.
+  std::promise<void> first_round;
+  std::future<void> ready = first_round.get_future();
+  poller_ = std::thread([this, first = std::move(first_round)]() mutable {
+    NameThisThread("tandem-peers");
+    PollLoop(&first);
+  });
+  ready.wait();
+}
+
+RemoteDecoder::~RemoteDecoder() {
+  std::vector<std::shared_ptr<Call>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, call] : calls_) calls.push_back(call);
+  }
+  for (auto& call : calls) call->ForceEnd();
+  calls.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(10));
+  }
+  poller_.join();
+}
+
+int RemoteDecoder::ready_peers() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(
+      std::count_if(peers_.begin(), peers_.end(), [](const auto& p) { return p->ready; }));
+}
+
+void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
+  std::shared_ptr<Peer> chosen;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      // Fewest requests (as last reported, plus those sent since), then the
+      // emptiest KV cache; ties rotate.
+      const size_t n = peers_.size();
+      for (size_t i = 0; i < n; ++i) {
+        const std::shared_ptr<Peer>& p = peers_[(round_robin_ + i) % n];
+        if (!p->ready) continue;
+        auto score = [](const Peer& q) {
+          return std::pair(
+              q.load.waiting() + q.load.running_prefill() + q.load.running_decode() + q.sent,
+              q.load.kv_usage());
+        };
+        if (chosen == nullptr || score(*p) < score(*chosen)) chosen = p;
+      }
+      ++round_robin_;
+      if (chosen != nullptr) ++chosen->sent;
+    }
+  }
+  if (chosen == nullptr) {
+    metrics_->OnRemoteHandoff("none", "no_peer");
+    scheduler_->RemoteFailed(offer.sequence_id);
+    return;
+  }
+  v1::HandoffRequest h;
+  const scheduler::Request& r = offer.request;
+  h.set_request_id(r.id);
+  for (scheduler::TokenId t : offer.tokens) h.add_token_ids(static_cast<uint32_t>(t));
+  h.set_prompt_tokens(static_cast<int32_t>(r.prompt.size()));
+  h.set_temperature(r.sampling.temperature);
+  h.set_top_k(r.sampling.top_k);
+  h.set_top_p(r.sampling.top_p);
+  h.set_seed(r.sampling.seed);
+  h.set_max_tokens(r.max_tokens);
+  for (scheduler::TokenId t : r.stop_token_ids) h.add_stop_token_ids(static_cast<uint32_t>(t));
+  h.set_logprobs(r.logprobs);
+  h.set_disable_speculation(r.disable_speculation);
+  h.set_cache_salt(r.cache_salt);
+  h.set_priority(r.priority);
+  h.set_path_reason(PathReasonToProtoValue(offer.reason));
+  v1::KvSource* kv = h.mutable_kv();
+  kv->set_agent_metadata(kv_->metadata);
+  kv->set_region(kv_->region);
+  kv->set_layers(kv_->shape.layers);
+  kv->set_block_size(kv_->shape.block_size);
+  kv->set_kv_heads(kv_->shape.kv_heads);
+  kv->set_head_dim(kv_->shape.head_dim);
+  kv->set_total_blocks(kv_->shape.blocks);
+  for (int32_t b : offer.block_table) kv->add_block_ids(b);
+  kv->set_lease_ms(absl::ToInt64Milliseconds(offer.lease_deadline - absl::Now()));
+
+  auto call = std::make_shared<Call>(this, chosen, offer.sequence_id);
+  {
+    absl::MutexLock lock(&mu_);
+    calls_[offer.sequence_id] = call;
+  }
+  call->Start(call, std::move(h), r.deadline);
+}
+
+void RemoteDecoder::Abort(uint64_t sequence_id) {
+  std::shared_ptr<Call> call;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(sequence_id);
+    if (it == calls_.end()) return;
+    call = it->second;
+  }
+  call->Abort();
+}
+
+void RemoteDecoder::CallEnded(uint64_t sequence_id) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(sequence_id);
+}
+
+std::vector<std::string> RemoteDecoder::Resolve() const {
+  std::vector<std::string> addresses;
+  for (const std::string& entry : options_.peers) {
+    std::string host, port;
+    if (!SplitHostPort(entry, &host, &port)) continue;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (const int err = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); err != 0) {
+      spdlog::warn("--decode_peers: cannot resolve '{}': {}", entry, gai_strerror(err));
+      continue;
+    }
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      char ip[NI_MAXHOST];
+      if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST) != 0) {
+        continue;
+      }
+      const std::string address =
+          a->ai_family == AF_INET6 ? StrCat("[", ip, "]:", port) : StrCat(ip, ":", port);
+      if (std::find(addresses.begin(), addresses.end(), address) == addresses.end()) {
+        addresses.push_back(address);
+      }
+    }
+    freeaddrinfo(found);
+  }
+  return addresses;
+}
+
+void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
+  absl::Time next_resolve = absl::InfinitePast();
+  for (;;) {
+    const absl::Time now = absl::Now();
+    if (now >= next_resolve) {
+      next_resolve = now + options_.resolve_interval;
+      std::vector<std::string> addresses = Resolve();
+      absl::MutexLock lock(&mu_);
+      if (!addresses.empty() || peers_.empty()) {
+        std::vector<std::shared_ptr<Peer>> next;
+        for (const std::string& address : addresses) {
+          auto same = [&](const auto& p) { return p->address == address; };
+          if (auto it = std::find_if(peers_.begin(), peers_.end(), same); it != peers_.end()) {
+            next.push_back(*it);
+            continue;
+          }
+          auto peer = std::make_shared<Peer>();
+          peer->address = address;
+          grpc::ChannelArguments args;
+          args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+          args.SetMaxSendMessageSize(options_.max_message_bytes);
+          peer->channel =
+              grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+          peer->generation = v1::Generation::NewStub(peer->channel);
+          peer->peer = v1::Peer::NewStub(peer->channel);
+          next.push_back(std::move(peer));
+        }
+        peers_ = std::move(next);
+      }
+    }
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      absl::MutexLock lock(&mu_);
+      peers = peers_;
+    }
+    for (const std::shared_ptr<Peer>& peer : peers) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      if (!options_.api_key.empty()) {
+        context.AddMetadata("authorization", "Bearer " + options_.api_key);
+      }
+      v1::Load load;
+      const grpc::Status status = peer->generation->GetLoad(&context, v1::GetLoadRequest(), &load);
+      absl::MutexLock lock(&mu_);
+      const bool ready = status.ok() && load.accepting();
+      if (ready != peer->ready) {
+        spdlog::info("decode peer {}: {}", peer->address,
+                     ready ? "ready" : StrCat("not ready (", status.error_message(), ")"));
+      }
+      peer->ready = ready;
+      peer->load = load;
+      peer->sent = 0;
+    }
+    if (first_round != nullptr) {
+      first_round->set_value();
+      first_round = nullptr;
+    }
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.load_interval)) return;
+  }
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,288 @@
+// Remote decode in SchedulerCore: a prefill daemon's core hands a request to
+// a decode daemon's core (two cores, two fake workers whose "KV" is moved by
+// copying block slots, as the KV transport would), with leases, failures and
+// aborts. The fake worker samples from every token read back through the
+// block table, so a wrong block id, a page moved wrongly or a lost token
+// changes the output.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "scheduler/scheduler_core.h"
+#include "tests/unit/fake_worker.h"
+
+namespace tandem::scheduler {
+namespace {
+
+constexpr int32_t kBlockSize = 4;
+constexpr int32_t kBlocks = 64;
+constexpr int32_t kThreshold = 3;
+
+using testing::FakeWorker;
+using testing::MakeRequest;
+using testing::Record;
+
+SchedulerOptions Options(bool remote_decode, absl::Time* now) {
+  SchedulerOptions o;
+  o.max_batched_tokens = 16;
+  o.block_size = kBlockSize;
+  o.kv_blocks = kBlocks;
+  o.context_length = 256;
+  o.remote_decode = remote_decode;
+  if (remote_decode) o.disaggregation.output_threshold = kThreshold;
+  o.kv_lease = absl::Seconds(30);
+  o.clock = [now] { return *now; };
+  return o;
+}
+
+// Steps `lane` of `core` until `done` holds or nothing is left to run.
+template <typename Done>
+void RunUntil(SchedulerCore& core, FakeWorker& worker, Lane lane, Done done) {
+  for (int steps = 0; steps < 1000 && !done(); ++steps) {
+    step::StepPlan plan = core.Schedule(lane);
+    if (plan.sequences.empty()) break;
+    core.Update(lane, plan, worker.Execute(plan));
+  }
+}
+
+// The tokens of a request alone on one core, never handed off.
+std::vector<TokenId> Alone(int32_t prompt, int32_t max_tokens) {
+  absl::Time now = absl::UnixEpoch();
+  SchedulerCore core(Options(false, &now));
+  FakeWorker worker(kBlocks, kBlockSize);
+  auto sink = std::make_shared<Record>();
+  core.Add(1, MakeRequest(prompt, max_tokens, sink));
+  RunUntil(core, worker, Lane::kPrefill, [&] { return sink->finishes > 0; });
+  return sink->tokens;
+}
+
+// A prefill daemon's core and worker with one request handed off.
+struct PrefillSide {
+  absl::Time now = absl::UnixEpoch();
+  SchedulerCore core{Options(true, &now)};
+  FakeWorker worker{kBlocks, kBlockSize};
+  std::shared_ptr<Record> sink = std::make_shared<Record>();
+  HandoffOffer offer;
+
+  explicit PrefillSide(int32_t prompt = 10, int32_t max_tokens = 12) {
+    core.Add(7, MakeRequest(prompt, max_tokens, sink));
+    std::vector<HandoffOffer> offers;
+    RunUntil(core, worker, Lane::kPrefill, [&] {
+      offers = core.TakeOffers();
+      return !offers.empty();
+    });
+    EXPECT_EQ(offers.size(), 1u);
+    if (!offers.empty()) offer = offers[0];
+  }
+};
+
+// A decode daemon's core and worker that imports `offer` and moves its pages.
+struct DecodeSide {
+  absl::Time now = absl::UnixEpoch();
+  SchedulerCore core{Options(false, &now)};
+  FakeWorker worker{kBlocks, kBlockSize};
+  std::shared_ptr<Record> sink = std::make_shared<Record>();
+  std::vector<int32_t> blocks;
+
+  void Import(const HandoffOffer& offer, const FakeWorker& from) {
+    ImportedRequest imported;
+    imported.request = offer.request;
+    imported.request.sink = sink;
+    imported.tokens = offer.tokens;
+    imported.generated = offer.generated;
+    absl::StatusOr<std::vector<int32_t>> reserved = core.Import(99, std::move(imported));
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    blocks = *reserved;
+    worker.CopyBlocksFrom(from, offer.block_table, blocks);
+  }
+};
+
+TEST(SchedulerRemoteTest, AHandedOffRequestDecodesOnAnotherCoreWithTheSameTokens) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  PrefillSide prefill;
+  const HandoffOffer& offer = prefill.offer;
+  // Handed off when its output reached the threshold: the prompt and three
+  // tokens, all but the last with KV in the offered blocks.
+  EXPECT_EQ(offer.sequence_id, 7u);
+  EXPECT_EQ(offer.generated, kThreshold);
+  ASSERT_EQ(offer.tokens.size(), 13u);
+  EXPECT_EQ(offer.block_table.size(), 3u);  // 12 tokens of KV in 4-token blocks
+  EXPECT_EQ(std::vector<TokenId>(offer.tokens.begin() + 10, offer.tokens.end()),
+            std::vector<TokenId>(expected.begin(), expected.begin() + kThreshold));
+  EXPECT_EQ(prefill.sink->tokens.size(), static_cast<size_t>(kThreshold));
+  // The lease holds the blocks; nothing of it runs here meanwhile.
+  EXPECT_EQ(prefill.core.free_blocks(), kBlocks - 3);
+  EXPECT_EQ(prefill.core.remote(), 1);
+  EXPECT_TRUE(prefill.core.Schedule(Lane::kPrefill).sequences.empty());
+
+  DecodeSide decode;
+  decode.Import(offer, prefill.worker);
+  EXPECT_EQ(decode.blocks.size(), 3u);  // the pages that travel
+  EXPECT_EQ(decode.core.free_blocks(), kBlocks - 4) << "and room for the next token";
+  // Untouchable while its pages arrive.
+  EXPECT_TRUE(decode.core.Schedule(Lane::kPrefill).sequences.empty());
+  ASSERT_TRUE(prefill.core.CommitLease(7));
+  EXPECT_EQ(prefill.core.free_blocks(), kBlocks);  // released once read
+  EXPECT_FALSE(prefill.core.CommitLease(7));       // and only once
+  decode.core.CompleteImport(99, absl::OkStatus());
+  RunUntil(decode.core, decode.worker, Lane::kPrefill, [&] { return decode.sink->finishes > 0; });
+  ASSERT_EQ(decode.sink->finishes, 1);
+  EXPECT_EQ(decode.sink->finish->reason, FinishReason::kLength);
+  EXPECT_EQ(decode.sink->finish->path, Path::kRemote);
+  EXPECT_EQ(decode.core.free_blocks(), kBlocks);
+
+  // Its tokens, relayed to the entering daemon, complete the answer.
+  prefill.core.OnRemoteTokens(7, decode.sink->tokens, {});
+  prefill.core.FinishRemote(7, FinishReason::kLength, 0, 0);
+  EXPECT_EQ(prefill.sink->tokens, expected);
+  ASSERT_EQ(prefill.sink->finishes, 1);
+  EXPECT_EQ(prefill.sink->finish->path, Path::kRemote);
+  EXPECT_EQ(prefill.sink->finish->usage.completion_tokens, 12);
+  EXPECT_TRUE(prefill.core.TakeRemoteAborts().empty());  // it ended there
+  EXPECT_EQ(prefill.core.remote(), 0);
+}
+
+TEST(SchedulerRemoteTest, AnExpiredLeaseIsNeverCommittedAndTheRequestContinuesHere) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  for (bool expire_first : {true, false}) {
+    PrefillSide prefill;
+    prefill.now += absl::Seconds(31);
+    if (expire_first) {
+      prefill.core.ExpireDeadlines(prefill.now);
+      EXPECT_EQ(prefill.core.free_blocks(), kBlocks) << "an expired lease frees its blocks";
+    }
+    // The decode daemon read them too late: refused, whether or not the
+    // expiry was noticed before.
+    EXPECT_FALSE(prefill.core.CommitLease(7));
+    EXPECT_EQ(prefill.core.lease_expirations(), 1);
+    EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+    prefill.core.ResumeLocally(7);  // the decode daemon gives up
+    RunUntil(prefill.core, prefill.worker, Lane::kPrefill,
+             [&] { return prefill.sink->finishes > 0; });
+    EXPECT_EQ(prefill.sink->tokens, expected);
+    ASSERT_EQ(prefill.sink->finishes, 1);
+    EXPECT_EQ(prefill.sink->finish->path, Path::kColocated);
+    EXPECT_TRUE(prefill.core.TakeOffers().empty()) << "never offered again";
+    EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+  }
+}
+
+TEST(SchedulerRemoteTest, APeerThatFailsBeforeTheCommitLeavesTheBlocksToGoOnFrom) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  PrefillSide prefill;
+  prefill.core.ResumeLocally(7);
+  // Its KV is still in its blocks: the next step decodes one token, no recompute.
+  step::StepPlan plan = prefill.core.Schedule(Lane::kPrefill);
+  ASSERT_EQ(plan.sequences.size(), 1u);
+  EXPECT_EQ(plan.sequences[0].tokens.size(), 1u);
+  EXPECT_EQ(plan.sequences[0].first_position, 12);
+  prefill.core.Update(Lane::kPrefill, plan, prefill.worker.Execute(plan));
+  RunUntil(prefill.core, prefill.worker, Lane::kPrefill,
+           [&] { return prefill.sink->finishes > 0; });
+  EXPECT_EQ(prefill.sink->tokens, expected);
+  EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+}
+
+TEST(SchedulerRemoteTest, APeerThatDiesMidStreamLosesNoToken) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  PrefillSide prefill;
+  ASSERT_TRUE(prefill.core.CommitLease(7));
+  // The decode daemon sent four tokens, then vanished.
+  prefill.core.OnRemoteTokens(
+      7, std::vector<TokenId>(expected.begin() + kThreshold, expected.begin() + kThreshold + 4),
+      {});
+  prefill.core.ResumeLocally(7);
+  // Recomputed from its tokens (its pages went back to the pool).
+  RunUntil(prefill.core, prefill.worker, Lane::kPrefill,
+           [&] { return prefill.sink->finishes > 0; });
+  EXPECT_EQ(prefill.sink->tokens, expected);
+  ASSERT_EQ(prefill.sink->finishes, 1);
+  EXPECT_EQ(prefill.sink->finish->reason, FinishReason::kLength);
+  EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+}
+
+TEST(SchedulerRemoteTest, ARemoteRequestThatEndsHereFreesItsLeaseAndAbortsThePeer) {
+  {  // cancelled during the transfer
+    PrefillSide prefill;
+    prefill.core.Cancel(7, FinishReason::kCancelled, absl::CancelledError("client"));
+    EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+    EXPECT_EQ(prefill.core.TakeRemoteAborts(), std::vector<uint64_t>{7});
+    ASSERT_EQ(prefill.sink->finishes, 1);
+    EXPECT_EQ(prefill.sink->finish->stage, Stage::kHandoff);
+    EXPECT_FALSE(prefill.core.CommitLease(7));
+    prefill.core.OnRemoteTokens(7, std::vector<TokenId>{5}, {});  // late: ignored
+    prefill.core.ResumeLocally(7);                                // late: ignored
+    EXPECT_EQ(prefill.sink->tokens.size(), static_cast<size_t>(kThreshold));
+    EXPECT_FALSE(prefill.core.HasWork());
+  }
+  {  // its deadline passes while it decodes there
+    PrefillSide prefill;
+    ASSERT_TRUE(prefill.core.CommitLease(7));
+    prefill.core.Cancel(7, FinishReason::kCancelled, absl::DeadlineExceededError("deadline"));
+    EXPECT_EQ(prefill.core.TakeRemoteAborts(), std::vector<uint64_t>{7});
+    EXPECT_EQ(prefill.sink->finish->stage, Stage::kDecode);
+    EXPECT_EQ(prefill.sink->finish->path, Path::kRemote);
+  }
+  {  // a stop string matches a token the peer sent
+    PrefillSide prefill;
+    ASSERT_TRUE(prefill.core.CommitLease(7));
+    prefill.sink->stop_after = kThreshold + 2;
+    prefill.core.OnRemoteTokens(7, std::vector<TokenId>{11, 12, 13}, {});
+    EXPECT_EQ(prefill.sink->tokens.size(), static_cast<size_t>(kThreshold + 2));
+    EXPECT_EQ(prefill.sink->finish->reason, FinishReason::kStop);
+    EXPECT_EQ(prefill.core.TakeRemoteAborts(), std::vector<uint64_t>{7});
+  }
+}
+
+TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce) {
+  PrefillSide prefill;
+  {  // cancelled while its pages arrive: freed when the transfer has ended
+    DecodeSide decode;
+    decode.Import(prefill.offer, prefill.worker);
+    decode.core.Cancel(99, FinishReason::kCancelled, absl::CancelledError("peer gone"));
+    EXPECT_EQ(decode.core.free_blocks(), kBlocks - 4) << "freed under a running transfer";
+    EXPECT_EQ(decode.sink->finishes, 0);
+    decode.core.CompleteImport(99, absl::OkStatus());
+    EXPECT_EQ(decode.core.free_blocks(), kBlocks);
+    ASSERT_EQ(decode.sink->finishes, 1);
+    EXPECT_EQ(decode.sink->finish->reason, FinishReason::kCancelled);
+    decode.core.CompleteImport(99, absl::OkStatus());  // again: ignored
+    EXPECT_EQ(decode.sink->finishes, 1);
+  }
+  {  // the transfer failed
+    DecodeSide decode;
+    decode.Import(prefill.offer, prefill.worker);
+    decode.core.CompleteImport(99, absl::UnavailableError("transfer failed"));
+    EXPECT_EQ(decode.core.free_blocks(), kBlocks);
+    ASSERT_EQ(decode.sink->finishes, 1);
+    EXPECT_EQ(decode.sink->finish->reason, FinishReason::kError);
+    EXPECT_TRUE(absl::IsUnavailable(decode.sink->finish->error));
+  }
+  {  // no room: refused, nothing held
+    absl::Time now = absl::UnixEpoch();
+    SchedulerOptions options = Options(false, &now);
+    options.kv_blocks = 2;
+    SchedulerCore small(options);
+    ImportedRequest imported;
+    imported.request = prefill.offer.request;
+    imported.request.sink = std::make_shared<Record>();
+    imported.tokens = prefill.offer.tokens;
+    imported.generated = prefill.offer.generated;
+    absl::StatusOr<std::vector<int32_t>> reserved = small.Import(1, std::move(imported));
+    EXPECT_TRUE(absl::IsResourceExhausted(reserved.status())) << reserved.status();
+    EXPECT_EQ(small.free_blocks(), 2);
+    EXPECT_FALSE(small.HasWork());
+  }
+  {  // inconsistent counts are refused
+    DecodeSide decode;
+    ImportedRequest imported;
+    imported.request = prefill.offer.request;
+    imported.request.sink = decode.sink;
+    imported.tokens = prefill.offer.tokens;
+    imported.generated = prefill.offer.generated + 1;
+    EXPECT_TRUE(absl::IsInvalidArgument(decode.core.Import(1, std::move(imported)).status()));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::scheduler
