@@ -52,7 +52,7 @@ std::optional<double> MetricValue(const std::string& text, const std::string& na
 double FinishedRequests(const std::string& metrics, const std::vector<std::string>& reasons) {
   double finished = 0;
   for (const std::string& reason : reasons) {
-    for (const char* path : {"colocated", "disaggregated"}) {
+    for (const char* path : {"colocated", "disaggregated", "remote"}) {
       finished += MetricValue(metrics, "tandem_requests_total{finish_reason=\"" + reason +
                                            "\",path=\"" + path + "\"}")
                       .value_or(0);

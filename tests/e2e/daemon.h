@@ -26,7 +26,7 @@ int FreePort();
 // The value of an unlabelled sample `name` in Prometheus text, or nullopt.
 std::optional<double> MetricValue(const std::string& text, const std::string& name);
 
-// The sum of tandem_requests_total over both paths for the finish reasons
+// The sum of tandem_requests_total over every path for the finish reasons
 // given (every reason by default): the requests the scheduler finished.
 double FinishedRequests(const std::string& metrics, const std::vector<std::string>& reasons = {
                                                         "stop", "length", "cancelled", "error"});

@@ -1,0 +1,301 @@
+// Several daemons on this machine over loopback: a prefill daemon
+// (--role=prefill) hands requests to decode daemons (--role=decode) over the
+// Peer service and the UCX KV transport. Greedy answers equal one unified
+// daemon's; the KV bytes moved are exactly the handed-off pages; a decode
+// daemon killed mid-stream, a transfer that fails half way and a lease that
+// runs out all leave the request to finish on the entering daemon with the
+// same tokens; a client's abort frees the pages on both daemons.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <future>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "tests/e2e/daemon.h"
+
+namespace tandem::testing {
+namespace {
+
+// Small enough for three daemons on two cores.
+const std::vector<std::string> kCommon = {"--threads=1", "--kv_cache_bytes=67108864",
+                                          "--context_length=1024"};
+constexpr int kThreshold = 8;
+// SmolLM2-135M's KV block: 2 (K and V) x 30 layers x 16 tokens x 3 KV heads
+// x 64 dimensions x 2 bytes.
+constexpr double kBytesPerBlock = 2.0 * 30 * 16 * 3 * 64 * 2;
+
+std::vector<std::string> With(std::vector<std::string> flags) {
+  flags.insert(flags.end(), kCommon.begin(), kCommon.end());
+  return flags;
+}
+
+// Greedy request `i`: a prompt of 30 + 11 i token ids, exactly `max_tokens`
+// generated, no speculation (so the handoff happens at exactly the
+// threshold and the pages it moves are known).
+v1::GenerateRequest Request(int i, int max_tokens) {
+  v1::GenerateRequest r;
+  for (int t = 0; t < 30 + 11 * i; ++t) {
+    r.add_token_ids(static_cast<uint32_t>(600 + (t * 7919 + i * 104729) % 40000));
+  }
+  r.set_max_tokens(max_tokens);
+  r.set_ignore_eos(true);
+  r.set_disable_speculation(true);
+  r.mutable_sampling()->set_temperature(0.0f);
+  return r;
+}
+
+// KV blocks a request's handoff moves: its prompt and the threshold's tokens
+// but the last have KV.
+int HandedOffBlocks(int i) { return (30 + 11 * i + kThreshold - 1 + 15) / 16; }
+
+std::vector<Generation> RunConcurrently(Daemon& daemon, int count, int max_tokens) {
+  std::vector<std::future<Generation>> futures;
+  for (int i = 0; i < count; ++i) {
+    futures.push_back(std::async(std::launch::async, [&daemon, i, max_tokens] {
+      auto stub = daemon.Stub();
+      return Generate(*stub, Request(i, max_tokens));
+    }));
+  }
+  std::vector<Generation> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+// The answers of one unified daemon (the reference), computed once.
+const std::vector<std::vector<uint32_t>>& Reference(int max_tokens) {
+  static std::map<int, std::vector<std::vector<uint32_t>>>* cache =
+      new std::map<int, std::vector<std::vector<uint32_t>>>();
+  auto it = cache->find(max_tokens);
+  if (it != cache->end()) return it->second;
+  Daemon unified(With({}));
+  EXPECT_TRUE(unified.WaitServing()) << unified.Log();
+  std::vector<std::vector<uint32_t>> answers;
+  for (const Generation& g : RunConcurrently(unified, 6, max_tokens)) {
+    EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+    answers.push_back(g.token_ids);
+  }
+  return (*cache)[max_tokens] = answers;
+}
+
+// The tandem_remote_handoffs_total series of `outcome` to `peer`.
+std::string Handoffs(const std::string& outcome, const std::string& peer) {
+  return absl::StrCat("tandem_remote_handoffs_total{outcome=\"", outcome, "\",peer=\"", peer,
+                      "\"}");
+}
+
+double Metric(const Daemon& daemon, const std::string& series) {
+  return MetricValue(HttpGet(daemon.metrics_port(), "/metrics").value_or(""), series).value_or(0);
+}
+
+bool Idle(Daemon& daemon) {
+  return daemon.WaitForLoad([](const v1::Load& l) {
+    return l.kv_used_blocks() == 0 && l.running_prefill() + l.running_decode() == 0 &&
+           l.running_remote() == 0 && l.waiting() == 0 && l.open_calls() == 0;
+  });
+}
+
+struct Pool {
+  std::vector<std::unique_ptr<Daemon>> decoders;
+  std::unique_ptr<Daemon> prefill;
+
+  explicit Pool(int decode_daemons, std::vector<std::string> decode_flags = {},
+                std::vector<std::string> prefill_flags = {}) {
+    std::string peers;
+    for (int d = 0; d < decode_daemons; ++d) {
+      std::vector<std::string> flags = With({"--role=decode"});
+      flags.insert(flags.end(), decode_flags.begin(), decode_flags.end());
+      decoders.push_back(std::make_unique<Daemon>(flags));
+      EXPECT_TRUE(decoders.back()->WaitServing()) << decoders.back()->Log();
+      absl::StrAppend(&peers, peers.empty() ? "" : ",", decoders.back()->address());
+    }
+    std::vector<std::string> flags = With({"--role=prefill", absl::StrCat("--decode_peers=", peers),
+                                           absl::StrCat("--disagg_output_threshold=", kThreshold)});
+    flags.insert(flags.end(), prefill_flags.begin(), prefill_flags.end());
+    prefill = std::make_unique<Daemon>(flags);
+    EXPECT_TRUE(prefill->WaitServing()) << prefill->Log();
+  }
+};
+
+TEST(MultiDaemonTest, GreedyAnswersAreTheUnifiedDaemonsAndTheBytesMovedAreThePages) {
+  const auto& expected = Reference(40);
+  Pool pool(1);
+  const std::vector<Generation> got = RunConcurrently(*pool.prefill, 6, 40);
+  double pages = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].token_ids, expected[i]) << "request " << i;
+    EXPECT_EQ(got[i].last.path(), v1::PATH_REMOTE) << "request " << i;
+    EXPECT_EQ(got[i].last.path_reason(), v1::PATH_REASON_THRESHOLD_REACHED);
+    EXPECT_GT(got[i].last.timeline().kv_transfer_ms(), 0.0);
+    EXPECT_GE(got[i].last.timeline().handoff_ms(), got[i].last.timeline().kv_transfer_ms());
+    pages += HandedOffBlocks(static_cast<int>(i));
+  }
+  Daemon& decode = *pool.decoders[0];
+  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_bytes_total{direction=\"in\"}"),
+            pages * kBytesPerBlock);
+  EXPECT_EQ(Metric(*pool.prefill, "tandem_kv_transfer_bytes_total{direction=\"out\"}"),
+            pages * kBytesPerBlock);
+  EXPECT_EQ(Metric(*pool.prefill, Handoffs("committed", decode.address())), 6);
+  EXPECT_EQ(Metric(*pool.prefill, "tandem_kv_transfer_time_seconds_count{path=\"remote\"}"), 6);
+  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_time_seconds_count{path=\"remote\"}"), 6);
+  // Both requests' sides counted; nothing held anywhere afterwards.
+  EXPECT_EQ(Metric(decode, "tandem_requests_total{finish_reason=\"length\",path=\"remote\"}"), 6);
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(decode));
+}
+
+TEST(MultiDaemonTest, ThreeDaemonsSpreadTheHandoffsOverBothDecodeDaemons) {
+  const auto& expected = Reference(40);
+  Pool pool(2);
+  const std::vector<Generation> got = RunConcurrently(*pool.prefill, 6, 40);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].token_ids, expected[i]) << "request " << i;
+    EXPECT_EQ(got[i].last.path(), v1::PATH_REMOTE);
+  }
+  double total = 0;
+  for (const auto& d : pool.decoders) {
+    const double handoffs = Metric(*pool.prefill, Handoffs("committed", d->address()));
+    EXPECT_GE(handoffs, 1) << d->address() << " got none";
+    EXPECT_EQ(Metric(*d, "tandem_requests_total{finish_reason=\"length\",path=\"remote\"}"),
+              handoffs);
+    total += handoffs;
+    EXPECT_TRUE(Idle(*d));
+  }
+  EXPECT_EQ(total, 6);
+  EXPECT_TRUE(Idle(*pool.prefill));
+}
+
+TEST(MultiDaemonTest, KillingTheDecodeDaemonMidStreamLosesNoRequest) {
+  const auto& expected = Reference(160);
+  Pool pool(1);
+  std::vector<std::future<Generation>> futures;
+  for (int i = 0; i < 4; ++i) {
+    futures.push_back(std::async(std::launch::async, [&pool, i] {
+      auto stub = pool.prefill->Stub();
+      return Generate(*stub, Request(i, 160));
+    }));
+  }
+  // All four decoding on the decode daemon, then it dies.
+  ASSERT_TRUE(pool.prefill->WaitForLoad([](const v1::Load& l) { return l.running_remote() == 4; }))
+      << pool.prefill->Log();
+  ASSERT_TRUE(pool.decoders[0]->WaitForLoad(
+      [](const v1::Load& l) { return l.running_prefill() + l.running_decode() == 4; }));
+  EXPECT_EQ(pool.decoders[0]->Stop(SIGKILL), 128 + SIGKILL);
+  for (int i = 0; i < 4; ++i) {
+    const Generation g = futures[static_cast<size_t>(i)].get();
+    ASSERT_TRUE(g.status.ok()) << "request " << i << ": " << g.status.error_message();
+    EXPECT_EQ(g.token_ids, expected[static_cast<size_t>(i)]) << "request " << i;
+  }
+  EXPECT_EQ(Metric(*pool.prefill, Handoffs("failed", pool.decoders[0]->address())), 4);
+  EXPECT_TRUE(Idle(*pool.prefill));
+  // Later requests stay here (no peer is ready) and still succeed.
+  auto stub = pool.prefill->Stub();
+  const Generation after = Generate(*stub, Request(0, 40));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.token_ids, Reference(40)[0]);
+}
+
+TEST(MultiDaemonTest, AClientsAbortFreesThePagesOnBothDaemons) {
+  Pool pool(1);
+  grpc::ClientContext context;
+  auto stub = pool.prefill->Stub();
+  v1::GenerateRequest request = Request(2, 900);
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  ASSERT_TRUE(pool.prefill->WaitForLoad([](const v1::Load& l) { return l.running_remote() == 1; }));
+  ASSERT_TRUE(pool.decoders[0]->WaitForLoad(
+      [](const v1::Load& l) { return l.running_prefill() + l.running_decode() == 1; }));
+  context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(*pool.decoders[0]));
+  EXPECT_EQ(Metric(*pool.decoders[0],
+                   "tandem_cancelled_requests_total{cause=\"client\",stage=\"decode\"}"),
+            1);
+}
+
+TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesOnHere) {
+  const auto& expected = Reference(40);
+  Pool pool(1, {"--inject_fault=kv_transfer:error@1"});
+  auto stub = pool.prefill->Stub();
+  const Generation first = Generate(*stub, Request(0, 40));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.token_ids, expected[0]);
+  EXPECT_EQ(first.last.path(), v1::PATH_COLOCATED);  // it came back before any page was used
+  Daemon& decode = *pool.decoders[0];
+  EXPECT_EQ(
+      Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"transfer\"}"), 1);
+  EXPECT_EQ(Metric(*pool.prefill, Handoffs("failed", decode.address())), 1);
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(decode));
+  // The next transfer works.
+  const Generation second = Generate(*stub, Request(1, 40));
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(second.token_ids, expected[1]);
+  EXPECT_EQ(second.last.path(), v1::PATH_REMOTE);
+}
+
+TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
+  const auto& expected = Reference(40);
+  // The lease runs out long before any read can finish.
+  Pool pool(1, {}, {"--kv_lease=1us"});
+  auto stub = pool.prefill->Stub();
+  const Generation g = Generate(*stub, Request(3, 40));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.token_ids, expected[3]);
+  EXPECT_EQ(g.last.path(), v1::PATH_COLOCATED);
+  Daemon& decode = *pool.decoders[0];
+  EXPECT_EQ(Metric(*pool.prefill, Handoffs("lease_expired", decode.address())), 1);
+  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"lease\"}"),
+            1);
+  EXPECT_EQ(Metric(decode, "tandem_requests_total{finish_reason=\"length\",path=\"remote\"}"), 0);
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(decode));
+}
+
+TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) {
+  Daemon decode(With({"--role=decode"}));
+  ASSERT_TRUE(decode.WaitServing()) << decode.Log();
+  auto stub = decode.Stub();
+  const Generation refused = Generate(*stub, Request(0, 8));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.status.error_message(), ::testing::HasSubstr("--role=decode"));
+  v1::Load load;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetLoad(&context, v1::GetLoadRequest(), &load).ok());
+  EXPECT_FALSE(load.accepts_prompts());
+
+  // A prefill daemon whose only peer does not answer serves everything itself.
+  Daemon alone(With({"--role=prefill", absl::StrCat("--decode_peers=127.0.0.1:", FreePort()),
+                     "--disagg_output_threshold=8"}));
+  ASSERT_TRUE(alone.WaitServing()) << alone.Log();
+  auto alone_stub = alone.Stub();
+  const Generation g = Generate(*alone_stub, Request(0, 40));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.token_ids, Reference(40)[0]);
+  EXPECT_EQ(Metric(alone, "tandem_remote_handoffs_total{outcome=\"no_peer\",peer=\"none\"}"), 1);
+  EXPECT_TRUE(Idle(alone));
+}
+
+TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
+  ExpectStartupErrors({
+      {{"--role=both"}, 2, "--role='both'"},
+      {{"--role=prefill"}, 2, "--decode_peers"},
+      {{"--role=prefill", "--decode_peers=peer-without-port"}, 2, "peer-without-port"},
+      {{"--decode_peers=127.0.0.1:1"}, 2, "--decode_peers is for --role=prefill"},
+      {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--disagg_output_threshold=off"},
+       2,
+       "--role=prefill needs --disagg_output_threshold"},
+      {{"--inject_fault=kv_transfer:error@1"}, 2, "kv_transfer takes error@N"},
+      {{"--role=decode", "--kv_transport=nonexistent_transport"}, 1, "--kv_transport"},
+  });
+}
+
+}  // namespace
+}  // namespace tandem::testing
