@@ -51,6 +51,13 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
       Family("tandem_running_requests", "Sequences in a worker's running batch.", MetricType::Gauge,
              {Sample{{{"worker", "prefill"}}, static_cast<double>(load.running[0])},
               Sample{{{"worker", "decode"}}, static_cast<double>(load.running[1])}}),
+      Family("tandem_remote_running_requests",
+             "Requests this daemon handed to decode daemons that are still running there.",
+             MetricType::Gauge, static_cast<double>(load.running_remote)),
+      Family("tandem_kv_lease_expirations_total",
+             "Handed-off requests whose KV pages' lease expired before the decode daemon had "
+             "read them (they continued here).",
+             MetricType::Counter, static_cast<double>(load.lease_expirations)),
       Family("tandem_handoffs_total",
              "Requests handed from the prefill worker to a decode worker (disaggregated).",
              MetricType::Counter, static_cast<double>(load.handoffs)),

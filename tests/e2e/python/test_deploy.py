@@ -72,7 +72,7 @@ def seconds(duration):
 
 
 def test_there_are_overlays():
-    assert [os.path.basename(o) for o in OVERLAYS] == ["unified"]
+    assert [os.path.basename(o) for o in OVERLAYS] == ["prefill-decode", "unified"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
@@ -89,11 +89,15 @@ def test_manifests_validate_against_the_kubernetes_schemas(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
 def test_manifests_hold_together(overlay):
     docs = render(overlay)
-    (service,) = by_kind(docs, "Service")
-    (monitor,) = by_kind(docs, "PodMonitor")
+    monitors = by_kind(docs, "PodMonitor")
     for deployment in by_kind(docs, "Deployment"):
         pod = deployment["spec"]["template"]
         labels = pod["metadata"]["labels"]
+        # Exactly one Service and one PodMonitor select these pods.
+        (service,) = [s for s in by_kind(docs, "Service")
+                      if set(s["spec"]["selector"].items()) <= set(labels.items())]
+        (monitor,) = [m for m in monitors
+                      if set(m["spec"]["selector"]["matchLabels"].items()) <= set(labels.items())]
         c = container(deployment)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         grpc_port = int(flag(c["args"], "listen").rsplit(":", 1)[1])
@@ -114,12 +118,31 @@ def test_manifests_hold_together(overlay):
         # As many compute threads as whole CPUs requested.
         assert int(flag(c["args"], "threads")) == int(c["resources"]["requests"]["cpu"])
         assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
-        # The headless Service and the PodMonitor select these pods, by port name.
+        # The headless Service and the PodMonitor reach these pods by port name.
         assert service["spec"]["clusterIP"] == "None"
-        assert set(service["spec"]["selector"].items()) <= set(labels.items())
         assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
-        assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(labels.items())
         assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+
+
+def test_the_prefill_pool_finds_the_decode_pool():
+    docs = render(os.path.join(DEPLOY, "k8s", "overlays", "prefill-decode"))
+    roles = {flag(container(d)["args"], "role"): d for d in by_kind(docs, "Deployment")}
+    assert sorted(roles) == ["decode", "prefill"]
+    prefill, decode = container(roles["prefill"]), container(roles["decode"])
+    # --decode_peers names the decode pool's headless Service and gRPC port,
+    # which resolves to every ready decode pod.
+    host, port = flag(prefill["args"], "decode_peers").rsplit(":", 1)
+    (service,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == host]
+    assert service["spec"]["clusterIP"] == "None"
+    decode_labels = roles["decode"]["spec"]["template"]["metadata"]["labels"]
+    assert set(service["spec"]["selector"].items()) <= set(decode_labels.items())
+    (grpc_port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert int(port) == grpc_port
+    assert flag(decode["args"], "decode_peers", None) is None
+    assert flag(prefill["args"], "disagg_output_threshold") not in (None, "off")
+    # The KV pages must mean the same on both sides.
+    for same in ("model", "block_size"):
+        assert flag(prefill["args"], same, None) == flag(decode["args"], same, None), same
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
