@@ -241,6 +241,8 @@ void Scheduler::Loop() {
       // Nothing new runs after Stop(); steps in flight finish first.
       core_.CancelAll(FinishReason::kCancelled,
                       absl::UnavailableError("the server is shutting down"));
+      // Imports would wait for transfers that may never end; their calls end now.
+      core_.AbandonImports(absl::UnavailableError("the server is shutting down"));
       DeliverRemote();
       PublishLoad();
       DeliverHeldFinishes();

@@ -617,6 +617,15 @@ absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
   return blocks;
 }
 
+void SchedulerCore::AbandonImports(const absl::Status& why) {
+  std::vector<uint64_t> ids;
+  for (const SequencePtr& s : importing_) ids.push_back(s->id);
+  for (uint64_t id : ids) {
+    Find(id)->in_flight = false;
+    Finish(Take(id), FinishReason::kCancelled, why);
+  }
+}
+
 void SchedulerCore::CompleteImport(uint64_t sequence_id, const absl::Status& status) {
   auto it = std::find_if(importing_.begin(), importing_.end(),
                          [&](const SequencePtr& s) { return s->id == sequence_id; });

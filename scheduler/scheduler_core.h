@@ -179,6 +179,10 @@ class SchedulerCore {
   // when it succeeded, else the request ends with `status` (kError). A
   // cancellation that arrived meanwhile takes effect now.
   void CompleteImport(uint64_t sequence_id, const absl::Status& status);
+  // Shutting down: ends every import still waiting for its pages now (with
+  // `why`, as cancelled) instead of when its transfer ends; nothing will
+  // use their blocks again.
+  void AbandonImports(const absl::Status& why);
 
   bool has_decode_lane() const { return options_.decode_lane; }
   bool HasWork() const;

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <future>
+#include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -63,20 +64,20 @@ std::vector<Generation> RunConcurrently(Daemon& daemon, int count, int max_token
   return out;
 }
 
-// The answers of one unified daemon (the reference), computed once.
-const std::vector<std::vector<uint32_t>>& Reference(int max_tokens) {
-  static std::map<int, std::vector<std::vector<uint32_t>>>* cache =
-      new std::map<int, std::vector<std::vector<uint32_t>>>();
-  auto it = cache->find(max_tokens);
+// The answers of one unified daemon (the reference) to requests 0..count-1,
+// sent at once; computed once per test program.
+const std::vector<std::vector<uint32_t>>& Reference(int max_tokens, int count = 6) {
+  static auto* cache = new std::map<std::pair<int, int>, std::vector<std::vector<uint32_t>>>();
+  auto it = cache->find({max_tokens, count});
   if (it != cache->end()) return it->second;
   Daemon unified(With({}));
   EXPECT_TRUE(unified.WaitServing()) << unified.Log();
   std::vector<std::vector<uint32_t>> answers;
-  for (const Generation& g : RunConcurrently(unified, 6, max_tokens)) {
+  for (const Generation& g : RunConcurrently(unified, count, max_tokens)) {
     EXPECT_TRUE(g.status.ok()) << g.status.error_message();
     answers.push_back(g.token_ids);
   }
-  return (*cache)[max_tokens] = answers;
+  return (*cache)[{max_tokens, count}] = answers;
 }
 
 // The tandem_remote_handoffs_total series of `outcome` to `peer`.
@@ -169,7 +170,7 @@ TEST(MultiDaemonTest, ThreeDaemonsSpreadTheHandoffsOverBothDecodeDaemons) {
 }
 
 TEST(MultiDaemonTest, KillingTheDecodeDaemonMidStreamLosesNoRequest) {
-  const auto& expected = Reference(160);
+  const auto& expected = Reference(160, 4);
   Pool pool(1);
   std::vector<std::future<Generation>> futures;
   for (int i = 0; i < 4; ++i) {
@@ -195,7 +196,30 @@ TEST(MultiDaemonTest, KillingTheDecodeDaemonMidStreamLosesNoRequest) {
   auto stub = pool.prefill->Stub();
   const Generation after = Generate(*stub, Request(0, 40));
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
-  EXPECT_EQ(after.token_ids, Reference(40)[0]);
+  EXPECT_EQ(after.token_ids, Reference(40, 1)[0]);
+}
+
+TEST(MultiDaemonTest, WhenThePrefillDaemonDiesItsRequestsEndOnTheDecodeDaemon) {
+  Pool pool(1);
+  std::vector<std::future<Generation>> futures;
+  for (int i = 0; i < 2; ++i) {
+    futures.push_back(std::async(std::launch::async, [&pool, i] {
+      auto stub = pool.prefill->Stub();
+      return Generate(*stub, Request(i, 900));
+    }));
+  }
+  ASSERT_TRUE(pool.decoders[0]->WaitForLoad(
+      [](const v1::Load& l) { return l.running_prefill() + l.running_decode() == 2; }));
+  EXPECT_EQ(pool.prefill->Stop(SIGKILL), 128 + SIGKILL);
+  // The clients' streams fail as with a drain, after the tokens they had.
+  for (auto& f : futures) {
+    const Generation g = f.get();
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+    EXPECT_GE(g.token_ids.size(), static_cast<size_t>(kThreshold));
+  }
+  // The decode daemon noticed and let everything go.
+  EXPECT_TRUE(Idle(*pool.decoders[0]));
+  EXPECT_EQ(pool.decoders[0]->Health(), "SERVING");
 }
 
 TEST(MultiDaemonTest, AClientsAbortFreesThePagesOnBothDaemons) {
@@ -221,7 +245,7 @@ TEST(MultiDaemonTest, AClientsAbortFreesThePagesOnBothDaemons) {
 }
 
 TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesOnHere) {
-  const auto& expected = Reference(40);
+  const auto& expected = Reference(40, 2);
   Pool pool(1, {"--inject_fault=kv_transfer:error@1"});
   auto stub = pool.prefill->Stub();
   const Generation first = Generate(*stub, Request(0, 40));
@@ -242,13 +266,13 @@ TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesO
 }
 
 TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
-  const auto& expected = Reference(40);
+  const auto& expected = Reference(40, 1);
   // The lease runs out long before any read can finish.
   Pool pool(1, {}, {"--kv_lease=1us"});
   auto stub = pool.prefill->Stub();
-  const Generation g = Generate(*stub, Request(3, 40));
+  const Generation g = Generate(*stub, Request(0, 40));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-  EXPECT_EQ(g.token_ids, expected[3]);
+  EXPECT_EQ(g.token_ids, expected[0]);
   EXPECT_EQ(g.last.path(), v1::PATH_COLOCATED);
   Daemon& decode = *pool.decoders[0];
   EXPECT_EQ(Metric(*pool.prefill, Handoffs("lease_expired", decode.address())), 1);
@@ -278,7 +302,7 @@ TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) 
   auto alone_stub = alone.Stub();
   const Generation g = Generate(*alone_stub, Request(0, 40));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-  EXPECT_EQ(g.token_ids, Reference(40)[0]);
+  EXPECT_EQ(g.token_ids, Reference(40, 1)[0]);
   EXPECT_EQ(Metric(alone, "tandem_remote_handoffs_total{outcome=\"no_peer\",peer=\"none\"}"), 1);
   EXPECT_TRUE(Idle(alone));
 }

@@ -258,6 +258,17 @@ TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce)
     EXPECT_EQ(decode.sink->finish->reason, FinishReason::kError);
     EXPECT_TRUE(absl::IsUnavailable(decode.sink->finish->error));
   }
+  {  // the daemon stops while the pages arrive: ended at once, blocks back
+    DecodeSide decode;
+    decode.Import(prefill.offer, prefill.worker);
+    decode.core.AbandonImports(absl::UnavailableError("shutting down"));
+    EXPECT_EQ(decode.core.free_blocks(), kBlocks);
+    ASSERT_EQ(decode.sink->finishes, 1);
+    EXPECT_EQ(decode.sink->finish->reason, FinishReason::kCancelled);
+    EXPECT_TRUE(absl::IsUnavailable(decode.sink->finish->error));
+    decode.core.CompleteImport(99, absl::OkStatus());  // the transfer ends later: ignored
+    EXPECT_EQ(decode.sink->finishes, 1);
+  }
   {  // no room: refused, nothing held
     absl::Time now = absl::UnixEpoch();
     SchedulerOptions options = Options(false, &now);
