@@ -102,6 +102,13 @@ void Scheduler::Post(std::function<void()> action) {
 
 void Scheduler::SetRemoteDecodeLink(RemoteDecodeLink* link) { remote_link_ = link; }
 
+void Scheduler::SetBlockMover(BlockMover* mover) { block_mover_ = mover; }
+
+void Scheduler::CompleteMove(uint64_t sequence_id, absl::Status status) {
+  Post(
+      [this, sequence_id, status = std::move(status)] { core_.CompleteMove(sequence_id, status); });
+}
+
 void Scheduler::RemoteTokens(uint64_t sequence_id, std::vector<TokenId> tokens,
                              std::vector<step::TokenLogprobs> logprobs) {
   Post([this, sequence_id, tokens = std::move(tokens), logprobs = std::move(logprobs)] {
@@ -157,6 +164,14 @@ void Scheduler::DeliverRemote() {
   }
   for (uint64_t id : core_.TakeRemoteAborts()) {
     if (remote_link_ != nullptr) remote_link_->Abort(id);
+  }
+  for (BlockMove& move : core_.TakeMoves()) {
+    if (block_mover_ == nullptr) {
+      core_.CompleteMove(move.sequence_id,
+                         absl::FailedPreconditionError("no block mover for separate KV storages"));
+    } else {
+      block_mover_->Move(std::move(move));
+    }
   }
 }
 
@@ -241,8 +256,9 @@ void Scheduler::Loop() {
       // Nothing new runs after Stop(); steps in flight finish first.
       core_.CancelAll(FinishReason::kCancelled,
                       absl::UnavailableError("the server is shutting down"));
-      // Imports would wait for transfers that may never end; their calls end now.
-      core_.AbandonImports(absl::UnavailableError("the server is shutting down"));
+      // Imports and page moves would wait for transfers that may never end;
+      // their requests end now.
+      core_.AbandonTransfers(absl::UnavailableError("the server is shutting down"));
       DeliverRemote();
       PublishLoad();
       DeliverHeldFinishes();

@@ -80,6 +80,16 @@ class RemoteDecodeLink {
   virtual void Abort(uint64_t sequence_id) = 0;
 };
 
+// Copies pages from the prefill lane's KV storage to the decode lane's when
+// the two are separate (SchedulerOptions::decode_kv_blocks;
+// server/lane_kv_mover.h). Called on the scheduler thread: must not block;
+// reports each move's end through Scheduler::CompleteMove.
+class BlockMover {
+ public:
+  virtual ~BlockMover() = default;
+  virtual void Move(BlockMove move) = 0;
+};
+
 class Scheduler {
  public:
   // Workers must outlive the scheduler; `decode` may be null (no decode
@@ -125,6 +135,12 @@ class Scheduler {
   // thread.
   void CommitLease(uint64_t sequence_id, std::function<void(bool)> answer);
 
+  // --- separate KV storages for the two lanes ---
+  // REQUIRES: called before the first Submit(), with options.decode_kv_blocks.
+  // Without a mover every handoff stays colocated.
+  void SetBlockMover(BlockMover* mover);
+  void CompleteMove(uint64_t sequence_id, absl::Status status);
+
   // --- remote decode, a decode daemon ---
   // Takes a request over from a prefill daemon: returns its sequence id at
   // once (for Cancel and CompleteImport); `reserved` is then called on the
@@ -143,7 +159,8 @@ class Scheduler {
   };
   // Queues `action` for the scheduler thread.
   void Post(std::function<void()> action);
-  // Hands the core's offers and aborts to the remote-decode link.
+  // Hands the core's offers and aborts to the remote-decode link, and its
+  // page moves to the block mover.
   void DeliverRemote();
   struct Completion {
     Lane lane;
@@ -180,6 +197,7 @@ class Scheduler {
   int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
   SchedulerLoad load_ ABSL_GUARDED_BY(mu_);
   RemoteDecodeLink* remote_link_ = nullptr;  // set before the first request
+  BlockMover* block_mover_ = nullptr;        // ditto
   std::thread thread_;
 };
 

@@ -14,7 +14,23 @@ std::string_view LaneName(Lane lane) { return lane == Lane::kPrefill ? "prefill"
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
       kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching),
-      policy_(options_.disaggregation, options_.decode_lane || options_.remote_decode) {}
+      policy_(options_.disaggregation, options_.decode_lane || options_.remote_decode) {
+  if (options_.decode_kv_blocks > 0) {
+    decode_kv_.emplace(options_.decode_kv_blocks, options_.block_size, options_.prefix_caching);
+  }
+}
+
+kvcache::KvCacheStats SchedulerCore::kv_stats() const {
+  kvcache::KvCacheStats stats = kv_.stats();
+  if (decode_kv_) {
+    const kvcache::KvCacheStats d = decode_kv_->stats();
+    stats.total_blocks += d.total_blocks;
+    stats.used_blocks += d.used_blocks;
+    stats.cached_blocks += d.cached_blocks;
+    stats.evictions += d.evictions;
+  }
+  return stats;
+}
 
 absl::Status SchedulerCore::Admissible(const Request& request) const {
   const int32_t prompt = static_cast<int32_t>(request.prompt.size());
@@ -58,7 +74,8 @@ bool SchedulerCore::HasWork() const {
 bool SchedulerCore::Admits(Lane lane) const {
   // With disaggregation on, the decode worker keeps to handed-off requests;
   // otherwise it serves colocated requests like the prefill worker.
-  return lane == Lane::kPrefill || (options_.decode_lane && !policy_.enabled());
+  // (With a pool of its own the decode lane takes only handed-off requests.)
+  return lane == Lane::kPrefill || (options_.decode_lane && !policy_.enabled() && !decode_kv_);
 }
 
 int64_t SchedulerCore::EffectivePriority(const Sequence& seq, absl::Time now) const {
@@ -106,7 +123,7 @@ SchedulerCore::RunningList::iterator SchedulerCore::PickVictim(
 
 void SchedulerCore::Preempt(RunningList& list, RunningList::iterator it) {
   Sequence& seq = **it;
-  kv_.Release(seq.id);
+  ReleaseBlocks(seq.id);
   seq.computed = 0;  // recomputed later, mostly from the prefix cache
   seq.queued = true;
   seq.lane = Lane::kPrefill;
@@ -149,7 +166,7 @@ step::SequenceStep SchedulerCore::MakeStep(const Sequence& seq, int32_t count) c
   step.sequence_id = seq.id;
   step.tokens.assign(seq.tokens.begin() + seq.computed, seq.tokens.begin() + seq.computed + count);
   step.first_position = seq.computed;
-  step.block_table = kv_.BlockTable(seq.id);
+  step.block_table = Kv(seq.lane).BlockTable(seq.id);
   step.sample = seq.computed + count == static_cast<int32_t>(seq.tokens.size());
   step.sampling = seq.request.sampling;
   step.draw_index = static_cast<uint64_t>(seq.generated);
@@ -188,17 +205,18 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
         // instead of after the whole prompt.
         count = std::min(count, std::max(options_.block_size, options_.max_batched_tokens / 2));
       }
-      bool fits = kv_.Reserve(seq.id, seq.computed + count);
+      kvcache::KvCacheManager& kv = Kv(lane);
+      bool fits = kv.Reserve(seq.id, seq.computed + count);
       while (!fits) {
         auto victim = PickVictim(lane, seq, planned, now);
         if (victim == list.end()) break;
         preempted.insert((*victim)->id);
         Preempt(list, victim);
-        fits = kv_.Reserve(seq.id, seq.computed + count);
+        fits = kv.Reserve(seq.id, seq.computed + count);
       }
       if (!fits) {
         auto next = std::next(it);
-        if (kv_.pool().used_blocks() == static_cast<int32_t>(kv_.BlockTable(seq.id).size())) {
+        if (kv.pool().used_blocks() == static_cast<int32_t>(kv.BlockTable(seq.id).size())) {
           // Alone in the pool and still short: it can never grow.
           SequencePtr owned = std::move(*it);
           list.erase(it);
@@ -244,7 +262,9 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
     }
   }
   for (SequencePtr& s : list) s->in_flight = planned.contains(s->id);
-  for (const kvcache::BlockCopy& c : kv_.TakeCopies()) plan.block_copies.push_back({c.from, c.to});
+  for (const kvcache::BlockCopy& c : Kv(lane).TakeCopies()) {
+    plan.block_copies.push_back({c.from, c.to});
+  }
   return plan;
 }
 
@@ -283,15 +303,15 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     // Room for the drafts from free blocks only; otherwise what the table
     // already holds beyond the decode token.
     int32_t limit = k[c];
-    if (!kv_.Reserve(seq.id, seq.computed + 1 + limit)) {
-      const int32_t held =
-          static_cast<int32_t>(kv_.BlockTable(seq.id).size()) * options_.block_size;
+    kvcache::KvCacheManager& kv = Kv(lane);
+    if (!kv.Reserve(seq.id, seq.computed + 1 + limit)) {
+      const int32_t held = static_cast<int32_t>(kv.BlockTable(seq.id).size()) * options_.block_size;
       limit = std::min(limit, held - seq.computed - 1);
     }
     if (limit <= 0) continue;
     step.proposer = seq.proposer;
     step.draft_limit = limit;
-    step.block_table = kv_.BlockTable(seq.id);
+    step.block_table = kv.BlockTable(seq.id);
     if (seq.proposer == step::Proposer::kNgram) {
       step.preceding_tokens.assign(seq.tokens.begin(), seq.tokens.begin() + seq.computed);
     }
@@ -306,7 +326,16 @@ void SchedulerCore::MaybeHandOff(Sequence& seq) {
   if (!decoding) return;
   const bool now_due = seq.handed_off || seq.decision.hand_off_after_prefill ||
                        (seq.decision.may_hand_off_later && policy_.ReachedThreshold(seq.generated));
-  if (!now_due) return;
+  if (!now_due || seq.move_failed) return;
+  if (decode_kv_ && !options_.remote_decode) {
+    // Its pages must move first; a full decode pool keeps it here for now
+    // (tried again after its next step).
+    RunningList& from = running_of(Lane::kPrefill);
+    auto it = std::find_if(from.begin(), from.end(),
+                           [&](const SequencePtr& s) { return s.get() == &seq; });
+    if (it == from.end() || !StartMove(it)) return;
+    return;
+  }
   if (!seq.handed_off) {
     seq.handed_off = true;
     if (seq.decision.may_hand_off_later) seq.decision.reason = PathReason::kThresholdReached;
@@ -348,7 +377,7 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     // Accepted drafts are known tokens whose KV this step computed.
     seq->tokens.insert(seq->tokens.end(), r.sampled.begin(), r.sampled.begin() + accepted);
     seq->computed += static_cast<int32_t>(s.tokens.size()) + accepted;
-    kv_.Commit(seq->id, seq->tokens, seq->computed);
+    Kv(lane).Commit(seq->id, seq->tokens, seq->computed);
     if (r.drafted > 0) {
       seq->acceptance.Record(r.drafted, accepted);
       seq->drafted += r.drafted;
@@ -449,6 +478,71 @@ Stage SchedulerCore::StageOf(const Sequence& seq) {
     return Stage::kHandoff;
   }
   return Stage::kDecode;
+}
+
+// --- separate KV storages for the two lanes --------------------------------
+
+bool SchedulerCore::StartMove(RunningList::iterator it) {
+  Sequence& seq = **it;
+  const int32_t length = static_cast<int32_t>(seq.tokens.size());
+  // Room for its KV and the next token, in plain new blocks.
+  if (!decode_kv_->Admit(seq.id, seq.request.cache_salt, {}, kvcache::PrefixMatch{}, length)) {
+    return false;
+  }
+  const absl::Time now = options_.clock();
+  if (!seq.handed_off) {
+    seq.handed_off = true;
+    if (seq.decision.may_hand_off_later) seq.decision.reason = PathReason::kThresholdReached;
+    seq.timeline.handoff_start = now;
+    ++handoffs_;
+  }
+  seq.timeline.kv_transfer_start = now;
+  BlockMove move;
+  move.sequence_id = seq.id;
+  const int32_t blocks = kv_.BlocksFor(seq.computed);
+  const std::vector<kvcache::BlockId>& from = kv_.BlockTable(seq.id);
+  const std::vector<kvcache::BlockId>& to = decode_kv_->BlockTable(seq.id);
+  move.from.assign(from.begin(), from.begin() + blocks);
+  move.to.assign(to.begin(), to.begin() + blocks);
+  moves_.push_back(std::move(move));
+  seq.lane = Lane::kDecode;
+  seq.in_flight = true;  // until CompleteMove: the copy reads and writes its pages
+  moving_.push_back(std::move(*it));
+  running_of(Lane::kPrefill).erase(it);
+  return true;
+}
+
+std::vector<BlockMove> SchedulerCore::TakeMoves() {
+  std::vector<BlockMove> out;
+  out.swap(moves_);
+  return out;
+}
+
+void SchedulerCore::CompleteMove(uint64_t sequence_id, const absl::Status& status) {
+  auto it = std::find_if(moving_.begin(), moving_.end(),
+                         [&](const SequencePtr& s) { return s->id == sequence_id; });
+  if (it == moving_.end()) return;
+  SequencePtr seq = std::move(*it);
+  moving_.erase(it);
+  Sequence* moved = seq.get();
+  moved->in_flight = false;
+  moved->timeline.kv_transfer_end = options_.clock();
+  if (status.ok()) {
+    kv_.Release(moved->id);  // the prefill lane's copy (stays in its prefix cache)
+    decode_kv_->Commit(moved->id, moved->tokens, moved->computed);
+    running_of(Lane::kDecode).push_back(std::move(seq));
+  } else {
+    // Its prefill-lane pages are intact: it goes on there, colocated.
+    decode_kv_->Release(moved->id);
+    moved->lane = Lane::kPrefill;
+    moved->move_failed = true;
+    moved->handed_off = false;
+    running_of(Lane::kPrefill).push_back(std::move(seq));
+  }
+  if (moved->pending_cancel.has_value()) {
+    auto [reason, why] = *moved->pending_cancel;
+    Finish(Take(sequence_id), reason, std::move(why));
+  }
 }
 
 // --- remote decode ----------------------------------------------------------
@@ -617,9 +711,10 @@ absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
   return blocks;
 }
 
-void SchedulerCore::AbandonImports(const absl::Status& why) {
+void SchedulerCore::AbandonTransfers(const absl::Status& why) {
   std::vector<uint64_t> ids;
   for (const SequencePtr& s : importing_) ids.push_back(s->id);
+  for (const SequencePtr& s : moving_) ids.push_back(s->id);
   for (uint64_t id : ids) {
     Find(id)->in_flight = false;
     Finish(Take(id), FinishReason::kCancelled, why);
@@ -653,7 +748,7 @@ void SchedulerCore::CompleteImport(uint64_t sequence_id, const absl::Status& sta
 
 void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status why) {
   TANDEM_CHECK(seq != nullptr, "finishing an unknown sequence");
-  kv_.Release(seq->id);
+  ReleaseBlocks(seq->id);
   seq->timeline.finished = options_.clock();
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) {
     policy_.Record(seq->request, seq->generated);

@@ -97,6 +97,11 @@ struct SchedulerOptions {
   // request that would pass it is refused unless nothing waits. 0: no limit.
   int64_t max_queued_tokens = 0;
   SpeculationOptions speculation;
+  // > 0: the decode lane's worker keeps its KV in storage of its own, a pool
+  // of this many blocks, so a handoff moves the sequence's pages there (a
+  // BlockMove, TakeMoves) instead of its block table (one daemon whose two
+  // workers share no memory: a GPU and the CPU, two GPUs). 0: one pool.
+  int32_t decode_kv_blocks = 0;
   // Hand requests due for decoding to other daemons (TakeOffers) instead of
   // a local decode lane.
   bool remote_decode = false;
@@ -115,6 +120,15 @@ struct HandoffOffer {
   PathReason reason = PathReason::kThresholdReached;
   std::vector<int32_t> block_table;  // holds the KV of tokens[0, tokens.size() - 1)
   absl::Time lease_deadline;
+};
+
+// Pages to copy from the prefill lane's KV storage to the decode lane's
+// (separate storages, SchedulerOptions::decode_kv_blocks): block from[i]
+// into block to[i]; then CompleteMove.
+struct BlockMove {
+  uint64_t sequence_id = 0;
+  std::vector<int32_t> from;
+  std::vector<int32_t> to;
 };
 
 // A request taken over from a prefill daemon (Import).
@@ -179,10 +193,18 @@ class SchedulerCore {
   // when it succeeded, else the request ends with `status` (kError). A
   // cancellation that arrived meanwhile takes effect now.
   void CompleteImport(uint64_t sequence_id, const absl::Status& status);
-  // Shutting down: ends every import still waiting for its pages now (with
-  // `why`, as cancelled) instead of when its transfer ends; nothing will
-  // use their blocks again.
-  void AbandonImports(const absl::Status& why);
+  // --- separate KV storages for the two lanes (decode_kv_blocks) ---
+  // Page copies handoffs need since the last call, to run in order.
+  std::vector<BlockMove> TakeMoves();
+  // A move ended: the sequence decodes on the decode lane from the copied
+  // pages, or, when it failed, goes on from its prefill-lane pages (it stays
+  // there). A cancellation that came meanwhile takes effect now.
+  void CompleteMove(uint64_t sequence_id, const absl::Status& status);
+
+  // Shutting down: ends every import still waiting for its pages and every
+  // sequence whose pages are moving now (with `why`, as cancelled) instead of
+  // when their transfers end; nothing will use their blocks again.
+  void AbandonTransfers(const absl::Status& why);
 
   bool has_decode_lane() const { return options_.decode_lane; }
   bool HasWork() const;
@@ -192,9 +214,14 @@ class SchedulerCore {
   int32_t running(Lane lane) const {
     return static_cast<int32_t>(running_[static_cast<size_t>(lane)].size());
   }
-  int32_t free_blocks() const { return kv_.free_blocks(); }
-  int32_t total_blocks() const { return kv_.total_blocks(); }
-  kvcache::KvCacheStats kv_stats() const { return kv_.stats(); }
+  // The KV pools together (one, or the prefill and decode lanes' own).
+  int32_t free_blocks() const {
+    return kv_.free_blocks() + (decode_kv_ ? decode_kv_->free_blocks() : 0);
+  }
+  int32_t total_blocks() const {
+    return kv_.total_blocks() + (decode_kv_ ? decode_kv_->total_blocks() : 0);
+  }
+  kvcache::KvCacheStats kv_stats() const;
   int32_t remote() const { return static_cast<int32_t>(remote_.size()); }
   int64_t preemptions() const { return preemptions_; }
   int64_t handoffs() const { return handoffs_; }
@@ -227,6 +254,8 @@ class SchedulerCore {
     absl::Time lease_deadline = absl::InfiniteFuture();
     bool remote_failed = false;
     bool remote_path = false;
+    // Separate storages: a failed page move keeps it on the prefill lane.
+    bool move_failed = false;
   };
   using SequencePtr = std::unique_ptr<Sequence>;
   using RunningList = std::list<SequencePtr>;
@@ -248,12 +277,28 @@ class SchedulerCore {
   void OfferRemote(RunningList::iterator it);
   Sequence* FindRemote(uint64_t id);
   // Every list a sequence can be in.
-  std::array<std::list<SequencePtr>*, 5> AllLists() {
-    return {&waiting_, &running_[0], &running_[1], &remote_, &importing_};
+  std::array<std::list<SequencePtr>*, 6> AllLists() {
+    return {&waiting_, &running_[0], &running_[1], &remote_, &importing_, &moving_};
   }
-  std::array<const std::list<SequencePtr>*, 5> AllLists() const {
-    return {&waiting_, &running_[0], &running_[1], &remote_, &importing_};
+  std::array<const std::list<SequencePtr>*, 6> AllLists() const {
+    return {&waiting_, &running_[0], &running_[1], &remote_, &importing_, &moving_};
   }
+  // The pool a lane's sequences keep their KV in.
+  kvcache::KvCacheManager& Kv(Lane lane) {
+    return lane == Lane::kDecode && decode_kv_ ? *decode_kv_ : kv_;
+  }
+  const kvcache::KvCacheManager& Kv(Lane lane) const {
+    return lane == Lane::kDecode && decode_kv_ ? *decode_kv_ : kv_;
+  }
+  // Drops the sequence's blocks in every pool (exactly once per pool).
+  void ReleaseBlocks(uint64_t id) {
+    kv_.Release(id);
+    if (decode_kv_) decode_kv_->Release(id);
+  }
+  // Separate storages: reserves the decode lane's blocks for a running
+  // prefill-lane sequence and queues the page move; false (no change) when
+  // the decode pool is short.
+  bool StartMove(RunningList::iterator it);
   // Gives the decode steps of `lane`'s plan their drafts (speculative
   // decoding), within `budget` tokens; returns the tokens used.
   int32_t PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budget);
@@ -268,12 +313,15 @@ class SchedulerCore {
   SequencePtr Take(uint64_t id);
 
   SchedulerOptions options_;
-  kvcache::KvCacheManager kv_;
+  kvcache::KvCacheManager kv_;                        // the prefill lane's (or the only) pool
+  std::optional<kvcache::KvCacheManager> decode_kv_;  // decode_kv_blocks > 0
   DisaggregationPolicy policy_;
   std::list<SequencePtr> waiting_;  // arrival order; admission picks by priority
   std::array<RunningList, kLanes> running_;
   std::list<SequencePtr> remote_;     // decoding on other daemons (remote_decode)
   std::list<SequencePtr> importing_;  // imported, their pages still arriving (in flight)
+  std::list<SequencePtr> moving_;     // pages being copied to the decode lane (in flight)
+  std::vector<BlockMove> moves_;
   std::vector<HandoffOffer> offers_;
   std::vector<uint64_t> remote_aborts_;
   int64_t preemptions_ = 0;

@@ -30,6 +30,7 @@
 #include "server/generation_service.h"
 #include "server/grpc_server.h"
 #include "server/kv_endpoint.h"
+#include "server/lane_kv_mover.h"
 #include "server/logging.h"
 #include "server/peer_service.h"
 #include "server/remote_decoder.h"
@@ -84,6 +85,10 @@ ABSL_FLAG(std::string, cpu_matmul, "auto",
           "float32: twice the rate on CPUs with AVX-512 BF16), q8 (8-bit activations as "
           "llama.cpp does: less exact), or auto (bf16 where the CPU has it, else f32)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
+ABSL_FLAG(int64_t, decode_kv_cache_bytes, 0,
+          "> 0: the decode worker keeps its KV in storage of its own of this many bytes (as a "
+          "decode worker on another device would) and each handoff moves the request's pages "
+          "there through the KV transport (--kv_transport); 0: both workers share one KV cache");
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
           "if > 0, size the KV cache to this fraction of the memory available at start-up "
           "(MemAvailable) instead of --kv_cache_bytes");
@@ -308,6 +313,15 @@ int Main() {
     }
     options.kv_cache_bytes = static_cast<int64_t>(fraction * static_cast<double>(*available));
   }
+  options.decode_kv_cache_bytes = absl::GetFlag(FLAGS_decode_kv_cache_bytes);
+  if (options.decode_kv_cache_bytes < 0 ||
+      (options.decode_kv_cache_bytes > 0 && !options.decode_worker)) {
+    spdlog::error(
+        "--decode_kv_cache_bytes={}: needs a decode worker (--role=unified, "
+        "--disagg_output_threshold not off) and a size >= 0",
+        options.decode_kv_cache_bytes);
+    return 2;
+  }
   options.block_size = absl::GetFlag(FLAGS_block_size);
   options.context_length = absl::GetFlag(FLAGS_context_length);
   options.ngram_min = absl::GetFlag(FLAGS_ngram_min);
@@ -355,6 +369,7 @@ int Main() {
   sched.max_running = absl::GetFlag(FLAGS_max_running);
   sched.block_size = (*model)->block_size();
   sched.kv_blocks = (*model)->kv_blocks();
+  sched.decode_kv_blocks = (*model)->decode_kv_blocks();
   sched.context_length = (*model)->context_length();
   sched.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   sched.disaggregation.use_max_tokens = absl::GetFlag(FLAGS_disagg_on_max_tokens);
@@ -458,6 +473,24 @@ int Main() {
                                  sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "",
                                  role == "prefill" ? ", to the decode peers" : "")
                    : std::string("off"));
+
+  // Two workers with KV storages of their own: handoffs move pages.
+  std::unique_ptr<server::LaneKvMover> lane_mover;
+  if ((*model)->decode_kv_blocks() > 0) {
+    absl::StatusOr<std::unique_ptr<server::LaneKvMover>> mover =
+        server::LaneKvMover::Create((*model)->kv_backend(), *(*model)->decode_backend(),
+                                    absl::GetFlag(FLAGS_kv_transport), &metrics);
+    if (!mover.ok()) {
+      spdlog::error("--decode_kv_cache_bytes: cannot start the KV transport: {}",
+                    mover.status().ToString());
+      return 1;
+    }
+    lane_mover = *std::move(mover);
+    lane_mover->SetScheduler(&scheduler);
+    scheduler.SetBlockMover(lane_mover.get());
+    spdlog::info("decode worker: KV storage of its own ({} blocks); handoffs move pages over {}",
+                 (*model)->decode_kv_blocks(), absl::GetFlag(FLAGS_kv_transport));
+  }
 
   // Several daemons: the KV transport, and the link to the decode peers.
   std::unique_ptr<server::KvEndpoint> kv_endpoint;

@@ -5,7 +5,6 @@
 
 #include "absl/time/clock.h"
 #include "common/strings.h"
-#include "common/thread_name.h"
 #include "kvtransfer/kv_pages.h"
 #include "server/generate_reactors.h"
 #include "server/logging.h"
@@ -347,20 +346,8 @@ PeerService::PeerService(scheduler::Scheduler* scheduler, KvEndpoint* kv, Server
       metrics_(metrics),
       open_calls_(open_calls),
       accepting_(std::move(accepting)),
-      options_(options) {
-  poller_ = std::thread([this] {
-    NameThisThread("tandem-kvread");
-    PollTransfers();
-  });
-}
-
-PeerService::~PeerService() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  poller_.join();
-}
+      options_(options),
+      poller_(kv->agent.get(), "tandem-kvread") {}
 
 grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent>* PeerService::Decode(
     grpc::CallbackServerContext* context) {
@@ -413,59 +400,32 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
         absl::UnavailableError(StrCat("the KV transfer could not start: ", id.status().message())));
     return;
   }
-  absl::MutexLock lock(&mu_);
-  transfers_.push_back({*id, call, reads->bytes, absl::Now(), fail});
+  const uint64_t bytes = reads->bytes;
+  const absl::Time posted = absl::Now();
+  poller_.Watch(*id, [this, call, bytes, posted, fail](const kvtransfer::TransferStatus& status) {
+    TransferEnded(call, status, bytes, posted, fail);
+  });
 }
 
-void PeerService::PollTransfers() {
-  for (;;) {
-    std::vector<Transfer> ended;
-    std::vector<kvtransfer::TransferStatus> statuses;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      // Reads complete on the agent's progress thread; this only looks.
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](std::vector<Transfer>* t) { return !t->empty(); }, &transfers_),
-                           absl::Milliseconds(50));
-      for (auto it = transfers_.begin(); it != transfers_.end();) {
-        kvtransfer::TransferStatus status = kv_->agent->Poll(it->id);
-        if (status.state == kvtransfer::TransferState::kInProgress) {
-          ++it;
-          continue;
-        }
-        statuses.push_back(std::move(status));
-        ended.push_back(std::move(*it));
-        it = transfers_.erase(it);
-      }
-    }
-    for (size_t i = 0; i < ended.size(); ++i) {
-      Transfer& t = ended[i];
-      kv_->agent->Release(t.id);
-      if (statuses[i].state == kvtransfer::TransferState::kFailed || t.fail) {
-        metrics_->OnKvTransferFailure("in", "transfer");
-        const absl::Status why =
-            t.fail ? absl::UnavailableError("injected fault: the KV transfer failed half way")
-                   : absl::UnavailableError(
-                         StrCat("the KV transfer failed: ", statuses[i].error.message()));
-        spdlog::warn("request {}: {}", t.call->handoff().request_id(), std::string(why.message()));
-        t.call->TransferFailed(why);
-        continue;
-      }
-      metrics_->OnKvTransfer("in", t.bytes);
-      if (!t.call->TransferDone()) continue;
-      v1::DecodeEvent event;
-      event.mutable_pages_read()->set_bytes(t.bytes);
-      event.mutable_pages_read()->set_transfer_ms(
-          absl::ToDoubleMilliseconds(absl::Now() - t.posted));
-      t.call->Send(std::move(event));
-    }
-    if (ended.empty()) {
-      // Nothing finished: look again shortly (a read of a few pages takes
-      // well under a millisecond on a LAN).
-      absl::SleepFor(absl::Microseconds(100));
-    }
+void PeerService::TransferEnded(const std::shared_ptr<Call>& call,
+                                const kvtransfer::TransferStatus& status, uint64_t bytes,
+                                absl::Time posted, bool injected_failure) {
+  if (status.state == kvtransfer::TransferState::kFailed || injected_failure) {
+    metrics_->OnKvTransferFailure("in", "transfer");
+    const absl::Status why =
+        injected_failure
+            ? absl::UnavailableError("injected fault: the KV transfer failed half way")
+            : absl::UnavailableError(StrCat("the KV transfer failed: ", status.error.message()));
+    spdlog::warn("request {}: {}", call->handoff().request_id(), std::string(why.message()));
+    call->TransferFailed(why);
+    return;
   }
+  metrics_->OnKvTransfer("in", bytes);
+  if (!call->TransferDone()) return;
+  v1::DecodeEvent event;
+  event.mutable_pages_read()->set_bytes(bytes);
+  event.mutable_pages_read()->set_transfer_ms(absl::ToDoubleMilliseconds(absl::Now() - posted));
+  call->Send(std::move(event));
 }
 
 }  // namespace tandem::server

@@ -4,7 +4,7 @@
 // One Decode call per request: the handoff arrives; the scheduler reserves
 // blocks for its pages (Scheduler::Import); the pages are read from the
 // prefill daemon's KV storage over the KV transport into those blocks (a
-// poller thread watches the reads); "pages read" goes back; the prefill
+// TransferPoller watches the reads); "pages read" goes back; the prefill
 // daemon's lease answer either starts the decoding (its tokens stream back on
 // the call) or ends it. However the call ends (the prefill daemon cancels or
 // dies, the transfer fails, the lease expired, this daemon stops), the
@@ -19,12 +19,12 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/transfer_poller.h"
 #include "scheduler/scheduler.h"
 #include "server/kv_endpoint.h"
 #include "server/server_metrics.h"
@@ -46,7 +46,7 @@ class PeerService final : public v1::Peer::CallbackService {
   PeerService(scheduler::Scheduler* scheduler, KvEndpoint* kv, ServerMetrics* metrics,
               std::atomic<int64_t>* open_calls, std::function<bool()> accepting,
               PeerServiceOptions options = {});
-  ~PeerService() override;  // stops the transfer poller
+  ~PeerService() override = default;
 
   grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent>* Decode(
       grpc::CallbackServerContext* context) override;
@@ -54,19 +54,14 @@ class PeerService final : public v1::Peer::CallbackService {
  private:
   class Call;
   class Sink;
-  struct Transfer {
-    kvtransfer::TransferId id = 0;
-    std::shared_ptr<Call> call;  // kept alive until the transfer ends
-    uint64_t bytes = 0;
-    absl::Time posted;
-    bool fail = false;  // an injected fault: fails once its half has landed
-  };
 
   // Starts the reads of an imported request's pages into `blocks`.
   void StartTransfer(const std::shared_ptr<Call>& call, const std::vector<int32_t>& blocks);
   // The peer id of the agent with `metadata`, connecting on first use.
   absl::StatusOr<kvtransfer::PeerId> PeerFor(const std::string& metadata);
-  void PollTransfers();
+  // A transfer into `call`'s blocks ended (on the poller's thread).
+  void TransferEnded(const std::shared_ptr<Call>& call, const kvtransfer::TransferStatus& status,
+                     uint64_t bytes, absl::Time posted, bool injected_failure);
 
   scheduler::Scheduler* scheduler_;
   KvEndpoint* kv_;
@@ -79,10 +74,8 @@ class PeerService final : public v1::Peer::CallbackService {
   absl::Mutex peers_mu_;
   absl::flat_hash_map<std::string, kvtransfer::PeerId> peers_ ABSL_GUARDED_BY(peers_mu_);
 
-  absl::Mutex mu_;
-  std::vector<Transfer> transfers_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread poller_;
+  // Declared last: stopped first, so no callback sees a dead member.
+  kvtransfer::TransferPoller poller_;
 };
 
 }  // namespace tandem::server

@@ -277,8 +277,29 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                                      : std::string(" shared with decode (decode first)");
     m->backends_.push_back(StrCat("decode: ", decode_backend->name(),
                                   reserved > 0 ? " reserved" : " shared, decode first"));
-    absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_model =
-        model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
+    absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_model;
+    if (options.decode_kv_cache_bytes > 0) {
+      // Storage of its own: handoffs move the pages (server/lane_kv_mover.h).
+      const int64_t decode_blocks =
+          options.decode_kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock());
+      if (decode_blocks < min_blocks || decode_blocks > std::numeric_limits<int32_t>::max()) {
+        return absl::InvalidArgumentError(
+            StrCat("--decode_kv_cache_bytes=", options.decode_kv_cache_bytes, " holds ",
+                   decode_blocks, " blocks; it needs ", min_blocks,
+                   " (one full-context sequence) to ", std::numeric_limits<int32_t>::max()));
+      }
+      if (!options.draft_model_path.empty()) {
+        return absl::InvalidArgumentError(
+            "--draft_model with --decode_kv_cache_bytes: a separate draft model's KV does not "
+            "move with a handoff; use --draft_layers or --speculative=ngram");
+      }
+      m->decode_kv_blocks_ = static_cast<int>(decode_blocks);
+      decode_model = model::LlamaModel::Create(m->file_, decode_backend.get(), m->decode_kv_blocks_,
+                                               options.block_size);
+      m->backends_.back() += StrCat(", own KV storage (", m->decode_kv_blocks_, " blocks)");
+    } else {
+      decode_model = model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
+    }
     if (!decode_model.ok()) return decode_model.status();
     decoding_model = decode_model->get();
     m->decode_ =

@@ -36,6 +36,10 @@ struct ServingModelOptions {
   bool pin_threads = true;    // pin compute threads to CPUs
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
   int64_t kv_cache_bytes = int64_t{512} << 20;
+  // > 0: the decode worker keeps its KV in storage of its own of this size
+  // (separate from the prefill worker's), and handoffs move pages between
+  // them; 0: both workers share one KV cache.
+  int64_t decode_kv_cache_bytes = 0;
   int block_size = 16;
   int context_length = 0;  // 0: the model's
   // Speculative decoding proposers the workers offer (the scheduler decides
@@ -63,6 +67,9 @@ class ServingModel {
   const tokenizer::ChatTemplate& chat_template() const { return *chat_template_; }
   int context_length() const { return context_length_; }
   int kv_blocks() const { return kv_blocks_; }
+  // Blocks of the decode worker's own KV storage; 0 when it shares the
+  // prefill worker's.
+  int decode_kv_blocks() const { return decode_kv_blocks_; }
   int block_size() const { return block_size_; }
   std::string backend_name() const { return backend_name_; }
   // What GetModelInfo reports (without the disaggregation threshold).
@@ -78,6 +85,11 @@ class ServingModel {
   absl::StatusOr<scheduler::DisaggregationCosts> MeasureDisaggregationCosts(int chunk_tokens);
   // The backend that owns the paged KV storage (both workers use it).
   const kernels::Backend& kv_backend() const { return prefill_->backend(); }
+  // The decode worker's backend (its own KV storage when decode_kv_blocks()
+  // > 0), or null without a decode worker.
+  const kernels::Backend* decode_backend() const {
+    return decode_ != nullptr ? &decode_->backend() : nullptr;
+  }
   step::Worker* prefill_worker() { return prefill_.get(); }
   step::Worker* decode_worker() { return decode_.get(); }  // null when there is none
 
@@ -101,6 +113,7 @@ class ServingModel {
   scheduler::StepCostModel step_cost_;
   int context_length_ = 0;
   int kv_blocks_ = 0;
+  int decode_kv_blocks_ = 0;
   int block_size_ = 0;
 };
 

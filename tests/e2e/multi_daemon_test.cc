@@ -4,7 +4,8 @@
 // daemon's; the KV bytes moved are exactly the handed-off pages; a decode
 // daemon killed mid-stream, a transfer that fails half way and a lease that
 // runs out all leave the request to finish on the entering daemon with the
-// same tokens; a client's abort frees the pages on both daemons.
+// same tokens; a client's abort frees the pages on both daemons. And one
+// daemon whose two workers keep their KV apart moves pages the same way.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -307,6 +308,27 @@ TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) 
   EXPECT_TRUE(Idle(alone));
 }
 
+// One daemon whose decode worker keeps its KV in storage of its own (what a
+// GPU beside the CPU needs): handoffs move pages through the same seam.
+TEST(MultiDaemonTest, TwoWorkersWithSeparateKvStoragesAnswerAsOneWithSharedStorage) {
+  const auto& expected = Reference(40);
+  Daemon daemon(With({"--disagg_output_threshold=8", "--decode_kv_cache_bytes=67108864"}));
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  const std::vector<Generation> got = RunConcurrently(daemon, 6, 40);
+  double pages = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].token_ids, expected[i]) << "request " << i;
+    EXPECT_EQ(got[i].last.path(), v1::PATH_DISAGGREGATED);
+    EXPECT_GT(got[i].last.timeline().kv_transfer_ms(), 0.0);
+    pages += HandedOffBlocks(static_cast<int>(i));
+  }
+  EXPECT_EQ(Metric(daemon, "tandem_kv_transfer_bytes_total{direction=\"internal\"}"),
+            pages * kBytesPerBlock);
+  EXPECT_EQ(Metric(daemon, "tandem_kv_cache_blocks"), 2 * 182);  // both pools
+  EXPECT_TRUE(Idle(daemon));
+}
+
 TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
   ExpectStartupErrors({
       {{"--role=both"}, 2, "--role='both'"},
@@ -318,6 +340,10 @@ TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
        "--role=prefill needs --disagg_output_threshold"},
       {{"--inject_fault=kv_transfer:error@1"}, 2, "kv_transfer takes error@N"},
       {{"--role=decode", "--kv_transport=nonexistent_transport"}, 1, "--kv_transport"},
+      {{"--decode_kv_cache_bytes=67108864", "--disagg_output_threshold=off"},
+       2,
+       "--decode_kv_cache_bytes=67108864: needs a decode worker"},
+      {{"--decode_kv_cache_bytes=1048576"}, 1, "--decode_kv_cache_bytes=1048576 holds 2 blocks"},
   });
 }
 

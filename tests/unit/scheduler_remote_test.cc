@@ -1,7 +1,10 @@
-// Remote decode in SchedulerCore: a prefill daemon's core hands a request to
+// KV that moves between storages in SchedulerCore. Remote decode: a prefill
+// daemon's core hands a request to
 // a decode daemon's core (two cores, two fake workers whose "KV" is moved by
 // copying block slots, as the KV transport would), with leases, failures and
-// aborts. The fake worker samples from every token read back through the
+// aborts. Separate storages in one daemon: the decode lane's own pool, page
+// moves, failed moves, a full pool. The fake worker samples from every token
+// read back through the
 // block table, so a wrong block id, a page moved wrongly or a lost token
 // changes the output.
 #include <gtest/gtest.h>
@@ -261,7 +264,7 @@ TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce)
   {  // the daemon stops while the pages arrive: ended at once, blocks back
     DecodeSide decode;
     decode.Import(prefill.offer, prefill.worker);
-    decode.core.AbandonImports(absl::UnavailableError("shutting down"));
+    decode.core.AbandonTransfers(absl::UnavailableError("shutting down"));
     EXPECT_EQ(decode.core.free_blocks(), kBlocks);
     ASSERT_EQ(decode.sink->finishes, 1);
     EXPECT_EQ(decode.sink->finish->reason, FinishReason::kCancelled);
@@ -293,6 +296,112 @@ TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce)
     imported.generated = prefill.offer.generated + 1;
     EXPECT_TRUE(absl::IsInvalidArgument(decode.core.Import(1, std::move(imported)).status()));
   }
+}
+
+// --- one daemon, two workers with KV storages of their own -----------------
+
+// A core whose decode lane keeps its KV in a pool of its own, with a fake
+// worker per lane (separate "storages"); Run() steps both lanes and performs
+// the page moves the core asks for as the mover would, or fails them.
+struct SeparateStorages {
+  absl::Time now = absl::UnixEpoch();
+  SchedulerCore core;
+  FakeWorker prefill{kBlocks, kBlockSize};
+  FakeWorker decode;
+  std::vector<BlockMove> moves;
+
+  explicit SeparateStorages(int32_t decode_blocks)
+      : core([&] {
+          SchedulerOptions o = Options(false, &now);
+          o.decode_lane = true;
+          o.disaggregation.output_threshold = kThreshold;
+          o.decode_kv_blocks = decode_blocks;
+          return o;
+        }()),
+        decode(decode_blocks, kBlockSize) {}
+
+  // Steps until `sink` finishes; moves complete with `move_status`.
+  void Run(Record& sink, const absl::Status& move_status) {
+    for (int steps = 0; steps < 1000 && sink.finishes == 0; ++steps) {
+      for (Lane lane : {Lane::kPrefill, Lane::kDecode}) {
+        step::StepPlan plan = core.Schedule(lane);
+        if (plan.sequences.empty()) continue;
+        FakeWorker& worker = lane == Lane::kPrefill ? prefill : decode;
+        core.Update(lane, plan, worker.Execute(plan));
+      }
+      for (BlockMove& m : core.TakeMoves()) {
+        if (move_status.ok()) decode.CopyBlocksFrom(prefill, m.from, m.to);
+        core.CompleteMove(m.sequence_id, move_status);
+        moves.push_back(std::move(m));
+      }
+    }
+  }
+};
+
+TEST(SchedulerKvMoveTest, AHandoffMovesThePagesToTheDecodeLanesOwnPoolAndChangesNoToken) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  SeparateStorages daemon(32);
+  auto sink = std::make_shared<Record>();
+  daemon.core.Add(7, MakeRequest(10, 12, sink));
+  daemon.Run(*sink, absl::OkStatus());
+  EXPECT_EQ(sink->tokens, expected);
+  ASSERT_EQ(daemon.moves.size(), 1u);
+  // The 12 tokens with KV at the handoff: 3 blocks, each to a block of the
+  // decode lane's pool.
+  EXPECT_EQ(daemon.moves[0].from.size(), 3u);
+  EXPECT_EQ(daemon.moves[0].to.size(), 3u);
+  ASSERT_EQ(sink->finishes, 1);
+  EXPECT_EQ(sink->finish->path, Path::kDisaggregated);
+  EXPECT_EQ(daemon.core.free_blocks(), kBlocks + 32);
+  EXPECT_EQ(daemon.core.total_blocks(), kBlocks + 32);
+}
+
+TEST(SchedulerKvMoveTest, AFailedMoveLeavesTheRequestOnThePrefillLaneFromItsPages) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  SeparateStorages daemon(32);
+  auto sink = std::make_shared<Record>();
+  daemon.core.Add(7, MakeRequest(10, 12, sink));
+  daemon.Run(*sink, absl::UnavailableError("the transport broke"));
+  EXPECT_EQ(sink->tokens, expected);
+  EXPECT_EQ(daemon.moves.size(), 1u) << "tried once, not again";
+  EXPECT_EQ(sink->finish->path, Path::kColocated);
+  EXPECT_EQ(daemon.core.free_blocks(), kBlocks + 32);
+}
+
+TEST(SchedulerKvMoveTest, AFullDecodePoolKeepsTheRequestColocated) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  SeparateStorages daemon(2);  // fewer blocks than the request needs
+  auto sink = std::make_shared<Record>();
+  daemon.core.Add(7, MakeRequest(10, 12, sink));
+  daemon.Run(*sink, absl::OkStatus());
+  EXPECT_EQ(sink->tokens, expected);
+  EXPECT_TRUE(daemon.moves.empty());
+  EXPECT_EQ(sink->finish->path, Path::kColocated);
+  EXPECT_EQ(daemon.core.free_blocks(), kBlocks + 2);
+}
+
+TEST(SchedulerKvMoveTest, ACancellationDuringAMoveFreesBothPoolsWhenTheMoveEnds) {
+  SeparateStorages daemon(32);
+  auto sink = std::make_shared<Record>();
+  daemon.core.Add(7, MakeRequest(10, 12, sink));
+  std::vector<BlockMove> moves;
+  for (int steps = 0; steps < 100 && moves.empty(); ++steps) {
+    step::StepPlan plan = daemon.core.Schedule(Lane::kPrefill);
+    daemon.core.Update(Lane::kPrefill, plan, daemon.prefill.Execute(plan));
+    moves = daemon.core.TakeMoves();
+  }
+  ASSERT_EQ(moves.size(), 1u);
+  // Held in both pools while the pages move; untouchable.
+  EXPECT_EQ(daemon.core.free_blocks(), kBlocks + 32 - 3 - 4);
+  EXPECT_TRUE(daemon.core.Schedule(Lane::kDecode).sequences.empty());
+  daemon.core.Cancel(7, FinishReason::kCancelled, absl::CancelledError("client"));
+  EXPECT_EQ(sink->finishes, 0);
+  daemon.core.CompleteMove(7, absl::OkStatus());
+  ASSERT_EQ(sink->finishes, 1);
+  EXPECT_EQ(sink->finish->reason, FinishReason::kCancelled);
+  EXPECT_EQ(sink->finish->stage, Stage::kHandoff);
+  EXPECT_EQ(daemon.core.free_blocks(), kBlocks + 32);
+  EXPECT_FALSE(daemon.core.HasWork());
 }
 
 }  // namespace
