@@ -1,10 +1,12 @@
 """Handoff between daemons, measured: a prefill daemon hands each request to a
 decode daemon (loopback, UCX over TCP) and the response's timeline says how
 long the KV transfer (offer -> pages read -> lease released) and the whole
-handoff took. Each request is sent pair by pair, A B / B A alternating, to
-that pool and to a unified daemon (whose handoff is a block-table move to its
-own decode worker): medians with min and max, and the per-pair ratio of the
-requests' end-to-end time.
+handoff took. Each request is sent in turn (the order rotating) to that pool,
+to a unified daemon (whose handoff is a block-table move to its own decode
+worker) and to a unified daemon whose decode worker keeps its KV in storage
+of its own (--decode_kv_cache_bytes: the handoff moves the pages through the
+same seam inside the daemon): medians with min and max, and the per-request
+ratios of end-to-end time against the unified daemon.
 
 Run by bench/handoff-latency (which builds nothing: it needs a build)."""
 import argparse
@@ -56,39 +58,49 @@ def main():
     decode.wait_serving()
     prefill = tandem_e2e.Daemon("--role=prefill", f"--decode_peers={decode.address}", *common)
     unified = tandem_e2e.Daemon(*common)
+    separate = tandem_e2e.Daemon(*common, "--decode_kv_cache_bytes=536870912")
+    daemons = (("pool", prefill), ("unified", unified), ("separate", separate))
     try:
-        prefill.wait_serving()
-        unified.wait_serving()
+        for _, d in daemons:
+            d.wait_serving()
         stubs = {name: pb2_grpc.GenerationStub(grpc.insecure_channel(d.address))
-                 for name, d in (("pool", prefill), ("unified", unified))}
-        print(f"| prompt tokens | KV moved | kv_transfer ms | GB/s | handoff ms, pool | "
-              f"handoff ms, unified | request time pool/unified |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+                 for name, d in daemons}
+        print("| prompt tokens | KV moved | kv_transfer ms, pool | GB/s | kv_transfer ms, "
+              "separate storages | handoff ms, unified | request time pool / unified | "
+              "separate / unified |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        names = [name for name, _ in daemons]
         for length in (int(x) for x in args.prompt_tokens.split(",")):
-            transfer, handoff, local, ratios, rates = [], [], [], [], []
+            transfer = {"pool": [], "separate": []}
+            local, rates = [], []
+            ratios = {"pool": [], "separate": []}
             blocks = (length + THRESHOLD - 1 + 15) // 16
             megabytes = blocks * 16 * BYTES_PER_TOKEN / 1e6
-            for pair in range(args.pairs):
-                order = ["pool", "unified"] if pair % 2 == 0 else ["unified", "pool"]
+            for turn in range(args.pairs):
+                order = names[turn % 3:] + names[:turn % 3]
                 seconds = {}
                 for name in order:
-                    r = request(length, seed=length * 1000 + pair, extra_tokens=args.extra_tokens)
+                    r = request(length, seed=length * 1000 + turn, extra_tokens=args.extra_tokens)
                     last, seconds[name] = run(stubs[name], r)
                     t = last.timeline
-                    if name == "pool":
-                        assert last.path == pb2.PATH_REMOTE, last.path
-                        transfer.append(t.kv_transfer_ms)
-                        handoff.append(t.handoff_ms)
-                        rates.append(megabytes / t.kv_transfer_ms)  # MB/ms = GB/s
-                    else:
+                    if name == "unified":
                         local.append(t.handoff_ms)
-                ratios.append(seconds["pool"] / seconds["unified"])
-            print(f"| {length} | {blocks} blocks, {megabytes:.1f} MB | {describe(transfer)} | "
-                  f"{describe(rates)} | {describe(handoff)} | {describe(local)} | "
-                  f"{describe(ratios)} |")
+                        continue
+                    expected = pb2.PATH_REMOTE if name == "pool" else pb2.PATH_DISAGGREGATED
+                    assert last.path == expected, (name, last.path)
+                    transfer[name].append(t.kv_transfer_ms)
+                    if name == "pool":
+                        rates.append(megabytes / t.kv_transfer_ms)  # MB/ms = GB/s
+                for name in ratios:
+                    ratios[name].append(seconds[name] / seconds["unified"])
+            print(f"| {length} | {blocks} blocks, {megabytes:.1f} MB | "
+                  f"{describe(transfer['pool'])} | {describe(rates)} | "
+                  f"{describe(transfer['separate'])} | {describe(local)} | "
+                  f"{describe(ratios['pool'])} | {describe(ratios['separate'])} |")
     finally:
-        for d in (prefill, unified, decode):
+        for _, d in daemons:
             d.kill()
+        decode.kill()
 
 
 if __name__ == "__main__":
