@@ -23,9 +23,11 @@
 #include "absl/strings/numbers.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/random_model.h"
 #include "engine/sampling/sampler.h"
 
-ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF model");
+ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+          "GGUF model, or random:NAME (llama3-8b, qwen2.5-7b, smollm2-135m: random weights)");
 ABSL_FLAG(int, threads, 2, "CPU threads");
 ABSL_FLAG(int, prompt_tokens, 512, "prompt length for prefill");
 ABSL_FLAG(int, decode_tokens, 128, "tokens generated for decode");
@@ -81,7 +83,9 @@ int MeasureVerifyWidths(model::LlamaModel& model, const std::vector<int32_t>& pr
 }
 
 int Run() {
-  auto file = model::GgufFile::Open(absl::GetFlag(FLAGS_model));
+  const std::string path = absl::GetFlag(FLAGS_model);
+  auto file =
+      model::IsRandomModel(path) ? model::OpenRandomModel(path) : model::GgufFile::Open(path);
   if (!file.ok()) {
     std::cerr << file.status() << "\n";
     return 1;

@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "engine/kernels/backend_factory.h"
 #include "engine/kernels/cuda/cuda_loader.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -52,12 +53,15 @@ std::string DefaultModelPath() {
 
 ABSL_FLAG(std::string, model, DefaultModelPath(),
           "GGUF model file (default: $TANDEM_MODEL_DIR or models/, "
-          "SmolLM2-135M-Instruct.Q4_1.gguf, fetched by scripts/fetch-model)");
+          "SmolLM2-135M-Instruct.Q4_1.gguf, fetched by scripts/fetch-model), or "
+          "random:NAME[@SEED] for a model of a known shape with random weights (llama3-8b, "
+          "qwen2.5-7b, smollm2-135m: for speed measurements)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
           "Prometheus metrics address (IPv4 host:port); empty disables");
-ABSL_FLAG(std::string, backend, "auto",
-          "compute backend: cpu, or auto (CPU; the CUDA module is probed and reported)");
+ABSL_FLAG(std::string, device, "auto",
+          "where the model runs: cpu, cuda, or auto (CUDA when the CUDA module has a backend and "
+          "sees a device, else the CPU; the log says which and why)");
 ABSL_FLAG(int, threads, 0,
           "CPU threads that compute, shared by the prefill and decode workers (decode steps "
           "first); 0: one per CPU the process may use");
@@ -209,25 +213,14 @@ int Main() {
   std::thread signal_thread = StartSignalThread(&shutdown);
   signal_thread.detach();
 
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "auto" && backend != "cpu") {
-    spdlog::error(
-        "--backend={} is not available: the CUDA backend is not implemented yet "
-        "(use cpu or auto)",
-        backend);
+  absl::StatusOr<kernels::DeviceChoice> device =
+      kernels::ChooseDevice(absl::GetFlag(FLAGS_device),
+                            kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath()));
+  if (!device.ok()) {
+    spdlog::error("{}", std::string(device.status().message()));
     return 2;
   }
-  if (backend == "auto") {
-    absl::StatusOr<kernels::cuda::CudaProbe> probe =
-        kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath());
-    if (probe.ok()) {
-      spdlog::info("CUDA module: {} device(s): {}; serving on the CPU backend", probe->devices,
-                   probe->description);
-    } else {
-      spdlog::info("CUDA module: {}; serving on the CPU backend",
-                   std::string(probe.status().message()));
-    }
-  }
+  spdlog::info("device: {} ({})", kernels::DeviceName(device->device), device->reason);
 
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role != "unified" && role != "prefill" && role != "decode") {
@@ -255,6 +248,7 @@ int Main() {
   }
   server::ServingModelOptions options;
   options.matmul_mode = *matmul_mode;
+  options.device = device->device;
   options.model_path = absl::GetFlag(FLAGS_model);
   options.chat_template = absl::GetFlag(FLAGS_chat_template);
   options.threads = absl::GetFlag(FLAGS_threads);

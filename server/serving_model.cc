@@ -6,8 +6,9 @@
 #include <limits>
 
 #include "common/strings.h"
-#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/random_model.h"
 
 namespace tandem::server {
 
@@ -157,7 +158,9 @@ absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregati
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
-  absl::StatusOr<std::unique_ptr<model::GgufFile>> file = model::GgufFile::Open(options.model_path);
+  absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
+      model::IsRandomModel(options.model_path) ? model::OpenRandomModel(options.model_path)
+                                               : model::GgufFile::Open(options.model_path);
   if (!file.ok()) return file.status();
   m->file_ = std::shared_ptr<const model::GgufFile>(*std::move(file));
 
@@ -252,12 +255,13 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                                         reserved, cpus_for(threads - reserved, reserved),
                                         /*pin_callers=*/true)
                                   : prefill_pool;
-  auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
-      prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode);
-  m->backend_name_ = prefill_backend->name();
-  m->backends_.push_back("prefill: " + prefill_backend->name());
-  absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model =
-      model::LlamaModel::Create(m->file_, prefill_backend.get(), m->kv_blocks_, options.block_size);
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> prefill_backend = kernels::CreateBackend(
+      {options.device, prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode});
+  if (!prefill_backend.ok()) return prefill_backend.status();
+  m->backend_name_ = (*prefill_backend)->name();
+  m->backends_.push_back(StrCat("prefill: ", (*prefill_backend)->name()));
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model = model::LlamaModel::Create(
+      m->file_, prefill_backend->get(), m->kv_blocks_, options.block_size);
   if (!prefill_model.ok()) {
     if (prefill_model.status().code() == absl::StatusCode::kResourceExhausted) {
       // The KV storage could not be allocated: say which flag sized it.
@@ -271,8 +275,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   // The model that runs most decode steps (the decode worker's, if any).
   model::LlamaModel* decoding_model = prefill_model->get();
   if (options.decode_worker) {
-    auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
-        decode_pool, kernels::LanePriority::kLatency, options.matmul_mode);
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> made = kernels::CreateBackend(
+        {options.device, decode_pool, kernels::LanePriority::kLatency, options.matmul_mode});
+    if (!made.ok()) return made.status();
+    std::unique_ptr<kernels::Backend> decode_backend = *std::move(made);
     m->backend_name_ += reserved > 0 ? StrCat(" + decode ", decode_backend->name(), " reserved")
                                      : std::string(" shared with decode (decode first)");
     m->backends_.push_back(StrCat("decode: ", decode_backend->name(),
@@ -315,7 +321,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                                              " --ngram_max=", options.ngram_max,
                                              ": need 1 <= ngram_min <= ngram_max"));
   }
-  m->prefill_ = std::make_unique<prefill::PrefillWorker>(std::move(prefill_backend),
+  m->prefill_ = std::make_unique<prefill::PrefillWorker>(*std::move(prefill_backend),
                                                          *std::move(prefill_model));
   for (worker::ModelWorker* worker : {static_cast<worker::ModelWorker*>(m->prefill_.get()),
                                       static_cast<worker::ModelWorker*>(m->decode_.get())}) {
@@ -371,23 +377,26 @@ absl::Status ServingModel::LoadDraftModel(
                                                "the same vocabulary"));
     }
   }
-  auto prefill_backend = std::make_unique<kernels::cpu::CpuBackend>(
-      prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode);
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> prefill_backend = kernels::CreateBackend(
+      {options.device, prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode});
+  if (!prefill_backend.ok()) return prefill_backend.status();
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_draft =
-      model::LlamaModel::Create(file, prefill_backend.get(), kv_blocks_, block_size_);
+      model::LlamaModel::Create(file, prefill_backend->get(), kv_blocks_, block_size_);
   if (!prefill_draft.ok()) {
     return absl::Status(prefill_draft.status().code(),
                         StrCat("draft model '", path, "': ", prefill_draft.status().message()));
   }
   if (decode_ != nullptr) {
-    auto decode_backend = std::make_unique<kernels::cpu::CpuBackend>(
-        decode_pool, kernels::LanePriority::kLatency, options.matmul_mode);
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> made = kernels::CreateBackend(
+        {options.device, decode_pool, kernels::LanePriority::kLatency, options.matmul_mode});
+    if (!made.ok()) return made.status();
+    std::unique_ptr<kernels::Backend> decode_backend = *std::move(made);
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_draft =
         model::LlamaModel::CreateSharingKv(**prefill_draft, decode_backend.get());
     if (!decode_draft.ok()) return decode_draft.status();
     decode_->EnableDraftModel(std::move(decode_backend), *std::move(decode_draft));
   }
-  prefill_->EnableDraftModel(std::move(prefill_backend), *std::move(prefill_draft));
+  prefill_->EnableDraftModel(*std::move(prefill_backend), *std::move(prefill_draft));
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/decode/decode_worker.h"
+#include "engine/kernels/backend_factory.h"
 #include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul.h"
 #include "engine/model/gguf_file.h"
@@ -34,6 +35,7 @@ struct ServingModelOptions {
   int decode_reserved_threads = 0;
   bool decode_worker = true;  // false: everything colocated on the prefill worker
   bool pin_threads = true;    // pin compute threads to CPUs
+  kernels::Device device = kernels::Device::kCpu;  // what --device chose
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
   int64_t kv_cache_bytes = int64_t{512} << 20;
   // > 0: the decode worker keeps its KV in storage of its own of this size

@@ -52,4 +52,4 @@ USER 10001
 EXPOSE 50051 9400
 ENTRYPOINT ["/opt/tandem/bin/tandemd"]
 CMD ["--model=/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--listen=0.0.0.0:50051", \
-     "--metrics_listen=0.0.0.0:9400", "--drain_timeout=60s", "--backend=auto"]
+     "--metrics_listen=0.0.0.0:9400", "--drain_timeout=60s", "--device=auto"]

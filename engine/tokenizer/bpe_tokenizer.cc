@@ -5,22 +5,11 @@
 
 #include "absl/status/status.h"
 #include "common/strings.h"
+#include "engine/tokenizer/byte_map.h"
 #include "engine/tokenizer/unicode.h"
 
 namespace tandem::tokenizer {
 namespace {
-
-// GPT-2's reversible map from bytes to printable code points: printable
-// Latin-1 bytes map to themselves, the other 68 to U+0100.. in byte order.
-std::array<char32_t, 256> ByteToCodePoint() {
-  std::array<char32_t, 256> map{};
-  char32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    map[static_cast<size_t>(b)] = printable ? static_cast<char32_t>(b) : next++;
-  }
-  return map;
-}
 
 absl::StatusOr<std::optional<TokenId>> ReadSpecialId(const model::GgufFile& file,
                                                      std::string_view key, int vocab) {

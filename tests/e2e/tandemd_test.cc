@@ -468,7 +468,35 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       {{"--max_concurrent_streams=0"}, 2, "--max_concurrent_streams must be at least 1"},
       {{"--inject_fault=prefill:explode@3"}, 2, "the kind is not error, throw or stall"},
       {{"--inject_fault=prefill:stall@2"}, 2, "a stall needs a positive DURATION"},
+      {{"--device=tpu"}, 2, "--device='tpu': expected auto, cpu or cuda"},
+      // No GPU here (on a GPU machine this build still has no CUDA backend).
+      {{"--device=cuda"}, 2, "--device=cuda: "},
+      {{"--model=random:gpt-5"}, 1, "known: llama3-8b, qwen2.5-7b, smollm2-135m"},
   });
+}
+
+// --model=random:NAME serves a model of that shape with random weights, and
+// --device=auto says where it runs and why.
+TEST(TandemdLifecycleTest, ARandomWeightsModelIsServedAndTheDeviceChoiceIsLogged) {
+  Daemon daemon({"--model=random:smollm2-135m", "--device=auto"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  EXPECT_THAT(daemon.Log(), HasSubstr("device: cpu (--device=auto: "));
+  EXPECT_THAT(daemon.Log(), HasSubstr("; serving on the CPU)"));
+  auto stub = daemon.Stub();
+  v1::ModelInfo info;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.name(), "random:smollm2-135m");
+  EXPECT_EQ(info.vocab_size(), 49152);
+  v1::GenerateRequest request;
+  request.set_prompt("Hello");
+  request.set_max_tokens(16);
+  request.set_ignore_eos(true);
+  request.mutable_sampling()->set_temperature(0.0f);
+  const Generation g = Generate(*stub, request);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.token_ids.size(), 16u);
+  EXPECT_EQ(g.last.usage().prompt_tokens(), 5) << "one token per byte";
 }
 
 // Injected faults (--inject_fault): a failing step fails the requests in it

@@ -1,0 +1,186 @@
+#include "engine/model/random_model.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "common/strings.h"
+#include "engine/kernels/half.h"
+#include "engine/model/gguf_writer.h"
+#include "engine/tokenizer/byte_map.h"
+#include "engine/tokenizer/unicode.h"
+
+namespace tandem::model {
+namespace {
+
+constexpr std::string_view kPrefix = "random:";
+constexpr uint64_t kQ4_0Block = 18;  // f16 scale + 32 four-bit quants
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Q4_0 blocks with scale `scale` and random quants: block b's quants come
+// from the seed, the tensor's key and b alone, so any chunk can be filled.
+GgufWriter::Fill RandomQ4_0(uint64_t key, float scale) {
+  const uint16_t d = kernels::FloatToHalf(scale);
+  return [key, d](uint8_t* out, uint64_t offset, uint64_t bytes) {
+    const uint64_t end = offset + bytes;
+    for (uint64_t b = offset / kQ4_0Block; b * kQ4_0Block < end; ++b) {
+      uint8_t block[kQ4_0Block];
+      std::memcpy(block, &d, 2);
+      const uint64_t q0 = Mix(key ^ (2 * b)), q1 = Mix(key ^ (2 * b + 1));
+      std::memcpy(block + 2, &q0, 8);
+      std::memcpy(block + 10, &q1, 8);
+      const uint64_t from = std::max(offset, b * kQ4_0Block);
+      const uint64_t to = std::min(end, (b + 1) * kQ4_0Block);
+      std::memcpy(out + (from - offset), block + (from - b * kQ4_0Block), to - from);
+    }
+  };
+}
+
+GgufWriter::Fill ConstantF32(float value) {
+  return [value](uint8_t* out, uint64_t offset, uint64_t bytes) {
+    for (uint64_t i = 0; i < bytes; ++i) {
+      uint8_t word[4];
+      std::memcpy(word, &value, 4);
+      out[i] = word[(offset + i) % 4];
+    }
+  };
+}
+
+void Matrix(GgufWriter& w, const std::string& name, int inputs, int outputs, uint64_t key) {
+  // Uniform quants in 0..15 around 8: a weight's spread is about 4.6 x the
+  // scale; rows of about 1/sqrt(inputs) keep activations in range.
+  const float scale = 1.0f / (4.6f * std::sqrt(static_cast<float>(inputs)));
+  const uint64_t bytes = static_cast<uint64_t>(inputs) / 32 * kQ4_0Block * outputs;
+  w.Tensor(name, {static_cast<uint64_t>(inputs), static_cast<uint64_t>(outputs)}, kGgmlQ4_0, bytes,
+           RandomQ4_0(key, scale));
+}
+
+void Vector(GgufWriter& w, const std::string& name, int size, float value) {
+  w.Tensor(name, {static_cast<uint64_t>(size)}, kGgmlF32, static_cast<uint64_t>(size) * 4,
+           ConstantF32(value));
+}
+
+void Describe(GgufWriter& w, const RandomModelShape& s) {
+  const std::string a = s.architecture + ".";
+  w.String("general.architecture", s.architecture);
+  w.String("general.name", StrCat(kPrefix, s.name));
+  w.Uint32(a + "block_count", static_cast<uint32_t>(s.layers));
+  w.Uint32(a + "embedding_length", static_cast<uint32_t>(s.embedding));
+  w.Uint32(a + "feed_forward_length", static_cast<uint32_t>(s.ffn));
+  w.Uint32(a + "attention.head_count", static_cast<uint32_t>(s.heads));
+  w.Uint32(a + "attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  w.Uint32(a + "context_length", static_cast<uint32_t>(s.context));
+  w.Float32(a + "rope.freq_base", s.rope_theta);
+  w.Float32(a + "attention.layer_norm_rms_epsilon", s.rms_epsilon);
+  // A byte-level vocabulary: the 256 byte tokens, ChatML's control tokens,
+  // then unused fillers up to the shape's vocabulary size.
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  const std::array<char32_t, 256> byte_map = tokenizer::ByteToCodePoint();
+  for (char32_t cp : byte_map) {
+    tokenizer::AppendUtf8(cp, &tokens.emplace_back());
+    types.push_back(1);  // normal
+  }
+  for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    tokens.emplace_back(special);
+    types.push_back(3);  // control
+  }
+  while (static_cast<int>(tokens.size()) < s.vocab) {
+    tokens.push_back(StrCat("<|unused_", tokens.size(), "|>"));
+    types.push_back(5);  // unused
+  }
+  w.String("tokenizer.ggml.model", "gpt2");
+  w.StringArray("tokenizer.ggml.tokens", tokens);
+  w.Int32Array("tokenizer.ggml.token_type", types);
+  w.StringArray("tokenizer.ggml.merges", {});
+  w.Uint32("tokenizer.ggml.bos_token_id", 256);
+  w.Uint32("tokenizer.ggml.eos_token_id", 258);  // <|im_end|> ends a turn
+  w.Bool("tokenizer.ggml.add_bos_token", false);
+  w.String("tokenizer.chat_template",
+           "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+           "{% endfor %}<|im_start|>assistant\n");
+}
+
+void AddTensors(GgufWriter& w, const RandomModelShape& s, uint64_t seed) {
+  const int head_dim = s.embedding / s.heads;
+  const int q_width = s.heads * head_dim, kv_width = s.kv_heads * head_dim;
+  uint64_t key = Mix(seed);
+  auto next_key = [&key] { return key = Mix(key); };
+  Matrix(w, "token_embd.weight", s.embedding, s.vocab, next_key());
+  Vector(w, "output_norm.weight", s.embedding, 1.0f);
+  if (!s.tied_embeddings) Matrix(w, "output.weight", s.embedding, s.vocab, next_key());
+  for (int i = 0; i < s.layers; ++i) {
+    const std::string p = StrCat("blk.", i, ".");
+    Vector(w, p + "attn_norm.weight", s.embedding, 1.0f);
+    Matrix(w, p + "attn_q.weight", s.embedding, q_width, next_key());
+    Matrix(w, p + "attn_k.weight", s.embedding, kv_width, next_key());
+    Matrix(w, p + "attn_v.weight", s.embedding, kv_width, next_key());
+    if (s.qkv_bias) {
+      Vector(w, p + "attn_q.bias", q_width, 0.0f);
+      Vector(w, p + "attn_k.bias", kv_width, 0.0f);
+      Vector(w, p + "attn_v.bias", kv_width, 0.0f);
+    }
+    Matrix(w, p + "attn_output.weight", q_width, s.embedding, next_key());
+    Vector(w, p + "ffn_norm.weight", s.embedding, 1.0f);
+    Matrix(w, p + "ffn_gate.weight", s.embedding, s.ffn, next_key());
+    Matrix(w, p + "ffn_up.weight", s.embedding, s.ffn, next_key());
+    Matrix(w, p + "ffn_down.weight", s.ffn, s.embedding, next_key());
+  }
+}
+
+}  // namespace
+
+const std::vector<RandomModelShape>& RandomModelShapes() {
+  static const auto* shapes = new std::vector<RandomModelShape>{
+      {"llama3-8b", "llama", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0f, 1e-5f, false, false},
+      {"qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 152064, 32768, 1000000.0f, 1e-6f, true,
+       false},
+      {"smollm2-135m", "llama", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, false, true},
+  };
+  return *shapes;
+}
+
+bool IsRandomModel(std::string_view model_flag) { return model_flag.starts_with(kPrefix); }
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model_flag) {
+  std::string_view spec = model_flag.substr(kPrefix.size());
+  uint64_t seed = 0;
+  if (const size_t at = spec.find('@'); at != std::string_view::npos) {
+    if (!absl::SimpleAtoi(AbslView(spec.substr(at + 1)), &seed)) {
+      return absl::InvalidArgumentError(
+          StrCat("--model=", model_flag, ": the seed after '@' is not a number"));
+    }
+    spec = spec.substr(0, at);
+  }
+  const RandomModelShape* shape = nullptr;
+  std::string known;
+  for (const RandomModelShape& s : RandomModelShapes()) {
+    if (s.name == spec) shape = &s;
+    known = StrCat(known, known.empty() ? "" : ", ", s.name);
+  }
+  if (shape == nullptr) {
+    return absl::InvalidArgumentError(
+        StrCat("--model=", model_flag, ": no random model of that name (known: ", known, ")"));
+  }
+  GgufWriter writer;
+  Describe(writer, *shape);
+  AddTensors(writer, *shape, seed);
+  const int fd = memfd_create("tandem-random-model", MFD_CLOEXEC);
+  if (fd < 0) return absl::InternalError("memfd_create failed");
+  absl::Status written = writer.WriteTo(fd);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file =
+      written.ok() ? GgufFile::Open(StrCat("/proc/self/fd/", fd)) : written;
+  close(fd);  // the file's own mapping keeps the bytes
+  return file;
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,124 @@
+// --model=random:NAME: a model of a known shape with random weights, built
+// in memory. The smollm2-135m shape must be exactly the real model file's
+// (the independent reference here: its GGUF metadata and tensor shapes);
+// the vocabulary round-trips any bytes; the forward pass runs and gives
+// finite logits; the seed fixes the weights.
+#include "engine/model/random_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/model/llama_model.h"
+#include "engine/model/model_config.h"
+#include "engine/tokenizer/bpe_tokenizer.h"
+#include "engine/tokenizer/chat_template.h"
+#include "tests/integration/test_model.h"
+
+namespace tandem::model {
+namespace {
+
+std::unique_ptr<GgufFile> Open(const std::string& flag) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = OpenRandomModel(flag);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? *std::move(file) : nullptr;
+}
+
+TEST(RandomModelTest, TheSmolLm2ShapeIsTheRealModelsShape) {
+  ASSERT_FALSE(testing::TestModelPath().empty()) << "set TANDEM_TEST_MODEL";
+  absl::StatusOr<std::unique_ptr<GgufFile>> real = GgufFile::Open(testing::TestModelPath());
+  ASSERT_TRUE(real.ok()) << real.status();
+  std::unique_ptr<GgufFile> random = Open("random:smollm2-135m");
+  ASSERT_NE(random, nullptr);
+  absl::StatusOr<ModelConfig> want = ReadModelConfig(**real);
+  absl::StatusOr<ModelConfig> got = ReadModelConfig(*random);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+  EXPECT_EQ(got->architecture, want->architecture);
+  EXPECT_EQ(got->name, "random:smollm2-135m");
+  EXPECT_EQ(got->layers, want->layers);
+  EXPECT_EQ(got->embedding, want->embedding);
+  EXPECT_EQ(got->ffn, want->ffn);
+  EXPECT_EQ(got->heads, want->heads);
+  EXPECT_EQ(got->kv_heads, want->kv_heads);
+  EXPECT_EQ(got->head_dim, want->head_dim);
+  EXPECT_EQ(got->vocab, want->vocab);
+  EXPECT_EQ(got->context_length, want->context_length);
+  EXPECT_EQ(got->rotary_dims, want->rotary_dims);
+  EXPECT_EQ(got->rope_base, want->rope_base);
+  EXPECT_EQ(got->norm_eps, want->norm_eps);
+  // Every tensor of the real model exists with the same dimensions.
+  for (const GgufTensor& t : (*real)->tensors()) {
+    const GgufTensor* r = random->FindTensor(t.name);
+    ASSERT_NE(r, nullptr) << t.name;
+    EXPECT_EQ(r->dims, t.dims) << t.name;
+  }
+  EXPECT_EQ(random->tensors().size(), (*real)->tensors().size());
+}
+
+TEST(RandomModelTest, ItsVocabularyRoundTripsAnyBytesAndItsTemplateIsChatMl) {
+  std::unique_ptr<GgufFile> file = Open("random:smollm2-135m");
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> tok =
+      tokenizer::BpeTokenizer::FromGguf(*file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->vocab_size(), 49152);
+  std::string text = "Paris, ol\xc3\xa9 \xe2\x9c\x93 \x01\xff";
+  const std::vector<tokenizer::TokenId> ids = (*tok)->Encode(text, /*parse_special=*/false);
+  EXPECT_EQ(ids.size(), text.size()) << "one token per byte (no merges)";
+  EXPECT_EQ((*tok)->Decode(ids, /*skip_control=*/true), text);
+  absl::StatusOr<std::string_view> chat_template = file->GetString("tokenizer.chat_template");
+  ASSERT_TRUE(chat_template.ok());
+  absl::StatusOr<tokenizer::ChatTemplate> chat =
+      tokenizer::ChatTemplate::Create(*chat_template, "");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->family_name(), "chatml");
+}
+
+TEST(RandomModelTest, TheForwardPassRunsAndTheSeedFixesTheWeights) {
+  std::unique_ptr<GgufFile> a = Open("random:smollm2-135m@7");
+  std::unique_ptr<GgufFile> b = Open("random:smollm2-135m@7");
+  std::unique_ptr<GgufFile> c = Open("random:smollm2-135m@8");
+  ASSERT_TRUE(a && b && c);
+  const GgufTensor* ta = a->FindTensor("blk.3.ffn_up.weight");
+  const GgufTensor* tb = b->FindTensor("blk.3.ffn_up.weight");
+  const GgufTensor* tc = c->FindTensor("blk.3.ffn_up.weight");
+  ASSERT_TRUE(ta && tb && tc);
+  EXPECT_EQ(std::memcmp(ta->data, tb->data, ta->bytes), 0);
+  EXPECT_NE(std::memcmp(ta->data, tc->data, ta->bytes), 0);
+
+  const std::shared_ptr<const GgufFile> file(std::move(a));
+  kernels::cpu::CpuBackend backend(1);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(file, &backend, 8, 16);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> tokens = {72, 101, 108, 108, 111, 44, 32, 119};
+  const std::vector<int32_t> table = {0};
+  SequenceInput in;
+  in.tokens = tokens;
+  in.first_position = 0;
+  in.block_table = table;
+  in.logits = 1;
+  std::vector<float> logits;
+  ASSERT_TRUE((*model)->Forward({&in, 1}, &logits).ok());
+  ASSERT_EQ(logits.size(), 49152u);
+  double spread = 0;
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    spread = std::max(spread, std::abs(static_cast<double>(v)));
+  }
+  EXPECT_GT(spread, 0.0) << "the logits are all zero";
+}
+
+TEST(RandomModelTest, UnknownNamesAndBadSeedsAreRefusedNamingWhatIsKnown) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> unknown = OpenRandomModel("random:gpt-5");
+  EXPECT_TRUE(absl::IsInvalidArgument(unknown.status()));
+  EXPECT_NE(unknown.status().message().find("llama3-8b, qwen2.5-7b, smollm2-135m"),
+            std::string_view::npos)
+      << unknown.status();
+  EXPECT_TRUE(absl::IsInvalidArgument(OpenRandomModel("random:smollm2-135m@x").status()));
+  EXPECT_TRUE(IsRandomModel("random:llama3-8b"));
+  EXPECT_FALSE(IsRandomModel("models/random.gguf"));
+}
+
+}  // namespace
+}  // namespace tandem::model
