@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <future>
 #include <map>
 #include <memory>
@@ -306,6 +307,34 @@ TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) 
   EXPECT_EQ(g.token_ids, Reference(40, 1)[0]);
   EXPECT_EQ(Metric(alone, "tandem_remote_handoffs_total{outcome=\"no_peer\",peer=\"none\"}"), 1);
   EXPECT_TRUE(Idle(alone));
+}
+
+// Under --api_keys_file the Peer service needs a key like every RPC; a
+// prefill daemon presents the first of its own keys to its peers (and a
+// prefill daemon without the key finds no peer, so it serves everything).
+TEST(MultiDaemonTest, WithApiKeysThePrefillDaemonPresentsItsKeyToItsPeers) {
+  const std::string keys = ::testing::TempDir() + "/multi_daemon_keys";
+  std::ofstream(keys) << "pool-key\n";
+  const std::string flag = absl::StrCat("--api_keys_file=", keys);
+  for (const bool prefill_has_key : {true, false}) {
+    Pool pool(1, {flag},
+              prefill_has_key ? std::vector<std::string>{flag} : std::vector<std::string>{});
+    auto stub = pool.prefill->Stub();
+    grpc::ClientContext context;
+    if (prefill_has_key) context.AddMetadata("authorization", "Bearer pool-key");
+    auto reader = stub->Generate(&context, Request(0, 40));
+    v1::GenerateResponse message, last;
+    std::vector<uint32_t> tokens;
+    while (reader->Read(&message)) {
+      tokens.insert(tokens.end(), message.token_ids().begin(), message.token_ids().end());
+      last = message;
+    }
+    const grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(tokens, Reference(40, 1)[0]);
+    EXPECT_EQ(last.path(), prefill_has_key ? v1::PATH_REMOTE : v1::PATH_COLOCATED)
+        << "prefill daemon with the key: " << prefill_has_key;
+  }
 }
 
 // One daemon whose decode worker keeps its KV in storage of its own (what a
