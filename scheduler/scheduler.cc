@@ -132,19 +132,20 @@ void Scheduler::CommitLease(uint64_t sequence_id, std::function<void(bool)> answ
 }
 
 absl::StatusOr<uint64_t> Scheduler::Import(ImportedRequest imported, ImportCallback reserved) {
-  uint64_t id = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the server is shutting down");
-    id = next_id_++;
-  }
   imported.request.sink =
       std::make_shared<FinishAfterPublishSink>(std::move(imported.request.sink), &held_finishes_);
   // std::function needs a copyable callable: the request travels in a shared_ptr.
   auto shared = std::make_shared<ImportedRequest>(std::move(imported));
-  Post([this, id, shared, reserved = std::move(reserved)] {
+  // Checked and queued under one lock, so the loop cannot have made its
+  // last pass in between (the callback would never run).
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the server is shutting down");
+  const uint64_t id = next_id_++;
+  Command command;
+  command.action = [this, id, shared, reserved = std::move(reserved)] {
     reserved(core_.Import(id, std::move(*shared)));
-  });
+  };
+  inbox_.push_back(std::move(command));
   return id;
 }
 
@@ -296,7 +297,9 @@ void Scheduler::Loop() {
 
 void Scheduler::PublishLoad() {
   absl::MutexLock lock(&mu_);
-  queued_ = static_cast<int32_t>(inbox_.size()) + core_.waiting();
+  // Requests only: posted actions (relayed tokens, completions) are not.
+  queued_ = core_.waiting();
+  for (const auto& entry : inbox_) queued_ += entry.request.has_value() ? 1 : 0;
   queued_tokens_ = core_.waiting_tokens();
   for (const auto& entry : inbox_) {
     if (entry.request.has_value())

@@ -444,14 +444,20 @@ void SchedulerCore::ExpireDeadlines(absl::Time now) {
       if (s->request.deadline <= now && !s->pending_cancel.has_value()) expired.push_back(s->id);
     }
   }
-  // Leases: the decode daemon had its time to read the pages. From here on
-  // CommitLease refuses, so its copy is never used.
+  // Leases: the decode daemon had its time to read the pages. The request
+  // goes on here at once (a stalled or cut-off peer costs no more than the
+  // lease), the peer is told to stop, and a late commit is refused, so its
+  // copy is never used.
+  std::vector<uint64_t> lapsed;
   for (SequencePtr& s : remote_) {
-    if (s->lease_held && s->lease_deadline <= now) {
-      kv_.Release(s->id);
-      s->lease_held = false;
-      ++lease_expirations_;
-    }
+    if (s->lease_held && s->lease_deadline <= now) lapsed.push_back(s->id);
+  }
+  for (uint64_t id : lapsed) {
+    ++lease_expirations_;
+    remote_aborts_.push_back(id);
+    // Its blocks are intact here (the peer only read them): it goes on from
+    // them, and the blocks are never given to the peer.
+    ResumeLocally(id);
   }
   for (uint64_t id : expired) {
     Cancel(id, FinishReason::kCancelled, absl::DeadlineExceededError("the deadline passed"));
@@ -642,6 +648,18 @@ void SchedulerCore::FinishRemote(uint64_t sequence_id, FinishReason reason, int3
 void SchedulerCore::ResumeLocally(uint64_t sequence_id) {
   Sequence* found = FindRemote(sequence_id);
   if (found == nullptr) return;
+  // The peer may have sent the request's last token and failed before
+  // saying it finished: it ends here as it would have there.
+  const auto& stops = found->request.stop_token_ids;
+  const bool stopped = found->generated > 0 &&
+                       std::find(stops.begin(), stops.end(), found->tokens.back()) != stops.end();
+  if (stopped || found->generated >= found->request.max_tokens ||
+      static_cast<int32_t>(found->tokens.size()) >= options_.context_length) {
+    found->remote = false;  // nothing to abort there
+    Finish(Take(sequence_id), stopped ? FinishReason::kStop : FinishReason::kLength,
+           absl::OkStatus());
+    return;
+  }
   SequencePtr seq = Take(sequence_id);
   seq->remote = false;
   seq->remote_failed = true;

@@ -131,7 +131,7 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
           absl::MutexLock lock(&mu_);
           phase_ = Phase::kEnded;
         }
-        service_->metrics_->OnKvTransferFailure("in", "refused");
+        if (!absl::IsCancelled(s)) service_->metrics_->OnKvTransferFailure("in", "refused");
         Close(s);
       }
       return;
@@ -147,6 +147,8 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
                                                  "expired before they were read"));
       return;
     }
+    // A peer that breaks the protocol: the request ends as if it had gone.
+    OnGone();
     Close(absl::InvalidArgumentError(
         "unexpected message: a Decode call sends one handoff, then one lease answer"));
   }
@@ -174,6 +176,8 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
   absl::Status TakeOver();
 
   // The prefill daemon cancelled or vanished: the request ends here too.
+  // Where a request exists, its end (through the scheduler and the sink)
+  // finishes the call; before the handoff arrived, nothing else would.
   void OnGone() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
@@ -182,6 +186,13 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
       // No answer will come: release the pages read for nothing.
       phase_ = Phase::kEnded;
       service_->scheduler_->CompleteImport(sequence_id_, absl::CancelledError("cancelled"));
+    } else if (phase_ == Phase::kAwaitHandoff) {
+      phase_ = Phase::kEnded;
+      if (!closing_) {
+        closing_ = true;
+        close_status_ = grpc::Status::CANCELLED;
+        WriteNextLocked();
+      }
     }
   }
 
@@ -318,6 +329,7 @@ absl::Status PeerService::Call::TakeOver() {
   // Held across Import: the transfer (started from the scheduler thread)
   // may end before Import returns, and must find the id and phase set.
   absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::CancelledError("the prefill daemon went away");
   absl::StatusOr<uint64_t> id = service_->scheduler_->Import(
       std::move(imported), [self, service](absl::StatusOr<std::vector<int32_t>> blocks) {
         if (!blocks.ok()) {

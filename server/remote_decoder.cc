@@ -92,12 +92,17 @@ class RemoteDecoder::Call final
     StartCall();
   }
 
-  // The request ended here: stop the peer.
+  // The request ended here: stop the peer. Counted as outcome "aborted"
+  // when its pages had not moved yet (cancelled, a deadline, the lease ran
+  // out).
   void Abort() {
+    bool count = false;
     {
       absl::MutexLock lock(&mu_);
+      count = !aborted_ && !committed_;
       aborted_ = true;
     }
+    if (count) owner_->metrics_->OnRemoteHandoff(peer_->address, "aborted");
     context_.TryCancel();
   }
 
@@ -200,6 +205,7 @@ class RemoteDecoder::Call final
     bool write = false, release = false;
     {
       absl::MutexLock lock(&mu_);
+      committed_ = committed;
       lease_.mutable_lease()->set_committed(committed);
       lease_answered_ = true;
       if (broken_) {
@@ -238,6 +244,7 @@ class RemoteDecoder::Call final
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool committed_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -264,9 +271,10 @@ RemoteDecoder::~RemoteDecoder() {
   for (auto& call : calls) call->ForceEnd();
   calls.clear();
   {
+    // ForceEnd guarantees each call's OnDone, which removes it.
     absl::MutexLock lock(&mu_);
     auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_.empty(); };
-    mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(10));
+    mu_.Await(absl::Condition(&ended));
   }
   poller_.join();
 }
@@ -334,6 +342,11 @@ void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
   auto call = std::make_shared<Call>(this, chosen, offer.sequence_id);
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      // The destructor is ending every call: this one never starts.
+      scheduler_->RemoteFailed(offer.sequence_id);
+      return;
+    }
     calls_[offer.sequence_id] = call;
   }
   call->Start(call, std::move(h), r.deadline);
@@ -405,6 +418,13 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
           grpc::ChannelArguments args;
           args.SetMaxReceiveMessageSize(options_.max_message_bytes);
           args.SetMaxSendMessageSize(options_.max_message_bytes);
+          // A peer cut off without a reset (a partition) is found within
+          // seconds: its calls then fail and their requests go on here. The
+          // daemon's server accepts pings this often (grpc_server.cc).
+          args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 15000);
+          args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+          args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+          args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
           peer->channel =
               grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
           peer->generation = v1::Generation::NewStub(peer->channel);

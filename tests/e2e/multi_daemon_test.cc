@@ -277,9 +277,8 @@ TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
   EXPECT_EQ(g.token_ids, expected[0]);
   EXPECT_EQ(g.last.path(), v1::PATH_COLOCATED);
   Daemon& decode = *pool.decoders[0];
-  EXPECT_EQ(Metric(*pool.prefill, Handoffs("lease_expired", decode.address())), 1);
-  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"lease\"}"),
-            1);
+  EXPECT_EQ(Metric(*pool.prefill, "tandem_kv_lease_expirations_total"), 1);
+  EXPECT_EQ(Metric(*pool.prefill, "tandem_kv_transfer_bytes_total{direction=\"out\"}"), 0);
   EXPECT_EQ(Metric(decode, "tandem_requests_total{finish_reason=\"length\",path=\"remote\"}"), 0);
   EXPECT_TRUE(Idle(*pool.prefill));
   EXPECT_TRUE(Idle(decode));

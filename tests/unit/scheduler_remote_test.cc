@@ -151,15 +151,22 @@ TEST(SchedulerRemoteTest, AnExpiredLeaseIsNeverCommittedAndTheRequestContinuesHe
     PrefillSide prefill;
     prefill.now += absl::Seconds(31);
     if (expire_first) {
+      // Noticed at once: the request goes on here from its own blocks and
+      // the peer is told to stop.
       prefill.core.ExpireDeadlines(prefill.now);
-      EXPECT_EQ(prefill.core.free_blocks(), kBlocks) << "an expired lease frees its blocks";
+      EXPECT_EQ(prefill.core.remote(), 0);
+      EXPECT_EQ(prefill.core.running(Lane::kPrefill), 1);
+      EXPECT_EQ(prefill.core.free_blocks(), kBlocks - 3);
+      EXPECT_EQ(prefill.core.TakeRemoteAborts(), std::vector<uint64_t>{7});
     }
     // The decode daemon read them too late: refused, whether or not the
     // expiry was noticed before.
     EXPECT_FALSE(prefill.core.CommitLease(7));
     EXPECT_EQ(prefill.core.lease_expirations(), 1);
-    EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
-    prefill.core.ResumeLocally(7);  // the decode daemon gives up
+    if (!expire_first) {
+      EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+    }
+    prefill.core.ResumeLocally(7);  // the decode daemon gives up (a no-op if it went on)
     RunUntil(prefill.core, prefill.worker, Lane::kPrefill,
              [&] { return prefill.sink->finishes > 0; });
     EXPECT_EQ(prefill.sink->tokens, expected);
@@ -202,6 +209,21 @@ TEST(SchedulerRemoteTest, APeerThatDiesMidStreamLosesNoToken) {
   ASSERT_EQ(prefill.sink->finishes, 1);
   EXPECT_EQ(prefill.sink->finish->reason, FinishReason::kLength);
   EXPECT_EQ(prefill.core.free_blocks(), kBlocks);
+}
+
+TEST(SchedulerRemoteTest, APeerThatFailsAfterTheLastTokenEndsTheRequestInsteadOfResumingIt) {
+  const std::vector<TokenId> expected = Alone(10, 12);
+  PrefillSide prefill;
+  ASSERT_TRUE(prefill.core.CommitLease(7));
+  // Every remaining token arrived, then the call broke before its end.
+  prefill.core.OnRemoteTokens(
+      7, std::vector<TokenId>(expected.begin() + kThreshold, expected.end()), {});
+  prefill.core.ResumeLocally(7);
+  EXPECT_EQ(prefill.sink->tokens, expected) << "no token past max_tokens";
+  ASSERT_EQ(prefill.sink->finishes, 1);
+  EXPECT_EQ(prefill.sink->finish->reason, FinishReason::kLength);
+  EXPECT_FALSE(prefill.core.HasWork());
+  EXPECT_TRUE(prefill.core.TakeRemoteAborts().empty());
 }
 
 TEST(SchedulerRemoteTest, ARemoteRequestThatEndsHereFreesItsLeaseAndAbortsThePeer) {
