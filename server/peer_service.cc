@@ -14,19 +14,6 @@
 namespace tandem::server {
 namespace {
 
-scheduler::PathReason PathReasonFromProto(v1::PathReason reason) {
-  switch (reason) {
-    case v1::PATH_REASON_EXPECTED_OUTPUT_HINT:
-      return scheduler::PathReason::kExpectedOutputHint;
-    case v1::PATH_REASON_WORKLOAD_ESTIMATE:
-      return scheduler::PathReason::kWorkloadEstimate;
-    case v1::PATH_REASON_MAX_TOKENS:
-      return scheduler::PathReason::kMaxTokens;
-    default:
-      return scheduler::PathReason::kThresholdReached;
-  }
-}
-
 // What a handoff must agree on with this daemon's KV storage.
 absl::Status CheckSource(const v1::KvSource& kv, const kernels::KvCacheShape& mine,
                          int32_t tokens) {
@@ -240,16 +227,7 @@ class PeerService::Sink final : public scheduler::RequestSink {
     v1::DecodeEvent event;
     v1::GeneratedTokens* tokens = event.mutable_tokens();
     tokens->add_token_ids(static_cast<uint32_t>(token));
-    if (logprobs != nullptr) {
-      v1::TokenLogprobs* lp = tokens->add_logprobs();
-      lp->set_token_id(static_cast<uint32_t>(logprobs->token));
-      lp->set_logprob(logprobs->logprob);
-      for (const auto& [id, value] : logprobs->top) {
-        v1::TopLogprob* top = lp->add_top();
-        top->set_token_id(static_cast<uint32_t>(id));
-        top->set_logprob(value);
-      }
-    }
+    if (logprobs != nullptr) LogprobsToProto(*logprobs, tokens->add_logprobs());
     call_->Send(std::move(event));
     return false;  // stop strings are the entering daemon's business
   }

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/strings.h"
 #include "common/thread_name.h"
+#include "server/response_stream.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::server {
@@ -19,19 +20,6 @@ namespace {
 scheduler::FinishReason FinishReasonFromProto(v1::FinishReason reason) {
   return reason == v1::FINISH_REASON_STOP ? scheduler::FinishReason::kStop
                                           : scheduler::FinishReason::kLength;
-}
-
-v1::PathReason PathReasonToProtoValue(scheduler::PathReason reason) {
-  switch (reason) {
-    case scheduler::PathReason::kExpectedOutputHint:
-      return v1::PATH_REASON_EXPECTED_OUTPUT_HINT;
-    case scheduler::PathReason::kWorkloadEstimate:
-      return v1::PATH_REASON_WORKLOAD_ESTIMATE;
-    case scheduler::PathReason::kMaxTokens:
-      return v1::PATH_REASON_MAX_TOKENS;
-    default:
-      return v1::PATH_REASON_THRESHOLD_REACHED;
-  }
 }
 
 // host and port of "host:port" or "[v6]:port".
@@ -154,14 +142,7 @@ class RemoteDecoder::Call final
       const v1::GeneratedTokens& t = event_.tokens();
       std::vector<scheduler::TokenId> tokens(t.token_ids().begin(), t.token_ids().end());
       std::vector<step::TokenLogprobs> logprobs;
-      for (const v1::TokenLogprobs& lp : t.logprobs()) {
-        step::TokenLogprobs& out = logprobs.emplace_back();
-        out.token = static_cast<scheduler::TokenId>(lp.token_id());
-        out.logprob = lp.logprob();
-        for (const v1::TopLogprob& top : lp.top()) {
-          out.top.emplace_back(static_cast<scheduler::TokenId>(top.token_id()), top.logprob());
-        }
-      }
+      for (const v1::TokenLogprobs& lp : t.logprobs()) logprobs.push_back(LogprobsFromProto(lp));
       owner_->scheduler_->RemoteTokens(sequence_id_, std::move(tokens), std::move(logprobs));
     } else if (event_.has_finished()) {
       {
@@ -327,7 +308,7 @@ void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
   h.set_disable_speculation(r.disable_speculation);
   h.set_cache_salt(r.cache_salt);
   h.set_priority(r.priority);
-  h.set_path_reason(PathReasonToProtoValue(offer.reason));
+  h.set_path_reason(PathReasonToProto(offer.reason));
   v1::KvSource* kv = h.mutable_kv();
   kv->set_agent_metadata(kv_->metadata);
   kv->set_region(kv_->region);

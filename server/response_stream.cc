@@ -61,6 +61,43 @@ v1::Path PathToProto(scheduler::Path path) {
   return v1::PATH_UNSPECIFIED;
 }
 
+void LogprobsToProto(const step::TokenLogprobs& in, v1::TokenLogprobs* out) {
+  out->set_token_id(static_cast<uint32_t>(in.token));
+  out->set_logprob(in.logprob);
+  for (const auto& [id, value] : in.top) {
+    v1::TopLogprob* top = out->add_top();
+    top->set_token_id(static_cast<uint32_t>(id));
+    top->set_logprob(value);
+  }
+}
+
+step::TokenLogprobs LogprobsFromProto(const v1::TokenLogprobs& in) {
+  step::TokenLogprobs out;
+  out.token = static_cast<scheduler::TokenId>(in.token_id());
+  out.logprob = in.logprob();
+  for (const v1::TopLogprob& top : in.top()) {
+    out.top.emplace_back(static_cast<scheduler::TokenId>(top.token_id()), top.logprob());
+  }
+  return out;
+}
+
+scheduler::PathReason PathReasonFromProto(v1::PathReason reason) {
+  switch (reason) {
+    case v1::PATH_REASON_DISAGGREGATION_OFF:
+      return scheduler::PathReason::kDisaggregationOff;
+    case v1::PATH_REASON_BELOW_THRESHOLD:
+      return scheduler::PathReason::kBelowThreshold;
+    case v1::PATH_REASON_EXPECTED_OUTPUT_HINT:
+      return scheduler::PathReason::kExpectedOutputHint;
+    case v1::PATH_REASON_WORKLOAD_ESTIMATE:
+      return scheduler::PathReason::kWorkloadEstimate;
+    case v1::PATH_REASON_MAX_TOKENS:
+      return scheduler::PathReason::kMaxTokens;
+    default:
+      return scheduler::PathReason::kThresholdReached;
+  }
+}
+
 v1::PathReason PathReasonToProto(scheduler::PathReason reason) {
   switch (reason) {
     case scheduler::PathReason::kDisaggregationOff:
@@ -98,16 +135,7 @@ bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token,
   v1::GenerateResponse response;
   response.set_request_id(request_id_);
   response.add_token_ids(static_cast<uint32_t>(token));
-  if (logprobs != nullptr) {
-    v1::TokenLogprobs* lp = response.add_logprobs();
-    lp->set_token_id(static_cast<uint32_t>(logprobs->token));
-    lp->set_logprob(logprobs->logprob);
-    for (const auto& [id, value] : logprobs->top) {
-      v1::TopLogprob* top = lp->add_top();
-      top->set_token_id(static_cast<uint32_t>(id));
-      top->set_logprob(value);
-    }
-  }
+  if (logprobs != nullptr) LogprobsToProto(*logprobs, response.add_logprobs());
   if (!is_stop_token) response.set_text(stops_.Push(detokenizer_.Push(token)));
   channel_->Send(std::move(response));
   return stops_.stopped();

@@ -57,6 +57,13 @@ class ResponseStream final : public scheduler::RequestSink {
 v1::Timeline TimelineToProto(const scheduler::Timeline& timeline);
 v1::Path PathToProto(scheduler::Path path);
 v1::PathReason PathReasonToProto(scheduler::PathReason reason);
+// The inverse, for a reason that crossed to another daemon (unknown values:
+// kThresholdReached).
+scheduler::PathReason PathReasonFromProto(v1::PathReason reason);
+// A token's log-probabilities as the API carries them, and back (between
+// daemons).
+void LogprobsToProto(const step::TokenLogprobs& in, v1::TokenLogprobs* out);
+step::TokenLogprobs LogprobsFromProto(const v1::TokenLogprobs& in);
 
 }  // namespace tandem::server
 
