@@ -5,11 +5,14 @@
 // storage) and runs the operations below on float32 activations stored as
 // row-major matrices, one row per token.
 //
-// Determinism contract (every backend): each output element is computed with
-// a reduction order that depends only on that element's own inputs, never on
-// how many rows the batch has, which other rows are present, how the prompt is
-// chunked, or how many threads run. So a token's activations are bitwise the
-// same alone, batched or chunked.
+// Determinism contract (the CPU backend): each output element is computed
+// with a reduction order that depends only on that element's own inputs, never
+// on how many rows the batch has, which other rows are present, how the prompt
+// is chunked, or how many threads run. So a token's activations are bitwise
+// the same alone, batched or chunked. The CUDA backend is deterministic run to
+// run for one batch shape, but its matrix products (cuBLAS) may pick another
+// reduction order for another number of rows: its results agree with the
+// CPU's within bf16 rounding, not bitwise (docs/cuda.md).
 //
 // Thread safety: a backend instance is used by one thread at a time (its
 // worker); it may use its own threads internally. Operations may run
@@ -205,6 +208,27 @@ class Backend {
   virtual void Add(Matrix acc, const Matrix& x) = 0;
   // out[i] = x[rows[i]].
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
+
+  // --- fused operations -------------------------------------------------------
+  // Each is defined as the sequence of operations its default runs; a backend
+  // overrides it to do the same in one pass (fewer launches and memory reads
+  // on a GPU). The CPU backend keeps the defaults.
+  //
+  // acc += x, then out = RmsNorm(acc). out may alias x.
+  virtual void AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, float eps,
+                          Matrix out) {
+    Add(acc, x);
+    RmsNorm(acc, weight, eps, out);
+  }
+  // Rotates q's and k's heads by their rows' positions, then stores k and v
+  // into `layer`'s KV slots (Rope, Rope, WriteKv).
+  virtual void RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v,
+                           const AttentionShape& shape, std::span<const int32_t> positions,
+                           std::span<const int32_t> slots, const RopeSpec& rope) {
+    Rope(q, shape.heads, shape.head_dim, positions, rope);
+    Rope(k, shape.kv_heads, shape.head_dim, positions, rope);
+    WriteKv(layer, k, v, slots);
+  }
 };
 
 }  // namespace tandem::kernels

@@ -8,8 +8,7 @@ namespace tandem::kernels {
 std::string_view DeviceName(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
 
 absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view flag,
-                                          const absl::StatusOr<cuda::CudaProbe>& probe,
-                                          bool cuda_backend_built) {
+                                          const absl::StatusOr<cuda::CudaProbe>& probe) {
   if (flag != "auto" && flag != "cpu" && flag != "cuda") {
     return absl::InvalidArgumentError(StrCat("--device='", flag, "': expected auto, cpu or cuda"));
   }
@@ -22,9 +21,9 @@ absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view flag,
                   : StrCat("the CUDA module cannot be loaded: ", probe.status().message());
   } else if (probe->devices == 0) {
     missing = StrCat("no CUDA device (", probe->description, ")");
-  } else if (!cuda_backend_built) {
+  } else if (!probe->has_backend) {
     missing = StrCat(probe->devices, " CUDA device(s) (", probe->description,
-                     "), but this build's CUDA module has no backend yet");
+                     "), but the CUDA module has no backend");
   }
   if (missing.empty()) {
     return DeviceChoice{Device::kCuda, StrCat("--device=", flag, ": ", probe->devices,
@@ -35,9 +34,7 @@ absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view flag,
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendSpec& spec) {
-  if (spec.device == Device::kCuda) {
-    return absl::UnimplementedError("the CUDA backend is not in this build");
-  }
+  if (spec.device == Device::kCuda) return cuda::CreateCudaBackend(spec.lane);
   if (spec.pool == nullptr) return absl::InvalidArgumentError("a CPU backend needs a compute pool");
   return std::make_unique<cpu::CpuBackend>(spec.pool, spec.lane, spec.matmul);
 }

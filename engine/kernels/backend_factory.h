@@ -20,11 +20,6 @@ namespace tandem::kernels {
 enum class Device : uint8_t { kCpu, kCuda };
 std::string_view DeviceName(Device device);
 
-// Whether this build's CUDA module carries a backend (kernels, cuBLAS
-// products, device KV). It does not yet: the module counts devices only, so
-// `auto` serves on the CPU even where a GPU exists, and says why.
-inline constexpr bool kCudaBackendBuilt = false;
-
 // What --device resolved to, and the one line the daemon logs about it.
 struct DeviceChoice {
   Device device = Device::kCpu;
@@ -36,11 +31,11 @@ struct DeviceChoice {
 // no module in this build). INVALID_ARGUMENT for an unknown flag value;
 // FAILED_PRECONDITION, saying why, for cuda where it cannot be had.
 absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view flag,
-                                          const absl::StatusOr<cuda::CudaProbe>& probe,
-                                          bool cuda_backend_built = kCudaBackendBuilt);
+                                          const absl::StatusOr<cuda::CudaProbe>& probe);
 
 // One worker's backend on `device`. The CPU backend computes on `pool` in
-// `lane`'s turn with `matmul` products.
+// `lane`'s turn with `matmul` products; the CUDA backend (from the module
+// that ProbeCudaModule loaded) on device 0 with `lane`'s stream priority.
 struct BackendSpec {
   Device device = Device::kCpu;
   std::shared_ptr<cpu::ComputePool> pool;

@@ -79,6 +79,14 @@ inline uint16_t FloatToHalf(float f) {
 
 inline float Bf16ToFloat(uint16_t b) { return Bits2Float(static_cast<uint32_t>(b) << 16); }
 
+// Round to nearest even; a NaN stays a (quiet) NaN, infinities stay infinite.
+inline uint16_t FloatToBf16(float f) {
+  const uint32_t bits = Float2Bits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
 }  // namespace tandem::kernels
 
 #endif  // TANDEM_ENGINE_KERNELS_HALF_H_

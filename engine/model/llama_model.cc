@@ -292,24 +292,22 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
                                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
 
   be.Embed(token_embedding_, tokens, x);
+  be.RmsNorm(x, layers_[0].attn_norm, c.norm_eps, h);
   for (int i = 0; i < run_layers; ++i) {
     const Layer& l = layers_[static_cast<size_t>(i)];
-    be.RmsNorm(x, l.attn_norm, c.norm_eps, h);
+    // h holds this layer's normed input here.
     const Weight* qkv[] = {&l.wq, &l.wk, &l.wv};
     const Weight* qkv_bias[] = {l.bq.rows ? &l.bq : nullptr, l.bk.rows ? &l.bk : nullptr,
                                 l.bv.rows ? &l.bv : nullptr};
     const Matrix qkv_out[] = {q, k, v};
     be.MatMul(h, qkv, qkv_bias, qkv_out);
-    be.Rope(q, c.heads, c.head_dim, positions, rope_);
-    be.Rope(k, c.kv_heads, c.head_dim, positions, rope_);
-    be.WriteKv(i, k, v, slots);
+    be.RopeWriteKv(i, q, k, v, shape, positions, slots, rope_);
     be.Attention(i, q, shape, spans, attn);
     const Weight* wo[] = {&l.wo};
     const Matrix o_out[] = {h};
     be.MatMul(attn, wo, {}, o_out);
-    be.Add(x, h);
+    be.AddRmsNorm(x, h, l.ffn_norm, c.norm_eps, h);
 
-    be.RmsNorm(x, l.ffn_norm, c.norm_eps, h);
     const Weight* gate_up[] = {&l.gate, &l.up};
     const Matrix gate_up_out[] = {gate, up};
     be.MatMul(h, gate_up, {}, gate_up_out);
@@ -317,7 +315,11 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
     const Weight* down[] = {&l.down};
     const Matrix down_out[] = {h};
     be.MatMul(gate, down, {}, down_out);
-    be.Add(x, h);
+    if (i + 1 < run_layers) {
+      be.AddRmsNorm(x, h, layers_[static_cast<size_t>(i) + 1].attn_norm, c.norm_eps, h);
+    } else {
+      be.Add(x, h);
+    }
   }
 
   const int64_t r = static_cast<int64_t>(logit_rows.size());

@@ -3,12 +3,21 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 
 #include "common/strings.h"
 #include "engine/kernels/cuda/cuda_module.h"
 
 namespace tandem::kernels::cuda {
+namespace {
+
+using CreateBackendFn = int (*)(int, int, Backend**, char*, size_t);
+
+// The loaded module's backend entry point (null: none loaded).
+std::atomic<CreateBackendFn> loaded_create_backend{nullptr};
+
+}  // namespace
 
 std::string DefaultCudaModulePath() {
   std::error_code error;
@@ -36,8 +45,23 @@ absl::StatusOr<CudaProbe> ProbeCudaModule(const std::string& module_path) {
   CudaProbe result;
   result.devices = probe(message, sizeof(message));
   result.description = message;
-  // The module stays loaded: unloading the CUDA runtime is not supported.
+  auto create = reinterpret_cast<CreateBackendFn>(::dlsym(handle, "tandem_cuda_create_backend"));
+  result.has_backend = create != nullptr;
+  if (create != nullptr) loaded_create_backend.store(create);
   return result;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(LanePriority lane) {
+  const CreateBackendFn create = loaded_create_backend.load();
+  if (create == nullptr) {
+    return absl::FailedPreconditionError("no CUDA module with a backend was loaded");
+  }
+  Backend* backend = nullptr;
+  char error[1024] = {};
+  if (create(0, lane == LanePriority::kLatency ? 0 : 1, &backend, error, sizeof(error)) != 0) {
+    return absl::FailedPreconditionError(StrCat("CUDA backend: ", error));
+  }
+  return std::unique_ptr<Backend>(backend);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -1,0 +1,36 @@
+// The host side of the CUDA attention kernel's inputs: a ragged batch's
+// spans (backend.h's AttentionSpan, block tables in host memory) flattened
+// into one int32 array that is uploaded in one copy, and how many splits the
+// keys of a step get. Plain C++, tested on machines without a GPU.
+#ifndef TANDEM_ENGINE_KERNELS_CUDA_ATTENTION_ROWS_H_
+#define TANDEM_ENGINE_KERNELS_CUDA_ATTENTION_ROWS_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/kernels/backend.h"
+
+namespace tandem::kernels::cuda {
+
+// Layout, for a batch of `rows` query rows:
+//   [0, rows)        for each row, the index in this array where its
+//                    sequence's block table starts
+//   [rows, 2 rows)   for each row, how many keys it attends (its position + 1)
+//   [2 rows, ...)    the spans' block tables, one after another
+// Rows no span covers attend nothing (key count 0).
+struct AttentionRows {
+  std::vector<int32_t> words;
+  int32_t max_keys = 0;  // the largest key count
+};
+AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t rows);
+
+// Key splits per (row, head) so that a step has about `target_blocks` thread
+// blocks, with at least `min_keys_per_split` keys in each split; 1 when the
+// rows and heads alone fill the device. At most 64.
+int ChooseKeySplits(int64_t rows, int heads, int32_t max_keys, int target_blocks,
+                    int min_keys_per_split = 256);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_ENGINE_KERNELS_CUDA_ATTENTION_ROWS_H_

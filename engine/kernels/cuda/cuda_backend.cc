@@ -1,0 +1,359 @@
+#include "engine/kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "common/strings.h"
+#include "engine/kernels/cpu/to_bf16.h"
+#include "engine/kernels/cuda/attention_rows.h"
+#include "engine/kernels/cuda/cuda_check.h"
+#include "engine/kernels/cuda/kernels.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+// Device memory that frees itself on its device.
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> DeviceAlloc(int device, size_t bytes,
+                                                          const char* what) {
+  void* data = nullptr;
+  const cudaError_t error = cudaMalloc(&data, std::max<size_t>(bytes, 1));
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // an allocation failure is not sticky; clear it
+    return absl::ResourceExhaustedError(StrCat("cannot allocate ", bytes, " bytes of GPU ", device,
+                                               " memory for ", what, ": ",
+                                               cudaGetErrorString(error)));
+  }
+  return std::make_unique<DeviceBuffer>(data, bytes, [device](void* p) {
+    cudaSetDevice(device);
+    cudaFree(p);
+  });
+}
+
+// The device copies of host tensors, one per (device, host data, type,
+// shape, stored form) for the whole process. Entries die with their last
+// user.
+using WeightKey = std::tuple<int, const void*, DType, int64_t, int64_t, bool>;
+
+absl::StatusOr<std::shared_ptr<DeviceBuffer>> SharedDeviceCopy(
+    const WeightKey& key, size_t bytes, const std::function<absl::Status(DeviceBuffer&)>& fill) {
+  static std::mutex mu;
+  static auto* copies = new std::map<WeightKey, std::weak_ptr<DeviceBuffer>>();  // guarded by mu
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = copies->find(key); it != copies->end()) {
+    if (std::shared_ptr<DeviceBuffer> live = it->second.lock()) return live;
+  }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> made =
+      DeviceAlloc(std::get<0>(key), bytes, "weights");
+  if (!made.ok()) return made.status();
+  std::shared_ptr<DeviceBuffer> buffer = *std::move(made);
+  if (absl::Status s = fill(*buffer); !s.ok()) return s;
+  (*copies)[key] = buffer;
+  return buffer;
+}
+
+int HostThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, LanePriority lane) {
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, lane));
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return backend;
+}
+
+absl::Status CudaBackend::Init() {
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        StrCat("cannot use CUDA device ", device_, ": ", cudaGetErrorString(e)));
+  }
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, device_); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        StrCat("cannot read CUDA device ", device_, ": ", cudaGetErrorString(e)));
+  }
+  multiprocessors_ = prop.multiProcessorCount;
+  int least = 0, greatest = 0;
+  CheckCuda(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+            "cudaDeviceGetStreamPriorityRange");
+  const int priority = lane_ == LanePriority::kLatency ? greatest : least;
+  CheckCuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority),
+            "cudaStreamCreateWithPriority");
+  if (cublasStatus_t s = cublasCreate(&cublas_); s != CUBLAS_STATUS_SUCCESS) {
+    return absl::FailedPreconditionError(StrCat("cuBLAS: ", cublasGetStatusString(s)));
+  }
+  CheckCublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  if (absl::Status s = uploads_.Init(size_t{1} << 20, stream_); !s.ok()) return s;
+  name_ = StrCat("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", ", multiprocessors_,
+                 " SMs, ", lane_ == LanePriority::kLatency ? "high" : "low",
+                 "-priority stream, cuBLAS bf16 matmul)");
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  // Buffers that kernels on the stream used go before the stream does.
+  bf16_activations_.reset();
+  attention_partial_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::BindCallingThread() { CheckCuda(cudaSetDevice(device_), "cudaSetDevice"); }
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
+  return DeviceAlloc(device_, bytes, "activations");
+}
+
+absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
+                                                 const void* host_data) {
+  Weight weight{dtype, rows, cols, nullptr, nullptr};
+  const size_t elements = static_cast<size_t>(rows * cols);
+  auto bf16_copy = [&]() {
+    return SharedDeviceCopy(
+        {device_, host_data, dtype, rows, cols, true}, elements * sizeof(uint16_t),
+        [&](DeviceBuffer& buffer) -> absl::Status {
+          std::vector<uint16_t> host(elements);
+          cpu::DequantizeToBf16(dtype, host_data, rows, cols, host.data(), HostThreads());
+          const cudaError_t e = cudaMemcpy(buffer.data(), host.data(), elements * sizeof(uint16_t),
+                                           cudaMemcpyHostToDevice);
+          if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
+          return absl::OkStatus();
+        });
+  };
+  if (dtype == DType::kF32) {
+    // Vectors, the rotary table and small float matrices stay float32; a
+    // matrix also gets a bf16 copy for products.
+    absl::StatusOr<std::shared_ptr<DeviceBuffer>> f32 = SharedDeviceCopy(
+        {device_, host_data, dtype, rows, cols, false}, elements * sizeof(float),
+        [&](DeviceBuffer& buffer) -> absl::Status {
+          const cudaError_t e = cudaMemcpy(buffer.data(), host_data, elements * sizeof(float),
+                                           cudaMemcpyHostToDevice);
+          if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
+          return absl::OkStatus();
+        });
+    if (!f32.ok()) return f32.status();
+    weights_.push_back(*f32);
+    weight.data = (*f32)->data();
+    if (rows > 1) {
+      absl::StatusOr<std::shared_ptr<DeviceBuffer>> bf16 = bf16_copy();
+      if (!bf16.ok()) return bf16.status();
+      weights_.push_back(*bf16);
+      weight.packed = (*bf16)->data();
+    }
+    return weight;
+  }
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> bf16 = bf16_copy();
+  if (!bf16.ok()) return bf16.status();
+  weights_.push_back(*bf16);
+  weight.dtype = DType::kBF16;
+  weight.data = weight.packed = (*bf16)->data();
+  return weight;
+}
+
+absl::Status CudaBackend::CreateKvCache(const KvCacheShape& shape) {
+  if (shape.head_dim % 32 != 0 || shape.head_dim > 256) {
+    return absl::InvalidArgumentError(
+        StrCat("the CUDA attention kernel needs a head dimension that is a multiple of 32, at "
+               "most 256; the model's is ",
+               shape.head_dim));
+  }
+  kv_storage_.reset();
+  const size_t bytes = shape.BytesPerBlock() * static_cast<size_t>(shape.blocks);
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> storage = DeviceAlloc(device_, bytes, "KV cache");
+  if (!storage.ok()) return storage.status();
+  // Never-written slots read as zeros, as on the CPU.
+  CheckCuda(cudaMemset((*storage)->data(), 0, bytes), "cudaMemset (KV cache)");
+  kv_storage_ = *std::move(storage);
+  kv_shape_ = shape;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ShareKvCache(const Backend& other) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&other);
+  if (cuda == nullptr || cuda->kv_storage_ == nullptr || cuda->device_ != device_) {
+    return absl::FailedPreconditionError(
+        "KV storage can be shared only with a CUDA backend on the same device that has one");
+  }
+  kv_storage_ = cuda->kv_storage_;
+  kv_shape_ = cuda->kv_shape_;
+  return absl::OkStatus();
+}
+
+KvStorage CudaBackend::kv_storage() const {
+  if (kv_storage_ == nullptr) return {};
+  return {kv_storage_->data(), kv_storage_->bytes(), /*device=*/true};
+}
+
+void CudaBackend::CopyToHost(const Matrix& src, float* dst) {
+  CheckCuda(cudaMemcpyAsync(dst, src.data, sizeof(float) * static_cast<size_t>(src.rows * src.cols),
+                            cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (to host)");
+  CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  uploads_.Reset();
+}
+
+void CudaBackend::CopyFromHost(const float* src, Matrix dst) {
+  // From pageable memory the call returns once `src` has been staged.
+  CheckCuda(cudaMemcpyAsync(dst.data, src, sizeof(float) * static_cast<size_t>(dst.rows * dst.cols),
+                            cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync (from host)");
+}
+
+void* CudaBackend::Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes) {
+  if (buffer == nullptr || buffer->bytes() < bytes) {
+    // Kernels queued earlier may still read the old buffer.
+    CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (scratch)");
+    const size_t grown = std::max(bytes, 2 * (buffer ? buffer->bytes() : 0));
+    buffer.reset();
+    absl::StatusOr<std::unique_ptr<DeviceBuffer>> made = DeviceAlloc(device_, grown, "scratch");
+    if (!made.ok()) {
+      CheckCuda(cudaErrorMemoryAllocation, std::string(made.status().message()).c_str());
+    }
+    buffer = *std::move(made);
+  }
+  return buffer->data();
+}
+
+uint16_t* CudaBackend::KPool(int layer) const {
+  const int64_t pool =
+      int64_t{kv_shape_.blocks} * kv_shape_.block_size * kv_shape_.kv_heads * kv_shape_.head_dim;
+  return static_cast<uint16_t*>(kv_storage_->data()) + int64_t{2} * layer * pool;
+}
+
+uint16_t* CudaBackend::VPool(int layer) const {
+  const int64_t pool =
+      int64_t{kv_shape_.blocks} * kv_shape_.block_size * kv_shape_.kv_heads * kv_shape_.head_dim;
+  return KPool(layer) + pool;
+}
+
+void CudaBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) {
+  const int32_t* device_ids = uploads_.Upload(UploadArena::Kind::kIds, ids);
+  const auto rows = static_cast<int64_t>(ids.size());
+  if (table.dtype == DType::kBF16) {
+    LaunchEmbedBf16(static_cast<const uint16_t*>(table.data), table.cols, device_ids, rows,
+                    out.data, stream_);
+  } else {
+    LaunchEmbedF32(static_cast<const float*>(table.data), table.cols, device_ids, rows, out.data,
+                   stream_);
+  }
+}
+
+void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights,
+                         std::span<const Weight* const> biases, std::span<const Matrix> outs) {
+  if (x.rows == 0) return;
+  const int64_t elements = x.rows * x.cols;
+  auto* x_bf16 =
+      static_cast<uint16_t*>(Scratch(bf16_activations_, static_cast<size_t>(elements) * 2));
+  LaunchToBf16(x.data, elements, x_bf16, stream_);
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Weight& w = *weights[i];
+    const Matrix& out = outs[i];
+    // Row-major out[T][N] = x[T][K] w[N][K]^T is, read column-major,
+    // out[N][T] = (w as [K][N])^T (x as [K][T]).
+    CheckCublas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                             static_cast<int>(x.rows), static_cast<int>(w.cols), &alpha, w.packed,
+                             CUDA_R_16BF, static_cast<int>(w.cols), x_bf16, CUDA_R_16BF,
+                             static_cast<int>(x.cols), &beta, out.data, CUDA_R_32F,
+                             static_cast<int>(out.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "cublasGemmEx");
+    if (i < biases.size() && biases[i] != nullptr) {
+      LaunchAddBias(out.data, out.rows, out.cols, static_cast<const float*>(biases[i]->data),
+                    stream_);
+    }
+  }
+}
+
+void CudaBackend::RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) {
+  LaunchRmsNorm(x.data, static_cast<const float*>(weight.data), x.rows, x.cols, eps, out.data,
+                stream_);
+}
+
+void CudaBackend::AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, float eps,
+                             Matrix out) {
+  LaunchAddRmsNorm(acc.data, x.data, static_cast<const float*>(weight.data), acc.rows, acc.cols,
+                   eps, out.data, stream_);
+}
+
+void CudaBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+                       const RopeSpec& rope) {
+  const int32_t* device_positions = uploads_.Upload(UploadArena::Kind::kPositions, positions);
+  LaunchRope(x.data, x.rows, heads, head_dim, device_positions,
+             {static_cast<const float*>(rope.table.data), rope.rotary_dims, rope.neox}, stream_);
+}
+
+void CudaBackend::RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v,
+                              const AttentionShape& shape, std::span<const int32_t> positions,
+                              std::span<const int32_t> slots, const RopeSpec& rope) {
+  const int32_t* device_positions = uploads_.Upload(UploadArena::Kind::kPositions, positions);
+  const int32_t* device_slots = uploads_.Upload(UploadArena::Kind::kSlots, slots);
+  LaunchRopeWriteKv(q.data, k.data, v.data, q.rows, shape.heads, shape.kv_heads, shape.head_dim,
+                    device_positions, device_slots,
+                    {static_cast<const float*>(rope.table.data), rope.rotary_dims, rope.neox},
+                    KPool(layer), VPool(layer), stream_);
+}
+
+void CudaBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) {
+  const int64_t block_halves =
+      int64_t{kv_shape_.block_size} * kv_shape_.kv_heads * kv_shape_.head_dim;
+  const int64_t pool_halves = block_halves * kv_shape_.blocks;
+  // One launch per pair keeps the pairs in order (a later pair may read a
+  // block an earlier one wrote).
+  for (const auto& [from, to] : copies) {
+    LaunchCopyKvBlock(static_cast<uint16_t*>(kv_storage_->data()), 2 * kv_shape_.layers,
+                      pool_halves, from * block_halves, to * block_halves, block_halves, stream_);
+  }
+}
+
+void CudaBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
+                          std::span<const int32_t> slots) {
+  const int32_t* device_slots = uploads_.Upload(UploadArena::Kind::kSlots, slots);
+  LaunchWriteKv(k.data, v.data, k.rows, k.cols, device_slots, KPool(layer), VPool(layer), stream_);
+}
+
+void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& shape,
+                            std::span<const AttentionSpan> spans, Matrix out) {
+  const AttentionRows packed = PackAttentionRows(spans, q.rows);
+  AttentionArgs args;
+  args.q = q.data;
+  args.out = out.data;
+  args.k_pool = KPool(layer);
+  args.v_pool = VPool(layer);
+  args.row_info = uploads_.Upload(UploadArena::Kind::kAttentionRows, packed.words);
+  args.rows = q.rows;
+  args.heads = shape.heads;
+  args.kv_heads = shape.kv_heads;
+  args.head_dim = shape.head_dim;
+  args.block_size = kv_shape_.block_size;
+  args.scale = shape.scale;
+  args.max_keys = packed.max_keys;
+  // Four 128-thread blocks per SM keep every SM busy on a long context.
+  args.splits = ChooseKeySplits(q.rows, shape.heads, packed.max_keys, 4 * multiprocessors_);
+  if (args.splits > 1) {
+    const size_t floats = static_cast<size_t>(args.splits) * static_cast<size_t>(q.rows) *
+                          static_cast<size_t>(shape.heads) *
+                          static_cast<size_t>(shape.head_dim + 2);
+    args.partial = static_cast<float*>(Scratch(attention_partial_, floats * sizeof(float)));
+  }
+  LaunchPagedAttention(args, stream_);
+}
+
+void CudaBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
+  LaunchSiluMul(gate.data, up.data, gate.rows * gate.cols, out.data, stream_);
+}
+
+void CudaBackend::Add(Matrix acc, const Matrix& x) {
+  LaunchAdd(acc.data, x.data, acc.rows * acc.cols, stream_);
+}
+
+void CudaBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) {
+  const int32_t* device_rows = uploads_.Upload(UploadArena::Kind::kGatherRows, rows);
+  LaunchGatherRows(x.data, x.cols, device_rows, static_cast<int64_t>(rows.size()), out.data,
+                   stream_);
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,99 @@
+// The CUDA backend: the Backend interface on one NVIDIA GPU.
+//
+// - Weights: decoded at upload to bf16 in device memory (quantized GGUF
+//   types through cpu/to_bf16.h); float32 vectors (norms, biases) and the
+//   rotary table stay float32. One device copy per host tensor per process,
+//   shared by every backend that uploads it (the two lanes of a daemon).
+// - Matrix products: cuBLAS, bf16 inputs (activations rounded to bf16 on the
+//   device), float32 accumulation and output.
+// - KV pages: IEEE half in device memory, in exactly the CPU backend's layout
+//   (backend.h's KvStorage), so block ids, block bytes and KV transfers are
+//   the same on both devices.
+// - Our kernels (kernels.h) for everything else; the fused AddRmsNorm and
+//   RopeWriteKv are single kernels here.
+// - Lanes: each backend issues on its own stream; the latency lane's
+//   (decode) has the device's highest priority, so its kernels are scheduled
+//   ahead of a running prefill's as SMs free up.
+//
+// Operations are asynchronous; CopyToHost waits for the stream. A CUDA error
+// inside an operation ends the process (cuda_check.h).
+#ifndef TANDEM_ENGINE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define TANDEM_ENGINE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/kernels/backend.h"
+#include "engine/kernels/cuda/upload_arena.h"
+
+namespace tandem::kernels::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Creates a backend on `device` for `lane`.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device, LanePriority lane);
+  ~CudaBackend() override;
+
+  std::string name() const override { return name_; }
+  void BindCallingThread() override;
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
+                                      const void* host_data) override;
+  absl::Status CreateKvCache(const KvCacheShape& shape) override;
+  absl::Status ShareKvCache(const Backend& other) override;
+  const KvCacheShape& kv_cache_shape() const override { return kv_shape_; }
+  KvStorage kv_storage() const override;
+  void CopyToHost(const Matrix& src, float* dst) override;
+  void CopyFromHost(const float* src, Matrix dst) override;
+
+  void Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) override;
+  void MatMul(const Matrix& x, std::span<const Weight* const> weights,
+              std::span<const Weight* const> biases, std::span<const Matrix> outs) override;
+  void RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) override;
+  void Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
+            const RopeSpec& rope) override;
+  void CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) override;
+  void WriteKv(int layer, const Matrix& k, const Matrix& v,
+               std::span<const int32_t> slots) override;
+  void Attention(int layer, const Matrix& q, const AttentionShape& shape,
+                 std::span<const AttentionSpan> spans, Matrix out) override;
+  void SiluMul(const Matrix& gate, const Matrix& up, Matrix out) override;
+  void Add(Matrix acc, const Matrix& x) override;
+  void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
+  void AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, float eps,
+                  Matrix out) override;
+  void RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v, const AttentionShape& shape,
+                   std::span<const int32_t> positions, std::span<const int32_t> slots,
+                   const RopeSpec& rope) override;
+
+ private:
+  CudaBackend(int device, LanePriority lane) : device_(device), lane_(lane) {}
+  absl::Status Init();
+  // Device scratch of at least `bytes`, grown (after a wait) when needed.
+  void* Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes);
+  uint16_t* KPool(int layer) const;
+  uint16_t* VPool(int layer) const;
+
+  const int device_;
+  const LanePriority lane_;
+  std::string name_;
+  int multiprocessors_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  UploadArena uploads_;
+  std::unique_ptr<DeviceBuffer> bf16_activations_;   // MatMul's rounded input
+  std::unique_ptr<DeviceBuffer> attention_partial_;  // split-key states
+  // Device copies of uploaded weights, shared process-wide (see above).
+  std::vector<std::shared_ptr<DeviceBuffer>> weights_;
+  KvCacheShape kv_shape_;
+  std::shared_ptr<DeviceBuffer> kv_storage_;  // shared by the backends of one daemon
+};
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_ENGINE_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,92 @@
+// Launchers of the CUDA backend's own kernels (elementwise.cu, attention.cu).
+//
+// Plain C++ (no CUDA syntax), so the host code that calls them compiles with
+// the C++ compiler. Every pointer is device memory unless named `host`; every
+// launch is asynchronous on `stream`. Matrices are row-major and contiguous
+// (row r of a [rows][cols] matrix starts at r * cols), activations float32,
+// KV pages IEEE half floats laid out as backend.h's KvStorage says.
+#ifndef TANDEM_ENGINE_KERNELS_CUDA_KERNELS_H_
+#define TANDEM_ENGINE_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tandem::kernels::cuda {
+
+// out[i] = row ids[i] of a [*][cols] table stored as bf16 (or float32).
+void LaunchEmbedBf16(const uint16_t* table, int64_t cols, const int32_t* ids, int64_t rows,
+                     float* out, cudaStream_t stream);
+void LaunchEmbedF32(const float* table, int64_t cols, const int32_t* ids, int64_t rows, float* out,
+                    cudaStream_t stream);
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. out may alias x.
+void LaunchRmsNorm(const float* x, const float* weight, int64_t rows, int64_t cols, float eps,
+                   float* out, cudaStream_t stream);
+// acc += x, then out = RmsNorm(acc); one pass per row. out may alias x.
+void LaunchAddRmsNorm(float* acc, const float* x, const float* weight, int64_t rows, int64_t cols,
+                      float eps, float* out, cudaStream_t stream);
+
+// What the rotary kernels need to know (backend.h's RopeSpec on the device).
+struct RopeArgs {
+  const float* table = nullptr;  // [position][rotary_dims / 2][cos, sin]
+  int rotary_dims = 0;
+  bool neox = false;
+};
+// Rotates, in place, `heads` heads of head_dim of every row of x by
+// positions[row].
+void LaunchRope(float* x, int64_t rows, int heads, int head_dim, const int32_t* positions,
+                const RopeArgs& rope, cudaStream_t stream);
+// Rotates q's and k's heads, then stores row r of k and v as halves into KV
+// slot slots[r] of the pools ([slot][kv_heads * head_dim]).
+void LaunchRopeWriteKv(float* q, float* k, const float* v, int64_t rows, int heads, int kv_heads,
+                       int head_dim, const int32_t* positions, const int32_t* slots,
+                       const RopeArgs& rope, uint16_t* k_pool, uint16_t* v_pool,
+                       cudaStream_t stream);
+// Stores row r of k and v (width floats each) into slot slots[r].
+void LaunchWriteKv(const float* k, const float* v, int64_t rows, int64_t width,
+                   const int32_t* slots, uint16_t* k_pool, uint16_t* v_pool, cudaStream_t stream);
+// Copies `halves` halves at each of `pools` pool starts (pool p at
+// base + p * pool_stride) from offset `from` to offset `to`.
+void LaunchCopyKvBlock(uint16_t* base, int pools, int64_t pool_stride, int64_t from, int64_t to,
+                       int64_t halves, cudaStream_t stream);
+
+// out[i] = silu(gate[i]) * up[i] for n elements.
+void LaunchSiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+// acc[i] += x[i] for n elements.
+void LaunchAdd(float* acc, const float* x, int64_t n, cudaStream_t stream);
+// out[r] += bias for every row of a [rows][cols] matrix.
+void LaunchAddBias(float* out, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream);
+// out[i] = x[rows[i]] for n rows of cols floats.
+void LaunchGatherRows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out,
+                      cudaStream_t stream);
+// out[i] = bf16(x[i]) (round to nearest even) for n elements.
+void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
+
+// Causal grouped-query attention over paged KV (flash-decoding: one online
+// softmax per query row and head, never a score matrix; the keys of long
+// contexts split over `splits` blocks whose partial results a second kernel
+// merges).
+struct AttentionArgs {
+  const float* q = nullptr;  // [rows][heads * head_dim]
+  float* out = nullptr;      // [rows][heads * head_dim]
+  const uint16_t* k_pool = nullptr;
+  const uint16_t* v_pool = nullptr;
+  // attention_rows.h's layout: [rows] table offsets, [rows] key counts, tables.
+  const int32_t* row_info = nullptr;
+  int64_t rows = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;  // a multiple of 32, at most 256
+  int block_size = 0;
+  float scale = 0.0f;
+  int splits = 1;
+  int max_keys = 0;  // the largest key count of any row
+  // splits * rows * heads * (head_dim + 2) floats when splits > 1.
+  float* partial = nullptr;
+};
+void LaunchPagedAttention(const AttentionArgs& args, cudaStream_t stream);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_ENGINE_KERNELS_CUDA_KERNELS_H_

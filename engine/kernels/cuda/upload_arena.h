@@ -1,0 +1,62 @@
+// Small host arrays (token ids, positions, KV slots, block tables) on their
+// way to the device for one operation, without a synchronous copy each.
+//
+// Each Upload() copies the array into pinned host memory at the next free
+// offset and queues an asynchronous copy to the same offset of a device
+// buffer on the stream; the device pointer is valid for kernels queued after
+// it. Offsets are reused only after the stream was synchronised (Reset(),
+// which the backend calls after every wait; or a full arena, which waits), so
+// a queued copy never reads host memory that was overwritten. An array equal
+// to the last one uploaded under the same `kind` since the last reset is not
+// copied again (the positions and block tables of a step are the same for
+// every layer).
+#ifndef TANDEM_ENGINE_KERNELS_CUDA_UPLOAD_ARENA_H_
+#define TANDEM_ENGINE_KERNELS_CUDA_UPLOAD_ARENA_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+
+namespace tandem::kernels::cuda {
+
+class UploadArena {
+ public:
+  enum class Kind : uint8_t { kIds, kPositions, kSlots, kAttentionRows, kGatherRows, kCount };
+
+  UploadArena() = default;
+  ~UploadArena();
+  UploadArena(const UploadArena&) = delete;
+  UploadArena& operator=(const UploadArena&) = delete;
+
+  // Allocates `bytes` of pinned host memory and as much device memory.
+  absl::Status Init(size_t bytes, cudaStream_t stream);
+
+  // The device copy of `values` (see above).
+  const int32_t* Upload(Kind kind, std::span<const int32_t> values);
+
+  // The stream was synchronised: every queued copy is done.
+  void Reset();
+
+ private:
+  struct Last {
+    size_t offset = 0;
+    size_t bytes = 0;
+    bool valid = false;
+  };
+  void Grow(size_t bytes);
+
+  cudaStream_t stream_ = nullptr;
+  uint8_t* host_ = nullptr;
+  uint8_t* device_ = nullptr;
+  size_t capacity_ = 0;
+  size_t used_ = 0;
+  Last last_[static_cast<size_t>(Kind::kCount)];
+};
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_ENGINE_KERNELS_CUDA_UPLOAD_ARENA_H_

@@ -1,0 +1,102 @@
+// The CUDA backend's host-side pieces, which run on every machine: the bf16
+// weights it uploads (against the scalar dequantization and an exact
+// rounding rule), the flattened attention inputs (exact words) and the
+// key-split policy.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/cpu/to_bf16.h"
+#include "engine/kernels/cuda/attention_rows.h"
+#include "engine/kernels/half.h"
+#include "tests/unit/random_weights.h"
+
+namespace tandem::kernels {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(FloatToBf16Test, RoundsToNearestEvenAndKeepsSpecialValues) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is half way between 1 and 1 + 2^-7: ties go to the even (1.0).
+  EXPECT_EQ(FloatToBf16(Bits2Float(0x3f808000u)), 0x3f80);
+  // 1 + 3 * 2^-8 is half way between 1 + 2^-7 (odd) and 1 + 2^-6: up.
+  EXPECT_EQ(FloatToBf16(Bits2Float(0x3f818000u)), 0x3f82);
+  // Just above half way rounds up.
+  EXPECT_EQ(FloatToBf16(Bits2Float(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(FloatToBf16(-2.5f), 0xc020);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  // The largest float rounds to infinity, as IEEE rounding does.
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::max()), 0x7f80);
+  const uint16_t nan = FloatToBf16(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(nan)));
+  // A NaN whose payload sits in the low bits stays a NaN (no rounding to inf).
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(Bits2Float(0x7f800001u)))));
+}
+
+TEST(DequantizeToBf16Test, EveryTypeMatchesTheScalarDecodeRounded) {
+  std::mt19937 rng(std::random_device{}());
+  for (DType type : kAllTypes) {
+    const int64_t rows = 37;
+    const int64_t cols = 512;
+    const std::vector<uint8_t> bytes = RandomWeights(type, rows, cols, rng);
+    for (int threads : {1, 4}) {
+      std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
+      cpu::DequantizeToBf16(type, bytes.data(), rows, cols, out.data(), threads);
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::DequantizeRow(type, bytes.data() + static_cast<size_t>(r) * RowBytes(type, cols), cols,
+                           row.data());
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_EQ(out[static_cast<size_t>(r * cols + c)],
+                    FloatToBf16(row[static_cast<size_t>(c)]))
+              << Info(type).name << " row " << r << " col " << c << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionRowsTest, FlattensSpansIntoExactWords) {
+  const std::vector<int32_t> table_a = {7, 2};
+  const std::vector<int32_t> table_b = {5};
+  const std::vector<int32_t> table_c = {9, 1, 4};
+  // A 3-token prompt chunk from position 17, one decode row at 4, and a
+  // 2-token verify at 40; rows in that order.
+  const AttentionSpan spans[] = {{0, 3, 17, table_a}, {3, 1, 4, table_b}, {4, 2, 40, table_c}};
+  const cuda::AttentionRows packed = cuda::PackAttentionRows(spans, 6);
+  // Tables start at 12 (2 x 6 rows): a at 12, b at 14, c at 15.
+  EXPECT_THAT(packed.words, ElementsAre(12, 12, 12, 14, 15, 15,  // table starts
+                                        18, 19, 20, 5, 41, 42,   // keys: position + 1
+                                        7, 2, 5, 9, 1, 4));      // tables
+  EXPECT_EQ(packed.max_keys, 42);
+}
+
+TEST(AttentionRowsTest, RowsNoSpanCoversAttendNothing) {
+  const std::vector<int32_t> table = {3};
+  const AttentionSpan spans[] = {{1, 1, 0, table}};
+  const cuda::AttentionRows packed = cuda::PackAttentionRows(spans, 3);
+  EXPECT_THAT(packed.words, ElementsAre(0, 6, 0, 0, 1, 0, 3));
+  EXPECT_EQ(packed.max_keys, 1);
+}
+
+TEST(KeySplitsTest, SplitsOnlyLongContextsThatLeaveTheDeviceIdle) {
+  // Batch 1, 32 heads, 8k context on 132 SMs (528 target blocks): 17 splits
+  // of at least 256 keys fill the device.
+  EXPECT_EQ(cuda::ChooseKeySplits(1, 32, 8192, 528), 17);
+  // The same with a 1k context: as many splits as 256-key pieces.
+  EXPECT_EQ(cuda::ChooseKeySplits(1, 32, 1024, 528), 4);
+  // Short contexts and large batches are not split.
+  EXPECT_EQ(cuda::ChooseKeySplits(1, 32, 200, 528), 1);
+  EXPECT_EQ(cuda::ChooseKeySplits(64, 32, 8192, 528), 1);
+  // Never more than 64.
+  EXPECT_EQ(cuda::ChooseKeySplits(1, 1, 1 << 20, 100000), 64);
+}
+
+}  // namespace
+}  // namespace tandem::kernels
