@@ -1,12 +1,16 @@
-// tandem-bench: measures the engine's prefill and decode speed at batch 1.
+// tandem-bench: measures the engine's prefill and decode speed.
 //
-//   tandem-bench --model=FILE --threads=2 [--prompt_tokens=512]
-//                [--decode_tokens=128] [--repeats=3] [--cpu_matmul=auto|f32|bf16|q8]
+//   tandem-bench --model=FILE|random:NAME [--device=cpu|cuda|auto] [--threads=2]
+//                [--prompt_tokens=512] [--decode_tokens=128] [--decode_batch=1]
+//                [--repeats=3] [--cpu_matmul=auto|f32|bf16|q8]
 //
 // Prefill: one prompt of --prompt_tokens tokens, in one forward pass.
-// Decode: --decode_tokens greedy steps after it, one token per step (the
-// sampler included). Each is repeated --repeats times on a fresh KV cache;
-// the median is printed, as "key value" lines for scripts to read.
+// Decode: for each --decode_batch size B, B sequences of --decode_context
+// prompt tokens (prefilled untimed), then --decode_tokens greedy steps of one
+// token per sequence (the sampler included). Each is repeated --repeats times;
+// the median is printed, as "key value" lines for scripts to read, with the
+// bytes of the matrices a decode step reads (bf16 on the GPU) so that a
+// script can compare the step time with the memory bandwidth.
 // Verify: with --verify_widths, the time of one forward pass that runs W
 // tokens of one sequence after the prompt with logits for all W (what
 // verifying W-1 drafted tokens costs), relative to W = 1, for each width;
@@ -21,14 +25,19 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
-#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/random_model.h"
 #include "engine/sampling/sampler.h"
 
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "GGUF model, or random:NAME (llama3-8b, qwen2.5-7b, smollm2-135m: random weights)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or auto (as the daemon's --device)");
 ABSL_FLAG(int, threads, 2, "CPU threads");
+ABSL_FLAG(std::vector<std::string>, decode_batch, std::vector<std::string>({"1"}),
+          "sequences decoded together; a list (1,64,256) measures each");
+ABSL_FLAG(int, decode_context, 512,
+          "prompt tokens of each decoded sequence (at most --prompt_tokens)");
 ABSL_FLAG(int, prompt_tokens, 512, "prompt length for prefill");
 ABSL_FLAG(int, decode_tokens, 128, "tokens generated for decode");
 ABSL_FLAG(int, repeats, 3, "repetitions (the median is reported)");
@@ -98,20 +107,81 @@ int Run() {
   }
   const int prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
   const int decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
+  const int context = std::min(prompt_tokens, absl::GetFlag(FLAGS_decode_context));
+  std::vector<int> batches;
+  for (const std::string& text : absl::GetFlag(FLAGS_decode_batch)) {
+    int b = 0;
+    if (!absl::SimpleAtoi(text, &b) || b < 1) {
+      std::cerr << "--decode_batch: '" << text << "' is not a positive integer\n";
+      return 2;
+    }
+    batches.push_back(b);
+  }
+  if (batches.empty()) batches.push_back(1);
+  absl::StatusOr<kernels::DeviceChoice> device =
+      kernels::ChooseDevice(absl::GetFlag(FLAGS_device),
+                            kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath()));
+  if (!device.ok()) {
+    std::cerr << device.status() << "\n";
+    return 2;
+  }
+  std::cerr << device->reason << std::endl;
+  auto pool = std::make_shared<kernels::cpu::ComputePool>(
+      std::max(1, absl::GetFlag(FLAGS_threads)), std::vector<int>{}, /*pin_callers=*/false);
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
+      kernels::CreateBackend({device->device, pool, kernels::LanePriority::kThroughput, *mode});
+  if (!backend.ok()) {
+    std::cerr << backend.status() << "\n";
+    return 1;
+  }
+  // Blocks for the prefill prompt, or for the largest batch of decoded
+  // sequences, whichever needs more; each sequence owns a range of them.
   constexpr int kBlockSize = 16;
-  const int blocks = (prompt_tokens + decode_tokens) / kBlockSize + 2;
-  kernels::cpu::CpuBackend backend(absl::GetFlag(FLAGS_threads), *mode);
-  auto model = model::LlamaModel::Create(shared, &backend, blocks, kBlockSize);
+  const int prefill_blocks = (prompt_tokens + decode_tokens) / kBlockSize + 2;
+  const int decode_blocks = (context + decode_tokens) / kBlockSize + 2;
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int blocks = std::max(prefill_blocks, decode_blocks * max_batch);
+  auto model = model::LlamaModel::Create(shared, backend->get(), blocks, kBlockSize);
   if (!model.ok()) {
     std::cerr << model.status() << "\n";
     return 1;
   }
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = b;
+  auto table_of = [&](int sequence, int count) {
+    std::vector<int32_t> table(static_cast<size_t>(count));
+    for (int b = 0; b < count; ++b) table[static_cast<size_t>(b)] = sequence * count + b;
+    return table;
+  };
+  const std::vector<int32_t> table = table_of(0, prefill_blocks);
   std::vector<int32_t> prompt;
   for (int i = 0; i < prompt_tokens; ++i) prompt.push_back(100 + (i * 7919) % 40000);
+  const int64_t vocab = (*model)->config().vocab;
+  auto greedy = [&](const std::vector<float>& logits, int row) {
+    return sampling::Sample(std::span<const float>(logits).subspan(static_cast<size_t>(row * vocab),
+                                                                   static_cast<size_t>(vocab)),
+                            step::SamplingParams{}, 0);
+  };
 
-  std::vector<double> prefill, decode;
+  const model::ModelConfig& c = (*model)->config();
+  const int64_t q_width = int64_t{c.heads} * c.head_dim,
+                kv_width = int64_t{c.kv_heads} * c.head_dim;
+  const int64_t matrix_elements =
+      c.layers * (2 * q_width * c.embedding + 2 * kv_width * c.embedding +
+                  3 * int64_t{c.ffn} * c.embedding) +
+      int64_t{c.vocab} * c.embedding;
+  std::cout << "backend " << (*backend)->name() << "\n"
+            << "prompt_tokens " << prompt_tokens << "\n"
+            << "decode_tokens " << decode_tokens << "\n"
+            << "decode_context " << context << "\n"
+            << "decode_matrix_bf16_bytes " << matrix_elements * 2 << "\n"
+            << "prefill_flops_per_token " << 2 * (matrix_elements - int64_t{c.vocab} * c.embedding)
+            << "\n"
+            // Scores and weighted values over the causal triangle.
+            << "prefill_attention_flops "
+            << 4.0 * q_width * c.layers *
+                   (static_cast<double>(prompt_tokens) * (prompt_tokens + 1) / 2)
+            << "\n";
+
+  std::vector<double> prefill;
   std::vector<float> logits;
   for (int rep = 0; rep < absl::GetFlag(FLAGS_repeats) + 1; ++rep) {  // +1: warm-up
     const auto t0 = std::chrono::steady_clock::now();
@@ -121,25 +191,49 @@ int Run() {
       return 1;
     }
     const auto t1 = std::chrono::steady_clock::now();
-    std::vector<int32_t> token(1);
-    for (int i = 0; i < decode_tokens; ++i) {
-      token[0] = sampling::Sample(logits, step::SamplingParams{}, 0);
-      model::SequenceInput step{token, prompt_tokens + i, table, 1};
-      if (auto s = (*model)->Forward({&step, 1}, &logits); !s.ok()) {
-        std::cerr << s << "\n";
-        return 1;
+    if (rep > 0) prefill.push_back(prompt_tokens / std::chrono::duration<double>(t1 - t0).count());
+  }
+  std::cout << "prefill_tokens_per_second " << Median(prefill) << std::endl;
+
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    const int batch = batches[bi];
+    std::vector<std::vector<int32_t>> tables, tokens(static_cast<size_t>(batch));
+    std::vector<model::SequenceInput> inputs;
+    const std::vector<int32_t> context_prompt(prompt.begin(), prompt.begin() + context);
+    for (int s = 0; s < batch; ++s) tables.push_back(table_of(s, decode_blocks));
+    for (int s = 0; s < batch; ++s)
+      inputs.push_back({context_prompt, 0, tables[static_cast<size_t>(s)], 1});
+    if (auto s = (*model)->Forward(inputs, &logits); !s.ok()) {  // the prompts, untimed
+      std::cerr << s << "\n";
+      return 1;
+    }
+    std::vector<double> decode;
+    for (int rep = 0; rep < absl::GetFlag(FLAGS_repeats) + 1; ++rep) {  // +1: warm-up
+      for (int s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = {greedy(logits, s)};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < decode_tokens; ++i) {
+        inputs.clear();
+        for (int s = 0; s < batch; ++s) {
+          inputs.push_back(
+              {tokens[static_cast<size_t>(s)], context + i, tables[static_cast<size_t>(s)], 1});
+        }
+        if (auto s = (*model)->Forward(inputs, &logits); !s.ok()) {
+          std::cerr << s << "\n";
+          return 1;
+        }
+        for (int s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = {greedy(logits, s)};
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      if (rep > 0) {
+        decode.push_back(static_cast<double>(decode_tokens) * batch /
+                         std::chrono::duration<double>(t1 - t0).count());
       }
     }
-    const auto t2 = std::chrono::steady_clock::now();
-    if (rep == 0) continue;
-    prefill.push_back(prompt_tokens / std::chrono::duration<double>(t1 - t0).count());
-    decode.push_back(decode_tokens / std::chrono::duration<double>(t2 - t1).count());
+    const double tps = Median(decode);
+    if (bi == 0) std::cout << "decode_tokens_per_second " << tps << "\n";
+    std::cout << "decode_batch" << batch << "_tokens_per_second " << tps << "\n"
+              << "decode_batch" << batch << "_step_ms " << 1000.0 * batch / tps << std::endl;
   }
-  std::cout << "backend " << backend.name() << "\n"
-            << "prompt_tokens " << prompt_tokens << "\n"
-            << "decode_tokens " << decode_tokens << "\n"
-            << "prefill_tokens_per_second " << Median(prefill) << "\n"
-            << "decode_tokens_per_second " << Median(decode) << "\n";
   return MeasureVerifyWidths(**model, prompt, table);
 }
 
