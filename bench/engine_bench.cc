@@ -92,14 +92,6 @@ int MeasureVerifyWidths(model::LlamaModel& model, const std::vector<int32_t>& pr
 }
 
 int Run() {
-  const std::string path = absl::GetFlag(FLAGS_model);
-  auto file =
-      model::IsRandomModel(path) ? model::OpenRandomModel(path) : model::GgufFile::Open(path);
-  if (!file.ok()) {
-    std::cerr << file.status() << "\n";
-    return 1;
-  }
-  std::shared_ptr<const model::GgufFile> shared(std::move(*file));
   auto mode = kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
   if (!mode.ok()) {
     std::cerr << mode.status() << "\n";
@@ -134,6 +126,16 @@ int Run() {
     std::cerr << backend.status() << "\n";
     return 1;
   }
+  // The model after the backend: a missing device fails before a large
+  // random model is built.
+  const std::string path = absl::GetFlag(FLAGS_model);
+  auto file =
+      model::IsRandomModel(path) ? model::OpenRandomModel(path) : model::GgufFile::Open(path);
+  if (!file.ok()) {
+    std::cerr << file.status() << "\n";
+    return 1;
+  }
+  std::shared_ptr<const model::GgufFile> shared(std::move(*file));
   // Blocks for the prefill prompt, or for the largest batch of decoded
   // sequences, whichever needs more; each sequence owns a range of them.
   constexpr int kBlockSize = 16;
