@@ -34,6 +34,7 @@ ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "GGUF model, or random:NAME (llama3-8b, qwen2.5-7b, smollm2-135m: random weights)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or auto (as the daemon's --device)");
 ABSL_FLAG(int, threads, 2, "CPU threads");
+ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (--device=cuda)");
 ABSL_FLAG(std::vector<std::string>, decode_batch, std::vector<std::string>({"1"}),
           "sequences decoded together; a list (1,64,256) measures each");
 ABSL_FLAG(int, decode_context, 512,
@@ -148,6 +149,7 @@ int Run() {
     std::cerr << model.status() << "\n";
     return 1;
   }
+  (*model)->set_step_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   auto table_of = [&](int sequence, int count) {
     std::vector<int32_t> table(static_cast<size_t>(count));
     for (int b = 0; b < count; ++b) table[static_cast<size_t>(b)] = sequence * count + b;

@@ -62,6 +62,8 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
 ABSL_FLAG(std::string, device, "auto",
           "where the model runs: cpu, cuda, or auto (CUDA when the CUDA module has a backend and "
           "sees a device, else the CPU; the log says which and why)");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "record decode steps as CUDA graphs and replay them (--device=cuda; docs/cuda.md)");
 ABSL_FLAG(int, threads, 0,
           "CPU threads that compute, shared by the prefill and decode workers (decode steps "
           "first); 0: one per CPU the process may use");
@@ -249,6 +251,7 @@ int Main() {
   server::ServingModelOptions options;
   options.matmul_mode = *matmul_mode;
   options.device = device->device;
+  options.step_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.model_path = absl::GetFlag(FLAGS_model);
   options.chat_template = absl::GetFlag(FLAGS_chat_template);
   options.threads = absl::GetFlag(FLAGS_threads);

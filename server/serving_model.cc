@@ -272,6 +272,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     }
     return prefill_model.status();
   }
+  (*prefill_model)->set_step_graphs(options.step_graphs);
   // The model that runs most decode steps (the decode worker's, if any).
   model::LlamaModel* decoding_model = prefill_model->get();
   if (options.decode_worker) {
@@ -307,6 +308,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       decode_model = model::LlamaModel::CreateSharingKv(**prefill_model, decode_backend.get());
     }
     if (!decode_model.ok()) return decode_model.status();
+    (*decode_model)->set_step_graphs(options.step_graphs);
     decoding_model = decode_model->get();
     m->decode_ =
         std::make_unique<decode::DecodeWorker>(std::move(decode_backend), *std::move(decode_model));
@@ -394,8 +396,10 @@ absl::Status ServingModel::LoadDraftModel(
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_draft =
         model::LlamaModel::CreateSharingKv(**prefill_draft, decode_backend.get());
     if (!decode_draft.ok()) return decode_draft.status();
+    (*decode_draft)->set_step_graphs(options.step_graphs);
     decode_->EnableDraftModel(std::move(decode_backend), *std::move(decode_draft));
   }
+  (*prefill_draft)->set_step_graphs(options.step_graphs);
   prefill_->EnableDraftModel(*std::move(prefill_backend), *std::move(prefill_draft));
   return absl::OkStatus();
 }

@@ -36,6 +36,8 @@ struct ServingModelOptions {
   bool decode_worker = true;  // false: everything colocated on the prefill worker
   bool pin_threads = true;    // pin compute threads to CPUs
   kernels::Device device = kernels::Device::kCpu;  // what --device chose
+  // Decode steps as recorded steps (CUDA graphs) where the device has them.
+  bool step_graphs = true;
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
   int64_t kv_cache_bytes = int64_t{512} << 20;
   // > 0: the decode worker keeps its KV in storage of its own of this size

@@ -195,7 +195,9 @@ class Backend {
   // Copies every layer's K and V of block `from` into block `to`, pair by
   // pair in order (copy-on-write of shared blocks).
   virtual void CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) = 0;
-  // Stores row r of k and v into KV slot slots[r] of `layer`.
+  // Stores row r of k and v into KV slot slots[r] of `layer`. A slot of -1
+  // stores nothing: rows that only pad a recorded step (RunStep) have one,
+  // and only backends that support recorded steps get them.
   virtual void WriteKv(int layer, const Matrix& k, const Matrix& v,
                        std::span<const int32_t> slots) = 0;
   // Causal grouped-query attention of q (rows: tokens, cols: heads*head_dim)
@@ -208,6 +210,24 @@ class Backend {
   virtual void Add(Matrix acc, const Matrix& x) = 0;
   // out[i] = x[rows[i]].
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
+
+  // --- recorded steps (CUDA graphs) --------------------------------------------
+  // A backend that can record a sequence of its operations once and replay
+  // it (cheaper than issuing each operation) says so here. The caller then
+  // runs a step's operations inside RunStep(spec, ops): the first time a key
+  // is seen ops() runs as usual; later the backend may record it and, from
+  // then on, replay the recording instead of issuing the operations. ops()
+  // is still called on every step (the backend takes the step's host inputs
+  // from it), so it must issue exactly the same operations with inputs of
+  // exactly the same sizes whenever the key is the same; only the inputs'
+  // values may change. Nothing inside ops() may wait (no CopyToHost).
+  struct StepGraphSpec {
+    int64_t key = 0;
+    int32_t max_keys = 0;            // no attention row attends more keys
+    int32_t max_blocks_per_row = 0;  // no span's block table is longer
+  };
+  virtual bool SupportsStepGraphs() const { return false; }
+  virtual void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) { ops(); }
 
   // --- fused operations -------------------------------------------------------
   // Each is defined as the sequence of operations its default runs; a backend

@@ -1,5 +1,6 @@
 #include "engine/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/status/status.h"
@@ -205,6 +206,7 @@ absl::Status LlamaModel::EnsureCapacity(int64_t tokens, int64_t logit_rows) {
   }
   capacity_tokens_ = tokens;
   capacity_logit_rows_ = logit_rows;
+  ++buffers_generation_;
   return absl::OkStatus();
 }
 
@@ -259,7 +261,9 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
     span.first_row = static_cast<int32_t>(tokens.size());
     span.rows = static_cast<int32_t>(n);
     span.first_position = seq.first_position;
-    span.block_table = seq.block_table;
+    // The blocks the keys are in (a table may run further).
+    span.block_table =
+        seq.block_table.first(static_cast<size_t>((end + block_size_ - 1) / block_size_));
     spans.push_back(span);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t token = seq.tokens[static_cast<size_t>(i)];
@@ -276,14 +280,54 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
     }
   }
   const int64_t t = static_cast<int64_t>(tokens.size());
-  if (t == 0) {
-    logits_out->clear();
-    return absl::OkStatus();
-  }
-  if (absl::Status s = EnsureCapacity(t, static_cast<int64_t>(logit_rows.size())); !s.ok()) {
-    return s;
-  }
+  const int64_t r = static_cast<int64_t>(logit_rows.size());
+  logits_out->resize(static_cast<size_t>(r * c.vocab));
+  if (t == 0) return absl::OkStatus();
 
+  // A decode step: recorded, padded to a recorded batch size.
+  const bool decode_step =
+      step_graphs_ && backend_->SupportsStepGraphs() && t == r && t <= kMaxStepGraphBatch &&
+      std::all_of(sequences.begin(), sequences.end(),
+                  [](const SequenceInput& s) { return s.tokens.size() == 1 && s.logits == 1; });
+  if (decode_step) {
+    const int64_t padded = StepGraphBatch(t);
+    for (int64_t row = t; row < padded; ++row) {
+      tokens.push_back(0);
+      positions.push_back(0);
+      slots.push_back(-1);  // stores nothing; no span covers the row
+      logit_rows.push_back(static_cast<int32_t>(row));
+    }
+    if (absl::Status s = EnsureCapacity(padded, padded); !s.ok()) return s;
+    kernels::Backend::StepGraphSpec spec;
+    spec.key = padded | (int64_t{run_layers} << 16) | (buffers_generation_ << 32);
+    spec.max_keys = c.context_length;
+    spec.max_blocks_per_row = (c.context_length + block_size_ - 1) / block_size_;
+    backend_->RunStep(
+        spec, [&] { IssueForward(tokens, positions, slots, spans, logit_rows, run_layers); });
+  } else {
+    if (absl::Status s = EnsureCapacity(t, r); !s.ok()) return s;
+    IssueForward(tokens, positions, slots, spans, logit_rows, run_layers);
+  }
+  if (r > 0) backend_->CopyToHost(logits_.FirstRows(r), logits_out->data());
+  return absl::OkStatus();
+}
+
+int64_t LlamaModel::StepGraphBatch(int64_t rows) {
+  // Powers of two to 16, then steps of 16 to 64 and of 32 to 256: at most
+  // 15 recordings, and a padded step is never more than a fifth larger
+  // (above 16 rows) than the batch it serves.
+  for (int64_t size : {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256}) {
+    if (rows <= size) return size;
+  }
+  return rows;
+}
+
+void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                              std::span<const int32_t> slots,
+                              std::span<const kernels::AttentionSpan> spans,
+                              std::span<const int32_t> logit_rows, int run_layers) {
+  const ModelConfig& c = config_;
+  const auto t = static_cast<int64_t>(tokens.size());
   kernels::Backend& be = *backend_;
   const Matrix x = x_.FirstRows(t), h = h_.FirstRows(t), q = q_.FirstRows(t), k = k_.FirstRows(t),
                v = v_.FirstRows(t), attn = attn_.FirstRows(t), gate = gate_.FirstRows(t),
@@ -322,17 +366,14 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
     }
   }
 
-  const int64_t r = static_cast<int64_t>(logit_rows.size());
-  logits_out->resize(static_cast<size_t>(r * c.vocab));
-  if (r == 0) return absl::OkStatus();
+  const auto r = static_cast<int64_t>(logit_rows.size());
+  if (r == 0) return;
   const Matrix selected = selected_.FirstRows(r), logits = logits_.FirstRows(r);
   be.GatherRows(x, logit_rows, selected);
   be.RmsNorm(selected, output_norm_, c.norm_eps, selected);
   const Weight* output[] = {&output_};
   const Matrix logits_outs[] = {logits};
   be.MatMul(selected, output, {}, logits_outs);
-  be.CopyToHost(logits, logits_out->data());
-  return absl::OkStatus();
 }
 
 }  // namespace tandem::model

@@ -64,6 +64,17 @@ class LlamaModel {
   // shared by forked sequences. InvalidArgument for a block id out of range.
   absl::Status CopyBlocks(std::span<const std::pair<int32_t, int32_t>> copies);
 
+  // Decode steps (one token and one logit row per sequence, at most
+  // kMaxStepGraphBatch sequences) as recorded steps of the backend
+  // (Backend::RunStep: CUDA graphs), where the backend has them. The batch is
+  // padded to the next of a few sizes (StepGraphBatch) with rows that attend
+  // nothing and store no KV, so a handful of recordings serve every batch.
+  // On by default; off, every step issues its operations.
+  void set_step_graphs(bool enabled) { step_graphs_ = enabled; }
+  static constexpr int64_t kMaxStepGraphBatch = 256;
+  // The recorded batch size that serves `rows` rows (rows <= kMaxStepGraphBatch).
+  static int64_t StepGraphBatch(int64_t rows);
+
  private:
   struct Layer {
     kernels::Weight attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
@@ -76,6 +87,11 @@ class LlamaModel {
                                                           const ModelOverrides& overrides);
   absl::Status BindWeights();
   absl::Status EnsureCapacity(int64_t tokens, int64_t logit_rows);
+  // Issues the forward pass's operations for a flattened batch, up to the
+  // logits in logits_ (no wait).
+  void IssueForward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                    std::span<const int32_t> slots, std::span<const kernels::AttentionSpan> spans,
+                    std::span<const int32_t> logit_rows, int run_layers);
 
   std::shared_ptr<const GgufFile> file_;
   kernels::Backend* backend_ = nullptr;
@@ -89,7 +105,10 @@ class LlamaModel {
   std::vector<float> rope_table_host_;
   kernels::RopeSpec rope_;
 
-  // Activation buffers, grown on demand.
+  bool step_graphs_ = true;
+  // Activation buffers, grown on demand; a recorded step is valid only for
+  // the buffers it was recorded with (their generation is in its key).
+  int64_t buffers_generation_ = 0;
   int64_t capacity_tokens_ = 0;
   int64_t capacity_logit_rows_ = 0;
   std::vector<std::unique_ptr<kernels::DeviceBuffer>> buffers_;

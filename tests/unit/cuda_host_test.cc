@@ -85,6 +85,14 @@ TEST(AttentionRowsTest, RowsNoSpanCoversAttendNothing) {
   EXPECT_EQ(packed.max_keys, 1);
 }
 
+TEST(AttentionRowsTest, ARecordedStepPadsToAFixedNumberOfWords) {
+  const std::vector<int32_t> table = {3, 8};
+  const AttentionSpan spans[] = {{0, 1, 20, table}};
+  // Two rows (one padding), at most 4 blocks a row: 2 x 2 + 2 x 4 words.
+  const cuda::AttentionRows packed = cuda::PackAttentionRows(spans, 2, 12);
+  EXPECT_THAT(packed.words, ElementsAre(4, 0, 21, 0, 3, 8, 0, 0, 0, 0, 0, 0));
+}
+
 TEST(KeySplitsTest, SplitsOnlyLongContextsThatLeaveTheDeviceIdle) {
   // Batch 1, 32 heads, 8k context on 132 SMs (528 target blocks): 17 splits
   // of at least 256 keys fill the device.

@@ -4,7 +4,8 @@
 
 namespace tandem::kernels::cuda {
 
-AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t rows) {
+AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t rows,
+                                size_t min_words) {
   AttentionRows packed;
   size_t table_words = 0;
   for (const AttentionSpan& span : spans) table_words += span.block_table.size();
@@ -23,6 +24,7 @@ AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t ro
       packed.max_keys = std::max(packed.max_keys, keys);
     }
   }
+  if (packed.words.size() < min_words) packed.words.resize(min_words, 0);
   return packed;
 }
 

@@ -18,12 +18,15 @@ namespace tandem::kernels::cuda {
 //                    sequence's block table starts
 //   [rows, 2 rows)   for each row, how many keys it attends (its position + 1)
 //   [2 rows, ...)    the spans' block tables, one after another
-// Rows no span covers attend nothing (key count 0).
+// Rows no span covers attend nothing (key count 0). `min_words` pads the
+// array with zeros to that length (a recorded step uploads the same number of
+// words every time).
 struct AttentionRows {
   std::vector<int32_t> words;
   int32_t max_keys = 0;  // the largest key count
 };
-AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t rows);
+AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t rows,
+                                size_t min_words = 0);
 
 // Key splits per (row, head) so that a step has about `target_blocks` thread
 // blocks, with at least `min_keys_per_split` keys in each split; 1 when the

@@ -1,6 +1,7 @@
 #include "engine/kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -85,6 +86,15 @@ absl::Status CudaBackend::Init() {
     return absl::FailedPreconditionError(StrCat("cuBLAS: ", cublasGetStatusString(s)));
   }
   CheckCublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  // cuBLAS's own workspace would be allocated on first use, which a stream
+  // capture cannot do; 32 MiB is what it asks for on Hopper.
+  constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> workspace =
+      DeviceAlloc(device_, kCublasWorkspace, "cuBLAS workspace");
+  if (!workspace.ok()) return workspace.status();
+  cublas_workspace_ = *std::move(workspace);
+  CheckCublas(cublasSetWorkspace(cublas_, cublas_workspace_->data(), kCublasWorkspace),
+              "cublasSetWorkspace");
   if (absl::Status s = uploads_.Init(size_t{1} << 20, stream_); !s.ok()) return s;
   name_ = StrCat("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", ", multiprocessors_,
                  " SMs, ", lane_ == LanePriority::kLatency ? "high" : "low",
@@ -94,10 +104,12 @@ absl::Status CudaBackend::Init() {
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& [key, recording] : recordings_) cudaGraphExecDestroy(recording.exec);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   // Buffers that kernels on the stream used go before the stream does.
   bf16_activations_.reset();
   attention_partial_.reset();
+  cublas_workspace_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -168,6 +180,7 @@ absl::Status CudaBackend::CreateKvCache(const KvCacheShape& shape) {
   CheckCuda(cudaMemset((*storage)->data(), 0, bytes), "cudaMemset (KV cache)");
   kv_storage_ = *std::move(storage);
   kv_shape_ = shape;
+  ++scratch_generation_;  // recordings hold the old storage's address
   return absl::OkStatus();
 }
 
@@ -179,6 +192,7 @@ absl::Status CudaBackend::ShareKvCache(const Backend& other) {
   }
   kv_storage_ = cuda->kv_storage_;
   kv_shape_ = cuda->kv_shape_;
+  ++scratch_generation_;
   return absl::OkStatus();
 }
 
@@ -204,6 +218,11 @@ void CudaBackend::CopyFromHost(const float* src, Matrix dst) {
 
 void* CudaBackend::Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes) {
   if (buffer == nullptr || buffer->bytes() < bytes) {
+    if (mode_ != Mode::kIssue) {
+      // The step's first run sized every buffer for its key.
+      CheckCuda(cudaErrorInvalidValue, "scratch growth inside a recorded step");
+    }
+    ++scratch_generation_;
     // Kernels queued earlier may still read the old buffer.
     CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (scratch)");
     const size_t grown = std::max(bytes, 2 * (buffer ? buffer->bytes() : 0));
@@ -231,6 +250,7 @@ uint16_t* CudaBackend::VPool(int layer) const {
 
 void CudaBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matrix out) {
   const int32_t* device_ids = uploads_.Upload(UploadArena::Kind::kIds, ids);
+  if (Replaying()) return;
   const auto rows = static_cast<int64_t>(ids.size());
   if (table.dtype == DType::kBF16) {
     LaunchEmbedBf16(static_cast<const uint16_t*>(table.data), table.cols, device_ids, rows,
@@ -244,6 +264,7 @@ void CudaBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matri
 void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights,
                          std::span<const Weight* const> biases, std::span<const Matrix> outs) {
   if (x.rows == 0) return;
+  if (Replaying()) return;
   const int64_t elements = x.rows * x.cols;
   auto* x_bf16 =
       static_cast<uint16_t*>(Scratch(bf16_activations_, static_cast<size_t>(elements) * 2));
@@ -269,12 +290,14 @@ void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights
 }
 
 void CudaBackend::RmsNorm(const Matrix& x, const Weight& weight, float eps, Matrix out) {
+  if (Replaying()) return;
   LaunchRmsNorm(x.data, static_cast<const float*>(weight.data), x.rows, x.cols, eps, out.data,
                 stream_);
 }
 
 void CudaBackend::AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, float eps,
                              Matrix out) {
+  if (Replaying()) return;
   LaunchAddRmsNorm(acc.data, x.data, static_cast<const float*>(weight.data), acc.rows, acc.cols,
                    eps, out.data, stream_);
 }
@@ -282,6 +305,7 @@ void CudaBackend::AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, 
 void CudaBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
                        const RopeSpec& rope) {
   const int32_t* device_positions = uploads_.Upload(UploadArena::Kind::kPositions, positions);
+  if (Replaying()) return;
   LaunchRope(x.data, x.rows, heads, head_dim, device_positions,
              {static_cast<const float*>(rope.table.data), rope.rotary_dims, rope.neox}, stream_);
 }
@@ -291,6 +315,7 @@ void CudaBackend::RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v,
                               std::span<const int32_t> slots, const RopeSpec& rope) {
   const int32_t* device_positions = uploads_.Upload(UploadArena::Kind::kPositions, positions);
   const int32_t* device_slots = uploads_.Upload(UploadArena::Kind::kSlots, slots);
+  if (Replaying()) return;
   LaunchRopeWriteKv(q.data, k.data, v.data, q.rows, shape.heads, shape.kv_heads, shape.head_dim,
                     device_positions, device_slots,
                     {static_cast<const float*>(rope.table.data), rope.rotary_dims, rope.neox},
@@ -298,6 +323,7 @@ void CudaBackend::RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v,
 }
 
 void CudaBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) {
+  if (Replaying()) return;
   const int64_t block_halves =
       int64_t{kv_shape_.block_size} * kv_shape_.kv_heads * kv_shape_.head_dim;
   const int64_t pool_halves = block_halves * kv_shape_.blocks;
@@ -312,12 +338,18 @@ void CudaBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copi
 void CudaBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
                           std::span<const int32_t> slots) {
   const int32_t* device_slots = uploads_.Upload(UploadArena::Kind::kSlots, slots);
+  if (Replaying()) return;
   LaunchWriteKv(k.data, v.data, k.rows, k.cols, device_slots, KPool(layer), VPool(layer), stream_);
 }
 
 void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& shape,
                             std::span<const AttentionSpan> spans, Matrix out) {
-  const AttentionRows packed = PackAttentionRows(spans, q.rows);
+  // Inside a recorded step the upload's size and the key splits come from
+  // the step's spec (the same every time), not from this step's data.
+  const size_t min_words =
+      in_step_ ? static_cast<size_t>(q.rows) * (2 + static_cast<size_t>(step_.max_blocks_per_row))
+               : 0;
+  const AttentionRows packed = PackAttentionRows(spans, q.rows, min_words);
   AttentionArgs args;
   args.q = q.data;
   args.out = out.data;
@@ -330,9 +362,10 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
   args.head_dim = shape.head_dim;
   args.block_size = kv_shape_.block_size;
   args.scale = shape.scale;
-  args.max_keys = packed.max_keys;
+  args.max_keys = in_step_ ? std::max(packed.max_keys, step_.max_keys) : packed.max_keys;
+  if (Replaying()) return;
   // Four 128-thread blocks per SM keep every SM busy on a long context.
-  args.splits = ChooseKeySplits(q.rows, shape.heads, packed.max_keys, 4 * multiprocessors_);
+  args.splits = ChooseKeySplits(q.rows, shape.heads, args.max_keys, 4 * multiprocessors_);
   if (args.splits > 1) {
     const size_t floats = static_cast<size_t>(args.splits) * static_cast<size_t>(q.rows) *
                           static_cast<size_t>(shape.heads) *
@@ -343,17 +376,87 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
 }
 
 void CudaBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
+  if (Replaying()) return;
   LaunchSiluMul(gate.data, up.data, gate.rows * gate.cols, out.data, stream_);
 }
 
 void CudaBackend::Add(Matrix acc, const Matrix& x) {
+  if (Replaying()) return;
   LaunchAdd(acc.data, x.data, acc.rows * acc.cols, stream_);
 }
 
 void CudaBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) {
   const int32_t* device_rows = uploads_.Upload(UploadArena::Kind::kGatherRows, rows);
+  if (Replaying()) return;
   LaunchGatherRows(x.data, x.cols, device_rows, static_cast<int64_t>(rows.size()), out.data,
                    stream_);
+}
+
+void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) {
+  in_step_ = true;
+  step_ = spec;
+  auto done = [this] {
+    in_step_ = false;
+    mode_ = Mode::kIssue;
+    uploads_.set_staging_only(false);
+    uploads_.set_may_grow(true);
+  };
+  if (graphs_failed_ || warmed_up_.insert(spec.key).second) {
+    // The key's first step runs eagerly: it grows every buffer to the size
+    // the recording will need (growth waits, which a capture cannot).
+    ops();
+    done();
+    return;
+  }
+  auto it = recordings_.find(spec.key);
+  if (it != recordings_.end() && (it->second.scratch_generation != scratch_generation_ ||
+                                  it->second.arena_generation != uploads_.generation())) {
+    cudaGraphExecDestroy(it->second.exec);  // a buffer it uses moved
+    recordings_.erase(it);
+    it = recordings_.end();
+  }
+  if (it == recordings_.end()) {
+    if (!RecordAndLaunch(spec.key, ops)) {
+      mode_ = Mode::kIssue;
+      uploads_.set_may_grow(true);
+      ops();
+    }
+    done();
+    return;
+  }
+  mode_ = Mode::kReplay;
+  uploads_.set_staging_only(true);
+  uploads_.set_may_grow(false);
+  ops();  // stages the step's inputs where the recording's copies read them
+  CheckCuda(cudaGraphLaunch(it->second.exec, stream_), "cudaGraphLaunch");
+  done();
+}
+
+bool CudaBackend::RecordAndLaunch(int64_t key, const std::function<void()>& ops) {
+  // Thread-local capture: the other lane's thread may go on calling CUDA.
+  CheckCuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture");
+  mode_ = Mode::kRecord;
+  uploads_.set_may_grow(false);
+  ops();
+  cudaGraph_t graph = nullptr;
+  cudaError_t error = cudaStreamEndCapture(stream_, &graph);
+  cudaGraphExec_t exec = nullptr;
+  if (error == cudaSuccess) error = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    std::fprintf(stderr,
+                 "tandem CUDA backend: recording a step failed (%s); steps run without CUDA "
+                 "graphs from now on\n",
+                 cudaGetErrorString(error));
+    graphs_failed_ = true;
+    return false;
+  }
+  recordings_[key] = {exec, scratch_generation_, uploads_.generation()};
+  // The capture recorded the work without running it.
+  CheckCuda(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+  return true;
 }
 
 }  // namespace tandem::kernels::cuda

@@ -14,6 +14,11 @@
 // - Lanes: each backend issues on its own stream; the latency lane's
 //   (decode) has the device's highest priority, so its kernels are scheduled
 //   ahead of a running prefill's as SMs free up.
+// - Recorded steps (RunStep): the first step of a key runs as usual (and
+//   sizes every buffer), the second is captured into a CUDA graph, later
+//   ones replay it: the step's operations only stage their host inputs
+//   (UploadArena) and one graph launch runs them. A recording is void once a
+//   buffer it uses moved (scratch or arena growth).
 //
 // Operations are asynchronous; CopyToHost waits for the stream. A CUDA error
 // inside an operation ends the process (cuda_check.h).
@@ -23,7 +28,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,7 +78,24 @@ class CudaBackend final : public Backend {
                    std::span<const int32_t> positions, std::span<const int32_t> slots,
                    const RopeSpec& rope) override;
 
+  bool SupportsStepGraphs() const override { return true; }
+  void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) override;
+
  private:
+  // How operations run: issued one by one (eagerly, or into a recording),
+  // or only staging their inputs for a replay. `in_step_` also sizes the
+  // attention inputs for the step's spec rather than for its data.
+  enum class Mode : uint8_t { kIssue, kRecord, kReplay };
+  struct Recording {
+    cudaGraphExec_t exec = nullptr;
+    int64_t scratch_generation = 0;
+    int64_t arena_generation = 0;
+  };
+  bool Replaying() const { return mode_ == Mode::kReplay; }
+  // Records ops() as the graph of `key` and launches it; false (nothing
+  // kept, ops() issued eagerly instead) if the capture fails.
+  bool RecordAndLaunch(int64_t key, const std::function<void()>& ops);
+
   CudaBackend(int device, LanePriority lane) : device_(device), lane_(lane) {}
   absl::Status Init();
   // Device scratch of at least `bytes`, grown (after a wait) when needed.
@@ -88,6 +112,14 @@ class CudaBackend final : public Backend {
   UploadArena uploads_;
   std::unique_ptr<DeviceBuffer> bf16_activations_;   // MatMul's rounded input
   std::unique_ptr<DeviceBuffer> attention_partial_;  // split-key states
+  std::unique_ptr<DeviceBuffer> cublas_workspace_;   // fixed, so cuBLAS can be captured
+  int64_t scratch_generation_ = 0;                   // bumped when a scratch buffer moves
+  Mode mode_ = Mode::kIssue;
+  bool in_step_ = false;
+  StepGraphSpec step_;
+  std::set<int64_t> warmed_up_;  // keys whose first step ran
+  std::map<int64_t, Recording> recordings_;
+  bool graphs_failed_ = false;  // a capture failed: steps run eagerly from then on
   // Device copies of uploaded weights, shared process-wide (see above).
   std::vector<std::shared_ptr<DeviceBuffer>> weights_;
   KvCacheShape kv_shape_;

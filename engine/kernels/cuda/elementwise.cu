@@ -102,8 +102,10 @@ __global__ void RopeKernel(float* x, int heads, int head_dim, const int32_t* pos
   RotateRow(x + row * heads * head_dim, heads, head_dim, positions[row], rope);
 }
 
+// A slot of -1 (a row that only pads a recorded step) stores nothing.
 __device__ void StoreKvRow(const float* k, const float* v, int64_t width, int32_t slot,
                            __half* k_pool, __half* v_pool) {
+  if (slot < 0) return;
   __half* kd = k_pool + static_cast<int64_t>(slot) * width;
   __half* vd = v_pool + static_cast<int64_t>(slot) * width;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {

@@ -38,7 +38,8 @@ struct RopeArgs {
 void LaunchRope(float* x, int64_t rows, int heads, int head_dim, const int32_t* positions,
                 const RopeArgs& rope, cudaStream_t stream);
 // Rotates q's and k's heads, then stores row r of k and v as halves into KV
-// slot slots[r] of the pools ([slot][kv_heads * head_dim]).
+// slot slots[r] of the pools ([slot][kv_heads * head_dim]); a slot of -1
+// stores nothing (here and in LaunchWriteKv).
 void LaunchRopeWriteKv(float* q, float* k, const float* v, int64_t rows, int heads, int kv_heads,
                        int head_dim, const int32_t* positions, const int32_t* slots,
                        const RopeArgs& rope, uint16_t* k_pool, uint16_t* v_pool,

@@ -37,16 +37,22 @@ void UploadArena::Reset() {
 }
 
 void UploadArena::Grow(size_t bytes) {
-  // Every queued copy must finish before its memory goes.
+  if (!may_grow_) {
+    CheckCuda(cudaErrorInvalidValue, "upload arena growth while a step is recorded");
+  }
+  // Every queued copy must finish before its memory goes. The arena grows
+  // (rather than only starting over) so that, once warm, a whole step's
+  // uploads fit: a recorded step never needs to wait here.
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (upload arena)");
+  const size_t needed = AlignUp(std::max(used_ + bytes, 2 * capacity_));
   Reset();
-  if (bytes <= capacity_) return;
   cudaFreeHost(host_);
   cudaFree(device_);
-  capacity_ = AlignUp(std::max(bytes, 2 * capacity_));
+  capacity_ = needed;
   CheckCuda(cudaMallocHost(reinterpret_cast<void**>(&host_), capacity_),
             "cudaMallocHost (upload arena)");
   CheckCuda(cudaMalloc(reinterpret_cast<void**>(&device_), capacity_), "cudaMalloc (upload arena)");
+  ++generation_;
 }
 
 const int32_t* UploadArena::Upload(Kind kind, std::span<const int32_t> values) {

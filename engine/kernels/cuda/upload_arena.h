@@ -5,11 +5,18 @@
 // offset and queues an asynchronous copy to the same offset of a device
 // buffer on the stream; the device pointer is valid for kernels queued after
 // it. Offsets are reused only after the stream was synchronised (Reset(),
-// which the backend calls after every wait; or a full arena, which waits), so
-// a queued copy never reads host memory that was overwritten. An array equal
-// to the last one uploaded under the same `kind` since the last reset is not
-// copied again (the positions and block tables of a step are the same for
-// every layer).
+// which the backend calls after every wait; or a full arena, which waits and
+// grows), so a queued copy never reads host memory that was overwritten. An
+// array equal to the last one uploaded under the same `kind` since the last
+// reset is not copied again (the positions and block tables of a step are
+// the same for every layer).
+//
+// Recorded steps (CUDA graphs): a recording holds the copies with their
+// addresses. Replaying it, the backend runs the step's uploads in
+// staging-only mode, which writes the host side at the same offsets (the same
+// uploads in the same order give the same offsets) and queues nothing: the
+// recording's copies move them. A grown arena has new addresses, so its
+// generation() changes and recordings made before are void.
 #ifndef TANDEM_ENGINE_KERNELS_CUDA_UPLOAD_ARENA_H_
 #define TANDEM_ENGINE_KERNELS_CUDA_UPLOAD_ARENA_H_
 
@@ -41,12 +48,20 @@ class UploadArena {
   // The stream was synchronised: every queued copy is done.
   void Reset();
 
+  // Staging only: Upload() writes the host side and queues no copy.
+  void set_staging_only(bool staging_only) { staging_only_ = staging_only; }
+  // Whether Upload() may wait and reallocate (not while a stream records).
+  void set_may_grow(bool may_grow) { may_grow_ = may_grow; }
+  // Changes whenever the buffers move.
+  int64_t generation() const { return generation_; }
+
  private:
   struct Last {
     size_t offset = 0;
     size_t bytes = 0;
     bool valid = false;
   };
+  // Waits for the stream, then reallocates to hold at least `bytes` more.
   void Grow(size_t bytes);
 
   cudaStream_t stream_ = nullptr;
@@ -54,6 +69,9 @@ class UploadArena {
   uint8_t* device_ = nullptr;
   size_t capacity_ = 0;
   size_t used_ = 0;
+  int64_t generation_ = 0;
+  bool staging_only_ = false;
+  bool may_grow_ = true;
   Last last_[static_cast<size_t>(Kind::kCount)];
 };
 
