@@ -32,7 +32,7 @@ using testing::NormalisedError;
 constexpr double kBf16ProductTolerance = 1e-2;
 constexpr double kBf16EmbedTolerance = 4e-3;
 constexpr double kFloatTolerance = 1e-5;
-constexpr double kAttentionTolerance = 1e-3;
+constexpr double kAttentionTolerance = 3e-3;
 
 // A matrix that lives on both backends.
 struct Both {
@@ -222,9 +222,11 @@ struct AttentionCase {
 class CudaAttentionTest : public CudaOpsTest,
                           public ::testing::WithParamInterface<AttentionCase> {};
 
-// Three sequences in one ragged batch, as a mixed step has them: a decode row
-// after 700 tokens (split over keys), a 37-token prompt from position 0, and
-// a 5-token chunk at 300; each on its own shuffled blocks. K/V go in through
+// Four sequences in one ragged batch, as a mixed step has them: a decode row
+// after 700 tokens (the per-row kernel, keys split), a 37-token prompt from
+// position 0 (one query tile), a 5-token chunk at 300 (per-row kernel) and a
+// 100-token chunk at 150 (two query tiles over four key tiles); each on its
+// own shuffled blocks. K/V go in through
 // RopeWriteKv (fused on the GPU, the composed default on the CPU); then
 // attention; then copy-on-write copies of the first sequence's blocks must
 // give the same attention; and a second (latency-lane) backend sharing the
@@ -247,7 +249,7 @@ TEST_P(CudaAttentionTest, PagedAttentionAcrossARaggedBatch) {
     int first_position, rows;
     std::vector<int32_t> table;
   };
-  std::vector<Seq> seqs = {{700, 1, {}}, {0, 37, {}}, {300, 5, {}}};
+  std::vector<Seq> seqs = {{700, 1, {}}, {0, 37, {}}, {300, 5, {}}, {150, 100, {}}};
   size_t next = 0;
   for (Seq& s : seqs) {
     const int needed = (s.first_position + s.rows + block_size - 1) / block_size;

@@ -93,6 +93,27 @@ TEST(AttentionRowsTest, ARecordedStepPadsToAFixedNumberOfWords) {
   EXPECT_THAT(packed.words, ElementsAre(4, 0, 21, 0, 3, 8, 0, 0, 0, 0, 0, 0));
 }
 
+TEST(AttentionRowsTest, LongSpansGoToQueryTilesAndTheRestToTheRowKernel) {
+  const std::vector<int32_t> table_a = {4};
+  const std::vector<int32_t> table_b = {6, 7, 9};
+  // A decode row at position 10, then a 40-row prompt chunk from position 2:
+  // tiles of 16 rows cover the chunk as 16 + 16 + 8.
+  const AttentionSpan spans[] = {{0, 1, 10, table_a}, {1, 40, 2, table_b}};
+  const cuda::AttentionRows packed = cuda::PackAttentionRows(spans, 41, 0, 16);
+  ASSERT_EQ(packed.tiles, 3);
+  EXPECT_EQ(packed.max_keys, 11) << "only the rows outside tiles";
+  EXPECT_EQ(packed.words[41], 11);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(packed.words[42 + i], -(2 + i + 1)) << "row " << 1 + i;
+  EXPECT_EQ(packed.tile_offset, 82 + 4);
+  const std::vector<int32_t> tiles(packed.words.begin() + packed.tile_offset, packed.words.end());
+  EXPECT_THAT(tiles, ElementsAre(1, 16, 2, 83,     // rows 1-16 from position 2, table b
+                                 17, 16, 18, 83,   // rows 17-32 from position 18
+                                 33, 8, 34, 83));  // rows 33-40 from position 34
+  // A short span is never tiled.
+  const AttentionSpan short_span[] = {{0, 15, 0, table_b}};
+  EXPECT_EQ(cuda::PackAttentionRows(short_span, 15, 0, 16).tiles, 0);
+}
+
 TEST(KeySplitsTest, SplitsOnlyLongContextsThatLeaveTheDeviceIdle) {
   // Batch 1, 32 heads, 8k context on 132 SMs (528 target blocks): 17 splits
   // of at least 256 keys fill the device.

@@ -1,5 +1,6 @@
-// Paged causal attention for prefill and decode (LaunchPagedAttention in
-// kernels.h).
+// Paged causal attention, one query row at a time: decode rows and short
+// chunks (LaunchPagedAttention in kernels.h; prefill chunks go to
+// prefill_attention.cu).
 //
 // One thread block per (query row, head, key split); its four warps take
 // every fourth key of the split, each keeping an online softmax (running
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionArgs arg
 
   const int32_t* table = args.row_info + args.row_info[row];
   const int keys = args.row_info[args.rows + row];
+  if (keys < 0) return;  // a query tile's row: the tiled kernel computes it
   const int per_split = (keys + args.splits - 1) / args.splits;
   const int first = split * per_split;
   const int end = min(keys, first + per_split);
@@ -112,6 +114,7 @@ __global__ void MergeSplitsKernel(AttentionArgs args) {
   const int64_t row = blockIdx.x;
   const int head = blockIdx.y;
   const int d = threadIdx.x;
+  if (args.row_info[args.rows + row] < 0) return;  // a query tile's row
   const int64_t stride = static_cast<int64_t>(args.rows) * args.heads * (args.head_dim + 2);
   const float* first = args.partial + (row * args.heads + head) * (args.head_dim + 2);
   float max = -INFINITY;
@@ -132,6 +135,7 @@ __global__ void MergeSplitsKernel(AttentionArgs args) {
 
 void LaunchPagedAttention(const AttentionArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return;
+  if (args.tile_count > 0) LaunchTiledPrefillAttention(args, stream);
   const dim3 grid(static_cast<unsigned>(args.rows), static_cast<unsigned>(args.heads),
                   static_cast<unsigned>(args.splits));
   const int threads = kWarps * 32;

@@ -349,7 +349,9 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
   const size_t min_words =
       in_step_ ? static_cast<size_t>(q.rows) * (2 + static_cast<size_t>(step_.max_blocks_per_row))
                : 0;
-  const AttentionRows packed = PackAttentionRows(spans, q.rows, min_words);
+  // Prefill chunks go to the tiled kernel where it has the head dimension.
+  const int32_t tile_rows = TiledPrefillSupports(shape.head_dim) ? kPrefillTileRows : 0;
+  const AttentionRows packed = PackAttentionRows(spans, q.rows, min_words, tile_rows);
   AttentionArgs args;
   args.q = q.data;
   args.out = out.data;
@@ -363,6 +365,8 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
   args.block_size = kv_shape_.block_size;
   args.scale = shape.scale;
   args.max_keys = in_step_ ? std::max(packed.max_keys, step_.max_keys) : packed.max_keys;
+  args.tiles = args.row_info + packed.tile_offset;
+  args.tile_count = packed.tiles;
   if (Replaying()) return;
   // Four 128-thread blocks per SM keep every SM busy on a long context.
   args.splits = ChooseKeySplits(q.rows, shape.heads, args.max_keys, 4 * multiprocessors_);

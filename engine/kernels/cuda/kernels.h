@@ -64,10 +64,11 @@ void LaunchGatherRows(const float* x, int64_t cols, const int32_t* rows, int64_t
 // out[i] = bf16(x[i]) (round to nearest even) for n elements.
 void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 
-// Causal grouped-query attention over paged KV (flash-decoding: one online
-// softmax per query row and head, never a score matrix; the keys of long
-// contexts split over `splits` blocks whose partial results a second kernel
-// merges).
+// Causal grouped-query attention over paged KV, never storing a score
+// matrix. Rows in query tiles (prefill chunks; attention_rows.h) go to a
+// tiled flash-attention kernel on tensor cores (prefill_attention.cu); the
+// others to a per-row online softmax whose keys may be split over `splits`
+// blocks merged by a second kernel (flash-decoding; attention.cu).
 struct AttentionArgs {
   const float* q = nullptr;  // [rows][heads * head_dim]
   float* out = nullptr;      // [rows][heads * head_dim]
@@ -85,8 +86,16 @@ struct AttentionArgs {
   int max_keys = 0;  // the largest key count of any row
   // splits * rows * heads * (head_dim + 2) floats when splits > 1.
   float* partial = nullptr;
+  // Query tiles (4 words each, attention_rows.h), for head_dim 64 or 128.
+  const int32_t* tiles = nullptr;
+  int tile_count = 0;
 };
 void LaunchPagedAttention(const AttentionArgs& args, cudaStream_t stream);
+// The tiled kernel alone (LaunchPagedAttention calls it).
+void LaunchTiledPrefillAttention(const AttentionArgs& args, cudaStream_t stream);
+// Query tiles hold this many rows; head dimensions the tiled kernel has.
+inline constexpr int kPrefillTileRows = 64;
+inline bool TiledPrefillSupports(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
 }  // namespace tandem::kernels::cuda
 
