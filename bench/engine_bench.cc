@@ -212,6 +212,7 @@ int Run() {
       return 1;
     }
     std::vector<double> decode;
+    std::vector<int32_t> picked;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repeats) + 1; ++rep) {  // +1: warm-up
       for (int s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = {greedy(logits, s)};
       const auto t0 = std::chrono::steady_clock::now();
@@ -221,11 +222,13 @@ int Run() {
           inputs.push_back(
               {tokens[static_cast<size_t>(s)], context + i, tables[static_cast<size_t>(s)], 1});
         }
-        if (auto s = (*model)->Forward(inputs, &logits); !s.ok()) {
+        // As the daemon runs a greedy step: token ids, not logits, come back.
+        if (auto s = (*model)->ForwardGreedy(inputs, &picked); !s.ok()) {
           std::cerr << s << "\n";
           return 1;
         }
-        for (int s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = {greedy(logits, s)};
+        for (int s = 0; s < batch; ++s)
+          tokens[static_cast<size_t>(s)] = {picked[static_cast<size_t>(s)]};
       }
       const auto t1 = std::chrono::steady_clock::now();
       if (rep > 0) {

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -211,6 +212,24 @@ class Backend {
   // out[i] = x[rows[i]].
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
 
+  // --- greedy tokens on the device ---------------------------------------------
+  // out[r] = the index of row r's largest value, the lowest index among equal
+  // ones (the sampler's greedy rule), so greedy decoding copies token ids,
+  // not logits, to the host. Waits, like CopyToHost. The default copies the
+  // rows to the host and picks there.
+  virtual void ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
+    std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
+    CopyToHost(x, host.data());
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* row = host.data() + r * x.cols;
+      int64_t best = 0;
+      for (int64_t c = 1; c < x.cols; ++c) {
+        if (row[c] > row[best]) best = c;
+      }
+      out[static_cast<size_t>(r)] = static_cast<int32_t>(best);
+    }
+  }
+
   // --- recorded steps (CUDA graphs) --------------------------------------------
   // A backend that can record a sequence of its operations once and replay
   // it (cheaper than issuing each operation) says so here. The caller then
@@ -222,7 +241,8 @@ class Backend {
   // exactly the same sizes whenever the key is the same; only the inputs'
   // values may change. Nothing inside ops() may wait (no CopyToHost).
   struct StepGraphSpec {
-    int64_t key = 0;
+    int64_t owner = 0;               // who issues the steps (unique in the process)
+    int64_t key = 0;                 // which step, for that owner
     int32_t max_keys = 0;            // no attention row attends more keys
     int32_t max_blocks_per_row = 0;  // no span's block table is longer
   };

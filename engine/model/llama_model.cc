@@ -1,6 +1,7 @@
 #include "engine/model/llama_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "absl/status/status.h"
@@ -223,6 +224,24 @@ absl::Status LlamaModel::CopyBlocks(std::span<const std::pair<int32_t, int32_t>>
 
 absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
                                  std::vector<float>* logits_out, int layers) {
+  absl::StatusOr<int64_t> rows = ComputeLogits(sequences, layers);
+  if (!rows.ok()) return rows.status();
+  logits_out->resize(static_cast<size_t>(*rows * config_.vocab));
+  if (*rows > 0) backend_->CopyToHost(logits_.FirstRows(*rows), logits_out->data());
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::ForwardGreedy(std::span<const SequenceInput> sequences,
+                                       std::vector<int32_t>* tokens_out, int layers) {
+  absl::StatusOr<int64_t> rows = ComputeLogits(sequences, layers);
+  if (!rows.ok()) return rows.status();
+  tokens_out->resize(static_cast<size_t>(*rows));
+  if (*rows > 0) backend_->ArgMaxRows(logits_.FirstRows(*rows), *tokens_out);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> LlamaModel::ComputeLogits(std::span<const SequenceInput> sequences,
+                                                  int layers) {
   const ModelConfig& c = config_;
   if (layers < 0 || layers > c.layers) {
     return absl::InvalidArgumentError(
@@ -281,8 +300,7 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
   }
   const int64_t t = static_cast<int64_t>(tokens.size());
   const int64_t r = static_cast<int64_t>(logit_rows.size());
-  logits_out->resize(static_cast<size_t>(r * c.vocab));
-  if (t == 0) return absl::OkStatus();
+  if (t == 0) return int64_t{0};
 
   // A decode step: recorded, padded to a recorded batch size.
   const bool decode_step =
@@ -298,18 +316,38 @@ absl::Status LlamaModel::Forward(std::span<const SequenceInput> sequences,
       logit_rows.push_back(static_cast<int32_t>(row));
     }
     if (absl::Status s = EnsureCapacity(padded, padded); !s.ok()) return s;
+    // The attention inputs of a recording have a fixed size: every row's
+    // table padded to a width class, the next power of two of blocks (at
+    // least 16) that holds the batch's longest table.
+    size_t longest = 1;
+    for (const kernels::AttentionSpan& span : spans) {
+      longest = std::max(longest, span.block_table.size());
+    }
+    const int32_t context_blocks = (c.context_length + block_size_ - 1) / block_size_;
+    int32_t width = 16;
+    while (static_cast<size_t>(width) < longest && width < context_blocks) width *= 2;
+    width = std::min(width, std::max(context_blocks, 1));
+    int width_class = 0;
+    while ((16 << width_class) < width) ++width_class;
     kernels::Backend::StepGraphSpec spec;
-    spec.key = padded | (int64_t{run_layers} << 16) | (buffers_generation_ << 32);
-    spec.max_keys = c.context_length;
-    spec.max_blocks_per_row = (c.context_length + block_size_ - 1) / block_size_;
+    spec.owner = step_owner_;
+    // padded <= 256, run_layers < 2^8, width_class < 2^8.
+    spec.key = padded | (int64_t{run_layers} << 16) | (int64_t{width_class} << 24) |
+               (buffers_generation_ << 32);
+    spec.max_blocks_per_row = width;
+    spec.max_keys = std::min(width * block_size_, c.context_length);
     backend_->RunStep(
         spec, [&] { IssueForward(tokens, positions, slots, spans, logit_rows, run_layers); });
   } else {
     if (absl::Status s = EnsureCapacity(t, r); !s.ok()) return s;
     IssueForward(tokens, positions, slots, spans, logit_rows, run_layers);
   }
-  if (r > 0) backend_->CopyToHost(logits_.FirstRows(r), logits_out->data());
-  return absl::OkStatus();
+  return r;
+}
+
+int64_t LlamaModel::NextStepOwner() {
+  static std::atomic<int64_t> next{1};
+  return next.fetch_add(1);
 }
 
 int64_t LlamaModel::StepGraphBatch(int64_t rows) {

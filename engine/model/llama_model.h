@@ -59,6 +59,11 @@ class LlamaModel {
   // the same tokens, so the draft shares the model's KV cache.
   absl::Status Forward(std::span<const SequenceInput> sequences, std::vector<float>* logits_out,
                        int layers = 0);
+  // Forward() that writes, instead of each logits row, its greedy token (the
+  // largest logit, the lowest id among equal ones), picked where the logits
+  // are (Backend::ArgMaxRows): a GPU copies token ids, not logits.
+  absl::Status ForwardGreedy(std::span<const SequenceInput> sequences,
+                             std::vector<int32_t>* tokens_out, int layers = 0);
 
   // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks
   // shared by forked sequences. InvalidArgument for a block id out of range.
@@ -87,6 +92,9 @@ class LlamaModel {
                                                           const ModelOverrides& overrides);
   absl::Status BindWeights();
   absl::Status EnsureCapacity(int64_t tokens, int64_t logit_rows);
+  // Forward()'s body: computes the logits rows into logits_ and returns how
+  // many there are.
+  absl::StatusOr<int64_t> ComputeLogits(std::span<const SequenceInput> sequences, int layers);
   // Issues the forward pass's operations for a flattened batch, up to the
   // logits in logits_ (no wait).
   void IssueForward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
@@ -106,6 +114,10 @@ class LlamaModel {
   kernels::RopeSpec rope_;
 
   bool step_graphs_ = true;
+  // Identifies this model's recorded steps on its backend (process-unique:
+  // a model made later at the same address is another owner).
+  const int64_t step_owner_ = NextStepOwner();
+  static int64_t NextStepOwner();
   // Activation buffers, grown on demand; a recorded step is valid only for
   // the buffers it was recorded with (their generation is in its key).
   int64_t buffers_generation_ = 0;

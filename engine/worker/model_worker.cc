@@ -108,6 +108,33 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     in.logits = s.sample ? 1 + static_cast<int32_t>(draft.size()) : 0;
     inputs.push_back(in);
   }
+  // A step whose every sampled sequence is greedy, undrafted and without
+  // logprobs needs only each row's largest logit: picked where the logits
+  // are (a GPU copies token ids instead of logits rows).
+  bool greedy_only = true;
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const step::SequenceStep& s = plan.sequences[i];
+    if (s.sample &&
+        (s.sampling.temperature > 0.0f || s.logprobs > 0 || !drafts[i].tokens.empty())) {
+      greedy_only = false;
+    }
+  }
+  if (greedy_only) {
+    result.status = model_->ForwardGreedy(inputs, &greedy_tokens_);
+    if (!result.status.ok()) return result;
+    size_t row = 0;
+    for (const step::SequenceStep& s : plan.sequences) {
+      step::SequenceResult r;
+      r.sequence_id = s.sequence_id;
+      if (s.sample) {
+        r.sampled = {greedy_tokens_[row++]};
+        r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
+      }
+      result.sequences.push_back(std::move(r));
+    }
+    return CatchUpSeparateDraft(plan, drafts, std::move(result));
+  }
+
   result.status = model_->Forward(inputs, &logits_);
   if (!result.status.ok()) return result;
 
@@ -138,6 +165,12 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     }
     result.sequences.push_back(std::move(r));
   }
+  return CatchUpSeparateDraft(plan, drafts, std::move(result));
+}
+
+step::StepResult ModelWorker::CatchUpSeparateDraft(const step::StepPlan& plan,
+                                                   const std::vector<speculative::Draft>& drafts,
+                                                   step::StepResult result) {
   if (separate_draft_ != nullptr) {
     std::vector<int32_t> accepted;
     for (const step::SequenceResult& r : result.sequences) accepted.push_back(r.accepted);

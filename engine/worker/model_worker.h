@@ -61,6 +61,10 @@ class ModelWorker : public step::Worker {
   step::StepResult Run(const step::StepPlan& plan);
   // Drafts for every sequence whose step asks for speculation.
   absl::Status ProposeDrafts(const step::StepPlan& plan, std::vector<speculative::Draft>* drafts);
+  // A separate draft model sees what the target accepted (no-op without one).
+  step::StepResult CatchUpSeparateDraft(const step::StepPlan& plan,
+                                        const std::vector<speculative::Draft>& drafts,
+                                        step::StepResult result);
 
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<model::LlamaModel> model_;
@@ -68,6 +72,7 @@ class ModelWorker : public step::Worker {
   std::unique_ptr<speculative::DraftProposer> draft_model_;
   speculative::DraftModelProposer* separate_draft_ = nullptr;  // draft_model_, when separate
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_tokens_;
 };
 
 }  // namespace tandem::worker

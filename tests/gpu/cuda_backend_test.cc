@@ -97,6 +97,7 @@ class CudaOpsTest : public ::testing::Test {
   std::unique_ptr<Backend> cpu_;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
   std::vector<std::vector<uint8_t>> host_weights_;  // outlive the uploads
+  std::vector<std::vector<float>> host_floats_;     // likewise
   unsigned seed_ = 0;
   std::mt19937 rng_;
 };
@@ -126,8 +127,9 @@ TEST_F(CudaOpsTest, MatMulEveryWeightTypeWithBiasAndSharedInput) {
       host_weights_.push_back(RandomWeights(type, n, k, rng_));
       w.push_back(UploadBoth(type, n, k, host_weights_.back().data()));
     }
-    const std::vector<float> bias_host = Random(1, 96);
-    auto [bias_c, bias_g] = UploadBoth(DType::kF32, 1, 96, bias_host.data());
+    // Host data outlives its uploads (UploadWeight's contract).
+    host_floats_.push_back(Random(1, 96));
+    auto [bias_c, bias_g] = UploadBoth(DType::kF32, 1, 96, host_floats_.back().data());
     const Both out0 = Make(rows, 96), out1 = Make(rows, 32), out2 = Make(rows, 64);
     const Weight* wc[] = {&w[0].first, &w[1].first, &w[2].first};
     const Weight* wg[] = {&w[0].second, &w[1].second, &w[2].second};
@@ -293,6 +295,17 @@ TEST_P(CudaAttentionTest, PagedAttentionAcrossARaggedBatch) {
   EXPECT_LE(Error(out), kAttentionTolerance) << "attention, seed " << seed_;
   const std::vector<float> gpu_out = Read(*gpu_, out.gpu);
 
+  // The decode row alone: few rows and a long context split the keys over
+  // blocks that a second kernel merges.
+  {
+    const AttentionSpan alone[] = {{0, 1, seqs[0].first_position, seqs[0].table}};
+    const Both q1 = Make(1, q_width, Random(1, q_width));
+    const Both out1 = Make(1, q_width);
+    cpu_->Attention(layer, q1.cpu, ashape, alone, out1.cpu);
+    gpu_->Attention(layer, q1.gpu, ashape, alone, out1.gpu);
+    EXPECT_LE(Error(out1), kAttentionTolerance) << "split keys, seed " << seed_;
+  }
+
   // Copy-on-write: the first sequence's blocks copied to unused ones read
   // the same on the GPU, bit for bit.
   std::vector<std::pair<int32_t, int32_t>> copies;
@@ -343,6 +356,23 @@ TEST_F(CudaOpsTest, RopeBothPairings) {
     gpu_->Rope(x.gpu, heads, head_dim, positions, {table_g, head_dim, neox});
     EXPECT_LE(Error(x), kFloatTolerance) << "neox " << neox << ", seed " << seed_;
   }
+}
+
+TEST_F(CudaOpsTest, ArgMaxRowsPicksTheLowestIndexAmongEqualMaxima) {
+  const int64_t rows = 37, cols = 49152;
+  std::vector<float> host = Random(rows, cols);
+  // Row r has its maximum twice (at r and at r + 1000): the lower index wins.
+  for (int64_t r = 0; r < rows; ++r) {
+    host[static_cast<size_t>(r * cols + r)] = 100.0f;
+    host[static_cast<size_t>(r * cols + r + 1000)] = 100.0f;
+  }
+  host[static_cast<size_t>(5 * cols + 7)] = NAN;  // never wins
+  const Both x = Make(rows, cols, host);
+  std::vector<int32_t> gpu_tokens(rows), cpu_tokens(rows);
+  gpu_->ArgMaxRows(x.gpu, gpu_tokens);
+  cpu_->ArgMaxRows(x.cpu, cpu_tokens);
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(gpu_tokens[static_cast<size_t>(r)], r);
+  EXPECT_EQ(gpu_tokens, cpu_tokens);
 }
 
 TEST_F(CudaOpsTest, UnsupportedHeadDimensionIsRefusedAtKvCreation) {

@@ -64,6 +64,9 @@ TEST(CudaGreedyTest, RealModelPicksTheCpuBackendsTokens) {
     for (int b = 0; b < per_sequence; ++b) table.push_back(s * per_sequence + b);
     tables.push_back(table);
   }
+  std::vector<int32_t> prompt_length;
+  for (const std::vector<int32_t>& t : tokens)
+    prompt_length.push_back(static_cast<int32_t>(t.size()));
   const int vocab = (*cpu_model)->config().vocab;
   std::vector<model::SequenceInput> inputs;
   for (int s = 0; s < sequences; ++s) inputs.push_back({tokens[s], 0, tables[s], 1});
@@ -90,7 +93,7 @@ TEST(CudaGreedyTest, RealModelPicksTheCpuBackendsTokens) {
       next[s] = {cpu_pick};  // teacher-forced: both continue from the CPU's token
     }
     for (int s = 0; s < sequences; ++s) {
-      const int32_t position = static_cast<int32_t>(tokens[s].size()) + step;
+      const int32_t position = prompt_length[s] + step;
       tokens[s] = next[s];
       inputs[s] = {tokens[s], position, tables[s], 1};
     }

@@ -121,7 +121,8 @@ class RecordingCheckBackend final : public Backend {
     ops();
     in_step_ = false;
     ++steps_run_;
-    auto [it, first] = logs_.emplace(spec.key, log_);
+    EXPECT_NE(spec.owner, 0);
+    auto [it, first] = logs_.emplace(std::pair(spec.owner, spec.key), log_);
     if (!first) {
       EXPECT_EQ(log_, it->second) << "key " << spec.key
                                   << " issued other operations or sizes than its first step";
@@ -138,7 +139,7 @@ class RecordingCheckBackend final : public Backend {
   StepGraphSpec step_;
   int steps_run_ = 0;
   std::vector<std::string> log_;
-  std::map<int64_t, std::vector<std::string>> logs_;
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::string>> logs_;
 };
 
 TEST(StepGraphTest, PaddedRecordedDecodeStepsGiveTheSameLogits) {

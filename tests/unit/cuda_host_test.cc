@@ -102,6 +102,7 @@ TEST(AttentionRowsTest, LongSpansGoToQueryTilesAndTheRestToTheRowKernel) {
   const cuda::AttentionRows packed = cuda::PackAttentionRows(spans, 41, 0, 16);
   ASSERT_EQ(packed.tiles, 3);
   EXPECT_EQ(packed.max_keys, 11) << "only the rows outside tiles";
+  EXPECT_EQ(packed.untiled_rows, 1);
   EXPECT_EQ(packed.words[41], 11);
   for (int i = 0; i < 40; ++i) EXPECT_EQ(packed.words[42 + i], -(2 + i + 1)) << "row " << 1 + i;
   EXPECT_EQ(packed.tile_offset, 82 + 4);

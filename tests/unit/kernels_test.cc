@@ -497,5 +497,15 @@ TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
   }
 }
 
+TEST(BackendArgMaxRowsTest, PicksTheLargestLogitLowestIdOnTies) {
+  CpuBackend backend(1);
+  std::vector<float> x = {0.5f,  2.0f,  2.0f,  -1.0f,  // tie: 1 before 2
+                          -3.0f, -2.0f, -2.5f, -9.0f,  // all negative
+                          7.0f,  7.0f,  7.0f,  7.0f};  // all equal: 0
+  std::vector<int32_t> out(3);
+  backend.ArgMaxRows(View(x, 3, 4), out);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 1, 0}));
+}
+
 }  // namespace
 }  // namespace tandem::kernels::cpu

@@ -23,7 +23,10 @@ AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t ro
       const int32_t keys = span.first_position + i + 1;
       packed.words[static_cast<size_t>(row)] = table_start;
       packed.words[static_cast<size_t>(rows + row)] = tiled ? -keys : keys;
-      if (!tiled) packed.max_keys = std::max(packed.max_keys, keys);
+      if (!tiled) {
+        packed.max_keys = std::max(packed.max_keys, keys);
+        ++packed.untiled_rows;
+      }
     }
     for (int32_t first = 0; tiled && first < span.rows; first += tile_rows) {
       tiles.insert(tiles.end(), {span.first_row + first, std::min(tile_rows, span.rows - first),

@@ -33,9 +33,10 @@ namespace tandem::kernels::cuda {
 inline constexpr int32_t kMinTiledRows = 16;
 struct AttentionRows {
   std::vector<int32_t> words;
-  int32_t max_keys = 0;     // the largest key count of a row not in a tile
-  int32_t tiles = 0;        // query tiles
-  int32_t tile_offset = 0;  // where the tiles start in `words`
+  int32_t max_keys = 0;      // the largest key count of a row not in a tile
+  int64_t untiled_rows = 0;  // rows the per-row kernel computes
+  int32_t tiles = 0;         // query tiles
+  int32_t tile_offset = 0;   // where the tiles start in `words`
 };
 AttentionRows PackAttentionRows(std::span<const AttentionSpan> spans, int64_t rows,
                                 size_t min_words = 0, int32_t tile_rows = 0);

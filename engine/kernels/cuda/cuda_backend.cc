@@ -34,9 +34,29 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> DeviceAlloc(int device, size_t byt
 }
 
 // The device copies of host tensors, one per (device, host data, type,
-// shape, stored form) for the whole process. Entries die with their last
-// user.
-using WeightKey = std::tuple<int, const void*, DType, int64_t, int64_t, bool>;
+// shape, stored form, content fingerprint) for the whole process, so the two
+// lanes' backends hold one copy of the model. Entries die with their last
+// user. The fingerprint (below) keeps a different tensor that later sits at
+// the same host address from being served a stale copy.
+using WeightKey = std::tuple<int, const void*, DType, int64_t, int64_t, bool, uint64_t>;
+
+// FNV-1a over the whole of a small tensor, or over 64 evenly spread 256-byte
+// pieces of a large one (a weight file's tensors are immutable while mapped;
+// this guards against reused addresses, not against edits in place).
+uint64_t Fingerprint(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&](size_t from, size_t count) {
+    for (size_t i = from; i < from + count; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  };
+  constexpr size_t kPiece = 256, kPieces = 64;
+  if (bytes <= kPiece * kPieces) {
+    mix(0, bytes);
+  } else {
+    for (size_t k = 0; k < kPieces; ++k) mix((bytes - kPiece) / (kPieces - 1) * k, kPiece);
+  }
+  return hash ^ bytes;
+}
 
 absl::StatusOr<std::shared_ptr<DeviceBuffer>> SharedDeviceCopy(
     const WeightKey& key, size_t bytes, const std::function<absl::Status(DeviceBuffer&)>& fill) {
@@ -56,6 +76,11 @@ absl::StatusOr<std::shared_ptr<DeviceBuffer>> SharedDeviceCopy(
 }
 
 int HostThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// A launch that could not start (bad configuration, too much shared memory)
+// leaves an error only cudaGetLastError() returns; its outputs would keep
+// stale values. Legal inside a stream capture.
+void CheckLaunch(const char* what) { CheckCuda(cudaGetLastError(), what); }
 
 }  // namespace
 
@@ -110,6 +135,7 @@ CudaBackend::~CudaBackend() {
   bf16_activations_.reset();
   attention_partial_.reset();
   cublas_workspace_.reset();
+  argmax_tokens_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -123,14 +149,18 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, int64_t rows, int6
                                                  const void* host_data) {
   Weight weight{dtype, rows, cols, nullptr, nullptr};
   const size_t elements = static_cast<size_t>(rows * cols);
+  const uint64_t fingerprint =
+      Fingerprint(host_data, RowBytes(dtype, cols) * static_cast<size_t>(rows));
   auto bf16_copy = [&]() {
     return SharedDeviceCopy(
-        {device_, host_data, dtype, rows, cols, true}, elements * sizeof(uint16_t),
+        {device_, host_data, dtype, rows, cols, true, fingerprint}, elements * sizeof(uint16_t),
         [&](DeviceBuffer& buffer) -> absl::Status {
           std::vector<uint16_t> host(elements);
           cpu::DequantizeToBf16(dtype, host_data, rows, cols, host.data(), HostThreads());
-          const cudaError_t e = cudaMemcpy(buffer.data(), host.data(), elements * sizeof(uint16_t),
-                                           cudaMemcpyHostToDevice);
+          cudaError_t e = cudaMemcpy(buffer.data(), host.data(), elements * sizeof(uint16_t),
+                                     cudaMemcpyHostToDevice);
+          // From pageable memory the copy may return before its DMA lands.
+          if (e == cudaSuccess) e = cudaDeviceSynchronize();
           if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
           return absl::OkStatus();
         });
@@ -139,10 +169,12 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, int64_t rows, int6
     // Vectors, the rotary table and small float matrices stay float32; a
     // matrix also gets a bf16 copy for products.
     absl::StatusOr<std::shared_ptr<DeviceBuffer>> f32 = SharedDeviceCopy(
-        {device_, host_data, dtype, rows, cols, false}, elements * sizeof(float),
+        {device_, host_data, dtype, rows, cols, false, fingerprint}, elements * sizeof(float),
         [&](DeviceBuffer& buffer) -> absl::Status {
-          const cudaError_t e = cudaMemcpy(buffer.data(), host_data, elements * sizeof(float),
-                                           cudaMemcpyHostToDevice);
+          cudaError_t e = cudaMemcpy(buffer.data(), host_data, elements * sizeof(float),
+                                     cudaMemcpyHostToDevice);
+          // From pageable memory the copy may return before its DMA lands.
+          if (e == cudaSuccess) e = cudaDeviceSynchronize();
           if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
           return absl::OkStatus();
         });
@@ -177,7 +209,10 @@ absl::Status CudaBackend::CreateKvCache(const KvCacheShape& shape) {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> storage = DeviceAlloc(device_, bytes, "KV cache");
   if (!storage.ok()) return storage.status();
   // Never-written slots read as zeros, as on the CPU.
-  CheckCuda(cudaMemset((*storage)->data(), 0, bytes), "cudaMemset (KV cache)");
+  // On this backend's stream (non-blocking: the legacy default stream would
+  // not order before it), finished before any other lane can use it.
+  CheckCuda(cudaMemsetAsync((*storage)->data(), 0, bytes, stream_), "cudaMemsetAsync (KV cache)");
+  CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (KV cache)");
   kv_storage_ = *std::move(storage);
   kv_shape_ = shape;
   ++scratch_generation_;  // recordings hold the old storage's address
@@ -205,6 +240,18 @@ void CudaBackend::CopyToHost(const Matrix& src, float* dst) {
   CheckCuda(cudaMemcpyAsync(dst, src.data, sizeof(float) * static_cast<size_t>(src.rows * src.cols),
                             cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync (to host)");
+  CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  uploads_.Reset();
+}
+
+void CudaBackend::ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
+  auto* tokens =
+      static_cast<int32_t*>(Scratch(argmax_tokens_, static_cast<size_t>(x.rows) * sizeof(int32_t)));
+  LaunchArgMaxRows(x.data, x.rows, x.cols, tokens, stream_);
+  CheckLaunch("LaunchArgMaxRows");
+  CheckCuda(cudaMemcpyAsync(out.data(), tokens, static_cast<size_t>(x.rows) * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (tokens to host)");
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   uploads_.Reset();
 }
@@ -255,9 +302,11 @@ void CudaBackend::Embed(const Weight& table, std::span<const int32_t> ids, Matri
   if (table.dtype == DType::kBF16) {
     LaunchEmbedBf16(static_cast<const uint16_t*>(table.data), table.cols, device_ids, rows,
                     out.data, stream_);
+    CheckLaunch("LaunchEmbedBf16");
   } else {
     LaunchEmbedF32(static_cast<const float*>(table.data), table.cols, device_ids, rows, out.data,
                    stream_);
+    CheckLaunch("LaunchEmbedF32");
   }
 }
 
@@ -269,6 +318,7 @@ void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights
   auto* x_bf16 =
       static_cast<uint16_t*>(Scratch(bf16_activations_, static_cast<size_t>(elements) * 2));
   LaunchToBf16(x.data, elements, x_bf16, stream_);
+  CheckLaunch("LaunchToBf16");
   const float alpha = 1.0f;
   const float beta = 0.0f;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -285,6 +335,7 @@ void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights
     if (i < biases.size() && biases[i] != nullptr) {
       LaunchAddBias(out.data, out.rows, out.cols, static_cast<const float*>(biases[i]->data),
                     stream_);
+      CheckLaunch("LaunchAddBias");
     }
   }
 }
@@ -293,6 +344,7 @@ void CudaBackend::RmsNorm(const Matrix& x, const Weight& weight, float eps, Matr
   if (Replaying()) return;
   LaunchRmsNorm(x.data, static_cast<const float*>(weight.data), x.rows, x.cols, eps, out.data,
                 stream_);
+  CheckLaunch("LaunchRmsNorm");
 }
 
 void CudaBackend::AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, float eps,
@@ -300,6 +352,7 @@ void CudaBackend::AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, 
   if (Replaying()) return;
   LaunchAddRmsNorm(acc.data, x.data, static_cast<const float*>(weight.data), acc.rows, acc.cols,
                    eps, out.data, stream_);
+  CheckLaunch("LaunchAddRmsNorm");
 }
 
 void CudaBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_t> positions,
@@ -308,18 +361,20 @@ void CudaBackend::Rope(Matrix x, int heads, int head_dim, std::span<const int32_
   if (Replaying()) return;
   LaunchRope(x.data, x.rows, heads, head_dim, device_positions,
              {static_cast<const float*>(rope.table.data), rope.rotary_dims, rope.neox}, stream_);
+  CheckLaunch("LaunchRope");
 }
 
 void CudaBackend::RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v,
                               const AttentionShape& shape, std::span<const int32_t> positions,
                               std::span<const int32_t> slots, const RopeSpec& rope) {
-  const int32_t* device_positions = uploads_.Upload(UploadArena::Kind::kPositions, positions);
-  const int32_t* device_slots = uploads_.Upload(UploadArena::Kind::kSlots, slots);
+  const auto [device_positions, device_slots] = uploads_.UploadPair(
+      UploadArena::Kind::kPositions, positions, UploadArena::Kind::kSlots, slots);
   if (Replaying()) return;
   LaunchRopeWriteKv(q.data, k.data, v.data, q.rows, shape.heads, shape.kv_heads, shape.head_dim,
                     device_positions, device_slots,
                     {static_cast<const float*>(rope.table.data), rope.rotary_dims, rope.neox},
                     KPool(layer), VPool(layer), stream_);
+  CheckLaunch("LaunchRopeWriteKv");
 }
 
 void CudaBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copies) {
@@ -332,6 +387,7 @@ void CudaBackend::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> copi
   for (const auto& [from, to] : copies) {
     LaunchCopyKvBlock(static_cast<uint16_t*>(kv_storage_->data()), 2 * kv_shape_.layers,
                       pool_halves, from * block_halves, to * block_halves, block_halves, stream_);
+    CheckLaunch("LaunchCopyKvBlock");
   }
 }
 
@@ -340,36 +396,67 @@ void CudaBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
   const int32_t* device_slots = uploads_.Upload(UploadArena::Kind::kSlots, slots);
   if (Replaying()) return;
   LaunchWriteKv(k.data, v.data, k.rows, k.cols, device_slots, KPool(layer), VPool(layer), stream_);
+  CheckLaunch("LaunchWriteKv");
+}
+
+bool CudaBackend::AttentionInputsKey::Matches(std::span<const AttentionSpan> other,
+                                              int64_t other_rows, int64_t other_epoch) const {
+  if (other_epoch != epoch || other_rows != rows || other.size() != spans.size()) return false;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttentionSpan& a = spans[i];
+    const AttentionSpan& b = other[i];
+    if (a.first_row != b.first_row || a.rows != b.rows || a.first_position != b.first_position ||
+        a.block_table.data() != b.block_table.data() ||
+        a.block_table.size() != b.block_table.size()) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& shape,
                             std::span<const AttentionSpan> spans, Matrix out) {
-  // Inside a recorded step the upload's size and the key splits come from
-  // the step's spec (the same every time), not from this step's data.
-  const size_t min_words =
-      in_step_ ? static_cast<size_t>(q.rows) * (2 + static_cast<size_t>(step_.max_blocks_per_row))
-               : 0;
-  // Prefill chunks go to the tiled kernel where it has the head dimension.
-  const int32_t tile_rows = TiledPrefillSupports(shape.head_dim) ? kPrefillTileRows : 0;
-  const AttentionRows packed = PackAttentionRows(spans, q.rows, min_words, tile_rows);
+  // Every layer of a step attends the same spans: they are packed and
+  // uploaded once per step (until the next wait resets the uploads).
+  if (!attention_inputs_.key.Matches(spans, q.rows, uploads_.epoch())) {
+    // Inside a recorded step the upload's size and the key splits come from
+    // the step's spec (the same every time), not from this step's data.
+    const size_t min_words =
+        in_step_ ? static_cast<size_t>(q.rows) * (2 + static_cast<size_t>(step_.max_blocks_per_row))
+                 : 0;
+    // Prefill chunks go to the tiled kernel where it has the head dimension.
+    const int32_t tile_rows = TiledPrefillSupports(shape.head_dim) ? kPrefillTileRows : 0;
+    const AttentionRows packed = PackAttentionRows(spans, q.rows, min_words, tile_rows);
+    attention_inputs_.words = uploads_.Upload(UploadArena::Kind::kAttentionRows, packed.words);
+    attention_inputs_.max_keys =
+        in_step_ ? std::max(packed.max_keys, step_.max_keys) : packed.max_keys;
+    attention_inputs_.untiled_rows = packed.untiled_rows;
+    attention_inputs_.tile_offset = packed.tile_offset;
+    attention_inputs_.tiles = packed.tiles;
+    attention_inputs_.key.spans.assign(spans.begin(), spans.end());
+    attention_inputs_.key.rows = q.rows;
+    attention_inputs_.key.epoch = uploads_.epoch();
+  }
+  if (Replaying()) return;
   AttentionArgs args;
   args.q = q.data;
   args.out = out.data;
   args.k_pool = KPool(layer);
   args.v_pool = VPool(layer);
-  args.row_info = uploads_.Upload(UploadArena::Kind::kAttentionRows, packed.words);
+  args.row_info = attention_inputs_.words;
   args.rows = q.rows;
   args.heads = shape.heads;
   args.kv_heads = shape.kv_heads;
   args.head_dim = shape.head_dim;
   args.block_size = kv_shape_.block_size;
   args.scale = shape.scale;
-  args.max_keys = in_step_ ? std::max(packed.max_keys, step_.max_keys) : packed.max_keys;
-  args.tiles = args.row_info + packed.tile_offset;
-  args.tile_count = packed.tiles;
-  if (Replaying()) return;
-  // Four 128-thread blocks per SM keep every SM busy on a long context.
-  args.splits = ChooseKeySplits(q.rows, shape.heads, args.max_keys, 4 * multiprocessors_);
+  args.max_keys = attention_inputs_.max_keys;
+  args.tiles = args.row_info + attention_inputs_.tile_offset;
+  args.tile_count = attention_inputs_.tiles;
+  // About four 128-thread blocks per SM: the rows the per-row kernel
+  // computes (not those in query tiles) decide whether keys are split.
+  args.splits = ChooseKeySplits(std::max<int64_t>(attention_inputs_.untiled_rows, 1), shape.heads,
+                                args.max_keys, 4 * multiprocessors_);
   if (args.splits > 1) {
     const size_t floats = static_cast<size_t>(args.splits) * static_cast<size_t>(q.rows) *
                           static_cast<size_t>(shape.heads) *
@@ -377,16 +464,19 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
     args.partial = static_cast<float*>(Scratch(attention_partial_, floats * sizeof(float)));
   }
   LaunchPagedAttention(args, stream_);
+  CheckLaunch("LaunchPagedAttention");
 }
 
 void CudaBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
   if (Replaying()) return;
   LaunchSiluMul(gate.data, up.data, gate.rows * gate.cols, out.data, stream_);
+  CheckLaunch("LaunchSiluMul");
 }
 
 void CudaBackend::Add(Matrix acc, const Matrix& x) {
   if (Replaying()) return;
   LaunchAdd(acc.data, x.data, acc.rows * acc.cols, stream_);
+  CheckLaunch("LaunchAdd");
 }
 
 void CudaBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) {
@@ -394,9 +484,17 @@ void CudaBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Mat
   if (Replaying()) return;
   LaunchGatherRows(x.data, x.cols, device_rows, static_cast<int64_t>(rows.size()), out.data,
                    stream_);
+  CheckLaunch("LaunchGatherRows");
 }
 
 void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) {
+  // A recording's copies read the arena from offset 0: the step must start
+  // from an empty one (every step before ended with a wait, which empties
+  // it; anything else waits here).
+  if (!uploads_.empty()) {
+    CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (step)");
+    uploads_.Reset();
+  }
   in_step_ = true;
   step_ = spec;
   auto done = [this] {
@@ -405,14 +503,20 @@ void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>
     uploads_.set_staging_only(false);
     uploads_.set_may_grow(true);
   };
-  if (graphs_failed_ || warmed_up_.insert(spec.key).second) {
+  const RecordingKey key{spec.owner, spec.key};
+  if (graphs_failed_ || warmed_up_.insert(key).second) {
     // The key's first step runs eagerly: it grows every buffer to the size
-    // the recording will need (growth waits, which a capture cannot).
+    // the recording will need (growth waits, which a capture cannot). If
+    // something grew, the next step warms up again: growth in the middle of
+    // a step sizes the arena for what was left of it, not for a whole step
+    // from an empty arena.
+    const int64_t scratch = scratch_generation_, arena = uploads_.generation();
     ops();
+    if (scratch != scratch_generation_ || arena != uploads_.generation()) warmed_up_.erase(key);
     done();
     return;
   }
-  auto it = recordings_.find(spec.key);
+  auto it = recordings_.find(key);
   if (it != recordings_.end() && (it->second.scratch_generation != scratch_generation_ ||
                                   it->second.arena_generation != uploads_.generation())) {
     cudaGraphExecDestroy(it->second.exec);  // a buffer it uses moved
@@ -420,7 +524,7 @@ void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>
     it = recordings_.end();
   }
   if (it == recordings_.end()) {
-    if (!RecordAndLaunch(spec.key, ops)) {
+    if (!RecordAndLaunch(key, ops)) {
       mode_ = Mode::kIssue;
       uploads_.set_may_grow(true);
       ops();
@@ -436,7 +540,7 @@ void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>
   done();
 }
 
-bool CudaBackend::RecordAndLaunch(int64_t key, const std::function<void()>& ops) {
+bool CudaBackend::RecordAndLaunch(const RecordingKey& key, const std::function<void()>& ops) {
   // Thread-local capture: the other lane's thread may go on calling CUDA.
   CheckCuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
             "cudaStreamBeginCapture");

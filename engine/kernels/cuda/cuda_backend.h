@@ -32,6 +32,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/kernels/backend.h"
@@ -78,6 +79,7 @@ class CudaBackend final : public Backend {
                    std::span<const int32_t> positions, std::span<const int32_t> slots,
                    const RopeSpec& rope) override;
 
+  void ArgMaxRows(const Matrix& x, std::span<int32_t> out) override;
   bool SupportsStepGraphs() const override { return true; }
   void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) override;
 
@@ -91,10 +93,11 @@ class CudaBackend final : public Backend {
     int64_t scratch_generation = 0;
     int64_t arena_generation = 0;
   };
+  using RecordingKey = std::pair<int64_t, int64_t>;  // StepGraphSpec's owner, key
   bool Replaying() const { return mode_ == Mode::kReplay; }
   // Records ops() as the graph of `key` and launches it; false (nothing
   // kept, ops() issued eagerly instead) if the capture fails.
-  bool RecordAndLaunch(int64_t key, const std::function<void()>& ops);
+  bool RecordAndLaunch(const RecordingKey& key, const std::function<void()>& ops);
 
   CudaBackend(int device, LanePriority lane) : device_(device), lane_(lane) {}
   absl::Status Init();
@@ -113,12 +116,33 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> bf16_activations_;   // MatMul's rounded input
   std::unique_ptr<DeviceBuffer> attention_partial_;  // split-key states
   std::unique_ptr<DeviceBuffer> cublas_workspace_;   // fixed, so cuBLAS can be captured
+  std::unique_ptr<DeviceBuffer> argmax_tokens_;      // ArgMaxRows' device output
   int64_t scratch_generation_ = 0;                   // bumped when a scratch buffer moves
   Mode mode_ = Mode::kIssue;
   bool in_step_ = false;
   StepGraphSpec step_;
-  std::set<int64_t> warmed_up_;  // keys whose first step ran
-  std::map<int64_t, Recording> recordings_;
+  std::set<RecordingKey> warmed_up_;  // keys whose first step ran
+  std::map<RecordingKey, Recording> recordings_;
+  // The attention inputs of the step being issued: the same spans for every
+  // layer, packed and uploaded once per upload epoch.
+  // Same spans: every field equal, tables by address and length (the model
+  // builds the spans once per step and changes no table in it).
+  struct AttentionInputsKey {
+    std::vector<AttentionSpan> spans;
+    int64_t rows = 0;
+    int64_t epoch = -1;
+    bool Matches(std::span<const AttentionSpan> other, int64_t other_rows,
+                 int64_t other_epoch) const;
+  };
+  struct AttentionInputs {
+    AttentionInputsKey key;
+    const int32_t* words = nullptr;  // device copy
+    int32_t max_keys = 0;
+    int64_t untiled_rows = 0;
+    int32_t tile_offset = 0;
+    int32_t tiles = 0;
+  };
+  AttentionInputs attention_inputs_;
   bool graphs_failed_ = false;  // a capture failed: steps run eagerly from then on
   // Device copies of uploaded weights, shared process-wide (see above).
   std::vector<std::shared_ptr<DeviceBuffer>> weights_;

@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 #include "engine/kernels/cuda/kernels.h"
 
@@ -170,6 +172,50 @@ __global__ void GatherRowsKernel(const float* x, int64_t cols, const int32_t* ro
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[row * cols + c] = src[c];
 }
 
+// The better of two (value, index) candidates: larger value, then lower
+// index; a NaN never beats anything.
+__device__ void Better(float& value, int32_t& index, float other_value, int32_t other_index) {
+  if (other_value > value || (other_value == value && other_index < index)) {
+    value = other_value;
+    index = other_index;
+  }
+}
+
+// One block per row.
+__global__ void ArgMaxRowsKernel(const float* x, int64_t cols, int32_t* out) {
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float value = -INFINITY;
+  int32_t index = INT32_MAX;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    Better(value, index, row[c], static_cast<int32_t>(c));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Better(value, index, __shfl_xor_sync(0xffffffffu, value, offset),
+           __shfl_xor_sync(0xffffffffu, index, offset));
+  }
+  __shared__ float warp_values[32];
+  __shared__ int32_t warp_indices[32];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_values[warp] = value;
+    warp_indices[warp] = index;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    value = lane < warps ? warp_values[lane] : -INFINITY;
+    index = lane < warps ? warp_indices[lane] : INT32_MAX;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      Better(value, index, __shfl_xor_sync(0xffffffffu, value, offset),
+             __shfl_xor_sync(0xffffffffu, index, offset));
+    }
+    // A row of NaNs and negative infinities: the first index, as the
+    // sequential rule gives.
+    if (lane == 0) out[blockIdx.x] = index == INT32_MAX ? 0 : index;
+  }
+}
+
 __global__ void ToBf16Kernel(const float* x, int64_t n, __nv_bfloat16* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -258,6 +304,12 @@ void LaunchGatherRows(const float* x, int64_t cols, const int32_t* rows, int64_t
                       cudaStream_t stream) {
   if (n == 0) return;
   GatherRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, cols, rows, out);
+}
+
+void LaunchArgMaxRows(const float* x, int64_t rows, int64_t cols, int32_t* out,
+                      cudaStream_t stream) {
+  if (rows == 0) return;
+  ArgMaxRowsKernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(x, cols, out);
 }
 
 void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {

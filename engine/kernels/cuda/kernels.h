@@ -61,6 +61,10 @@ void LaunchAddBias(float* out, int64_t rows, int64_t cols, const float* bias, cu
 // out[i] = x[rows[i]] for n rows of cols floats.
 void LaunchGatherRows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out,
                       cudaStream_t stream);
+// out[r] = the index of row r's largest value, the lowest among equal ones
+// (NaNs never win), for a [rows][cols] matrix.
+void LaunchArgMaxRows(const float* x, int64_t rows, int64_t cols, int32_t* out,
+                      cudaStream_t stream);
 // out[i] = bf16(x[i]) (round to nearest even) for n elements.
 void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 

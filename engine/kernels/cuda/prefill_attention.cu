@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include "engine/kernels/cuda/cuda_check.h"
 #include "engine/kernels/cuda/kernels.h"
 
 namespace tandem::kernels::cuda {
@@ -201,7 +202,7 @@ void Launch(const AttentionArgs& args, cudaStream_t stream) {
   // Above 48 KiB of dynamic shared memory a kernel must opt in (once).
   static const cudaError_t opted_in = cudaFuncSetAttribute(
       TiledPrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
-  (void)opted_in;
+  CheckCuda(opted_in, "cudaFuncSetAttribute (tiled prefill attention's shared memory)");
   const dim3 grid(static_cast<unsigned>(args.tile_count), static_cast<unsigned>(args.heads));
   TiledPrefillKernel<D><<<grid, kWarps * 32, kBytes, stream>>>(args);
 }

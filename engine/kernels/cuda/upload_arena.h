@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "absl/status/status.h"
 
@@ -44,6 +45,14 @@ class UploadArena {
 
   // The device copy of `values` (see above).
   const int32_t* Upload(Kind kind, std::span<const int32_t> values);
+  // Two uploads whose device copies are both valid afterwards (a growth
+  // between two plain Upload() calls would free the first one's copy).
+  std::pair<const int32_t*, const int32_t*> UploadPair(Kind kind_a, std::span<const int32_t> a,
+                                                       Kind kind_b, std::span<const int32_t> b);
+  bool empty() const { return used_ == 0; }
+  // Changes at every Reset(): device copies from an earlier epoch may be
+  // overwritten.
+  int64_t epoch() const { return epoch_; }
 
   // The stream was synchronised: every queued copy is done.
   void Reset();
@@ -61,14 +70,18 @@ class UploadArena {
     size_t bytes = 0;
     bool valid = false;
   };
-  // Waits for the stream, then reallocates to hold at least `bytes` more.
+  // Waits for the stream, then reallocates (twice what the epoch needed).
   void Grow(size_t bytes);
+  // Whether `values` equals the last upload of `kind` (no copy needed).
+  bool Hits(Kind kind, std::span<const int32_t> values) const;
 
   cudaStream_t stream_ = nullptr;
   uint8_t* host_ = nullptr;
   uint8_t* device_ = nullptr;
   size_t capacity_ = 0;
   size_t used_ = 0;
+  size_t epoch_bytes_ = 0;  // uploaded since the last Reset(), across growth
+  int64_t epoch_ = 0;
   int64_t generation_ = 0;
   bool staging_only_ = false;
   bool may_grow_ = true;
