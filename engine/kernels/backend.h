@@ -20,6 +20,7 @@
 #ifndef TANDEM_ENGINE_KERNELS_BACKEND_H_
 #define TANDEM_ENGINE_KERNELS_BACKEND_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -227,6 +228,28 @@ class Backend {
         if (row[c] > row[best]) best = c;
       }
       out[static_cast<size_t>(r)] = static_cast<int32_t>(best);
+    }
+  }
+
+  // The k largest values of each row and their indices, largest first, the
+  // lower index first among equal values (the sampler's order), so sampling
+  // from the top k copies k candidates per row, not the row: values and ids
+  // are [rows][k]. Waits, like CopyToHost. REQUIRES 1 <= k <= x.cols. The
+  // default picks on the host.
+  virtual void TopKRows(const Matrix& x, int k, std::span<float> values, std::span<int32_t> ids) {
+    std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
+    CopyToHost(x, host.data());
+    std::vector<int32_t> order(static_cast<size_t>(x.cols));
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* row = host.data() + r * x.cols;
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
+        return row[a] != row[b] ? row[a] > row[b] : a < b;
+      });
+      for (int i = 0; i < k; ++i) {
+        ids[static_cast<size_t>(r * k + i)] = order[static_cast<size_t>(i)];
+        values[static_cast<size_t>(r * k + i)] = row[order[static_cast<size_t>(i)]];
+      }
     }
   }
 

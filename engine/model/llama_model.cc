@@ -240,6 +240,21 @@ absl::Status LlamaModel::ForwardGreedy(std::span<const SequenceInput> sequences,
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::ForwardTopK(std::span<const SequenceInput> sequences, int k,
+                                     std::vector<float>* values, std::vector<int32_t>* ids,
+                                     int layers) {
+  if (k < 1 || k > config_.vocab) {
+    return absl::InvalidArgumentError(
+        StrCat("top ", k, " candidates of a vocabulary of ", config_.vocab));
+  }
+  absl::StatusOr<int64_t> rows = ComputeLogits(sequences, layers);
+  if (!rows.ok()) return rows.status();
+  values->resize(static_cast<size_t>(*rows * k));
+  ids->resize(static_cast<size_t>(*rows * k));
+  if (*rows > 0) backend_->TopKRows(logits_.FirstRows(*rows), k, *values, *ids);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> LlamaModel::ComputeLogits(std::span<const SequenceInput> sequences,
                                                   int layers) {
   const ModelConfig& c = config_;

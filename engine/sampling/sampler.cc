@@ -69,23 +69,16 @@ struct Nucleus {
   double mass = 0.0;
 };
 
-Nucleus TruncatedNucleus(std::span<const float> logits, const step::SamplingParams& params,
-                         double max_logit) {
-  const size_t n = logits.size();
-  const size_t keep = params.top_k > 0 ? std::min<size_t>(static_cast<size_t>(params.top_k), n) : n;
+// The nucleus of `c`, the candidates most likely first (all of them, or the
+// top-k, sorted). Without top-k, sorts only as much as the nucleus needs.
+Nucleus NucleusOf(std::vector<Candidate> c, size_t n, const step::SamplingParams& params,
+                  double max_logit) {
+  const size_t keep = c.size();
   const double inverse_temperature = 1.0 / params.temperature;
   auto weight = [&](float logit) {
     return std::exp((static_cast<double>(logit) - max_logit) * inverse_temperature);
   };
-  std::vector<Candidate> c(n);
-  for (size_t i = 0; i < n; ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
-  if (keep < n) {
-    std::nth_element(c.begin(), c.begin() + static_cast<long>(keep), c.end(), MoreLikely);
-    c.resize(keep);
-    std::sort(c.begin(), c.end(), MoreLikely);
-  }
   // The nucleus: the shortest most-likely prefix holding top_p of the mass.
-  // Without top-k, sort only as much of the vocabulary as the nucleus needs.
   double total = 0.0;
   for (const Candidate& cand : c) total += weight(cand.logit);
   const double threshold = std::min(1.0, static_cast<double>(params.top_p)) * total;
@@ -112,6 +105,30 @@ Nucleus TruncatedNucleus(std::span<const float> logits, const step::SamplingPara
   for (const Candidate& cand : out.kept) out.weights.push_back(weight(cand.logit));
   out.mass = kept_mass;
   return out;
+}
+
+Nucleus TruncatedNucleus(std::span<const float> logits, const step::SamplingParams& params,
+                         double max_logit) {
+  const size_t n = logits.size();
+  const size_t keep = params.top_k > 0 ? std::min<size_t>(static_cast<size_t>(params.top_k), n) : n;
+  std::vector<Candidate> c(n);
+  for (size_t i = 0; i < n; ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
+  if (keep < n) {
+    std::nth_element(c.begin(), c.begin() + static_cast<long>(keep), c.end(), MoreLikely);
+    c.resize(keep);
+    std::sort(c.begin(), c.end(), MoreLikely);
+  }
+  return NucleusOf(std::move(c), n, params, max_logit);
+}
+
+step::TokenId Draw(const Nucleus& nucleus, double u) {
+  const double target = u * nucleus.mass;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < nucleus.kept.size(); ++i) {
+    cumulative += nucleus.weights[i];
+    if (target < cumulative) return nucleus.kept[i].id;
+  }
+  return nucleus.kept.back().id;
 }
 
 }  // namespace
@@ -142,14 +159,22 @@ step::TokenId SampleWithDraw(std::span<const float> logits, const step::Sampling
     }
     return Greedy(logits);
   }
-  const Nucleus nucleus = TruncatedNucleus(logits, params, max_logit);
-  const double target = u * nucleus.mass;
-  double cumulative = 0.0;
-  for (size_t i = 0; i < nucleus.kept.size(); ++i) {
-    cumulative += nucleus.weights[i];
-    if (target < cumulative) return nucleus.kept[i].id;
-  }
-  return nucleus.kept.back().id;
+  return Draw(TruncatedNucleus(logits, params, max_logit), u);
+}
+
+bool CanSampleFromTopK(const step::SamplingParams& params, size_t vocab, size_t k) {
+  if (params.temperature <= 0.0f || vocab == 1) return k >= 1;
+  return params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab &&
+         static_cast<size_t>(params.top_k) <= k;
+}
+
+step::TokenId SampleFromTopK(std::span<const float> values, std::span<const int32_t> ids,
+                             size_t vocab, const step::SamplingParams& params, double u) {
+  if (params.temperature <= 0.0f || vocab == 1) return ids[0];
+  const size_t keep = static_cast<size_t>(params.top_k);
+  std::vector<Candidate> c(keep);
+  for (size_t i = 0; i < keep; ++i) c[i] = {values[i], ids[i]};
+  return Draw(NucleusOf(std::move(c), vocab, params, values[0]), u);
 }
 
 std::vector<float> Probabilities(std::span<const float> logits,

@@ -23,6 +23,16 @@ step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& 
 step::TokenId SampleWithDraw(std::span<const float> logits, const step::SamplingParams& params,
                              double u);
 
+// Sampling from a row's most likely tokens only (a device that picks them
+// copies k candidates, not the whole row): `values` and `ids` hold the row's
+// k largest logits and their ids, largest first, lower id first among equal
+// logits. SampleFromTopK then returns exactly SampleWithDraw(row, params, u)
+// whenever CanSampleFromTopK(params, vocab, k): greedy (the first
+// candidate), or top-k sampling with top_k <= k (top_p applies within it).
+bool CanSampleFromTopK(const step::SamplingParams& params, size_t vocab, size_t k);
+step::TokenId SampleFromTopK(std::span<const float> values, std::span<const int32_t> ids,
+                             size_t vocab, const step::SamplingParams& params, double u);
+
 // The distribution Sample() draws from, over the whole vocabulary: the
 // temperature-scaled softmax cut by top-k and top-p and renormalised (zero
 // outside the cut). Greedy params give a point mass on the argmax.

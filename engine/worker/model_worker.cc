@@ -1,5 +1,7 @@
 #include "engine/worker/model_worker.h"
 
+#include <algorithm>
+
 #include "common/strings.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
@@ -108,27 +110,44 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     in.logits = s.sample ? 1 + static_cast<int32_t>(draft.size()) : 0;
     inputs.push_back(in);
   }
-  // A step whose every sampled sequence is greedy, undrafted and without
-  // logprobs needs only each row's largest logit: picked where the logits
-  // are (a GPU copies token ids instead of logits rows).
-  bool greedy_only = true;
+  // A step whose sampled sequences are all undrafted, without logprobs, and
+  // greedy or top-k sampled needs only each row's most likely tokens: picked
+  // where the logits are (a GPU copies token ids or k candidates per row,
+  // not rows of the vocabulary), then drawn from exactly as from the row.
+  const size_t vocab_size = static_cast<size_t>(model_->config().vocab);
+  bool from_candidates = true;
+  int candidates = 1;
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& s = plan.sequences[i];
-    if (s.sample &&
-        (s.sampling.temperature > 0.0f || s.logprobs > 0 || !drafts[i].tokens.empty())) {
-      greedy_only = false;
+    if (!s.sample) continue;
+    if (s.logprobs > 0 || !drafts[i].tokens.empty() ||
+        !sampling::CanSampleFromTopK(s.sampling, vocab_size, kMaxSamplingCandidates)) {
+      from_candidates = false;
+      break;
     }
+    if (s.sampling.temperature > 0.0f) candidates = std::max(candidates, s.sampling.top_k);
   }
-  if (greedy_only) {
-    result.status = model_->ForwardGreedy(inputs, &greedy_tokens_);
+  if (from_candidates) {
+    if (candidates == 1) {
+      result.status = model_->ForwardGreedy(inputs, &candidate_ids_);
+    } else {
+      result.status = model_->ForwardTopK(inputs, candidates, &candidate_values_, &candidate_ids_);
+    }
     if (!result.status.ok()) return result;
+    const auto k = static_cast<size_t>(candidates);
     size_t row = 0;
     for (const step::SequenceStep& s : plan.sequences) {
       step::SequenceResult r;
       r.sequence_id = s.sequence_id;
       if (s.sample) {
-        r.sampled = {greedy_tokens_[row++]};
+        const std::span<const int32_t> ids(candidate_ids_.data() + row * k, k);
+        r.sampled = {k == 1 ? ids[0]
+                            : sampling::SampleFromTopK(
+                                  std::span<const float>(candidate_values_.data() + row * k, k),
+                                  ids, vocab_size, s.sampling,
+                                  sampling::UniformDraw(s.sampling.seed, s.draw_index))};
         r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
+        ++row;
       }
       result.sequences.push_back(std::move(r));
     }

@@ -375,6 +375,27 @@ TEST_F(CudaOpsTest, ArgMaxRowsPicksTheLowestIndexAmongEqualMaxima) {
   EXPECT_EQ(gpu_tokens, cpu_tokens);
 }
 
+TEST_F(CudaOpsTest, TopKRowsGivesTheCpuCandidatesExactly) {
+  const int64_t rows = 9, cols = 151936;  // Qwen2.5's vocabulary
+  std::vector<float> host = Random(rows, cols);
+  // Ties straddling the k-th place, a shared maximum, negative zeros.
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < 300; ++i) host[static_cast<size_t>(r * cols + 7 * i + r)] = 4.5f;
+    host[static_cast<size_t>(r * cols + cols - 1)] = 9.0f;
+    host[static_cast<size_t>(r * cols + 3)] = 9.0f;
+    host[static_cast<size_t>(r * cols + 11)] = -0.0f;
+  }
+  const Both x = Make(rows, cols, host);
+  for (int k : {1, 2, 40, 256}) {
+    std::vector<float> gpu_values(static_cast<size_t>(rows * k)), cpu_values(gpu_values.size());
+    std::vector<int32_t> gpu_ids(gpu_values.size()), cpu_ids(gpu_values.size());
+    gpu_->TopKRows(x.gpu, k, gpu_values, gpu_ids);
+    cpu_->TopKRows(x.cpu, k, cpu_values, cpu_ids);
+    EXPECT_EQ(gpu_ids, cpu_ids) << "k " << k;
+    EXPECT_EQ(gpu_values, cpu_values) << "k " << k;
+  }
+}
+
 TEST_F(CudaOpsTest, UnsupportedHeadDimensionIsRefusedAtKvCreation) {
   const absl::Status s = gpu_->CreateKvCache({1, 4, 16, 2, 80});
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;

@@ -136,6 +136,8 @@ CudaBackend::~CudaBackend() {
   attention_partial_.reset();
   cublas_workspace_.reset();
   argmax_tokens_.reset();
+  top_k_values_.reset();
+  top_k_ids_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -252,6 +254,27 @@ void CudaBackend::ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
   CheckCuda(cudaMemcpyAsync(out.data(), tokens, static_cast<size_t>(x.rows) * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync (tokens to host)");
+  CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  uploads_.Reset();
+}
+
+void CudaBackend::TopKRows(const Matrix& x, int k, std::span<float> values,
+                           std::span<int32_t> ids) {
+  if (k > kMaxDeviceTopK) {
+    Backend::TopKRows(x, k, values, ids);  // more candidates than the kernel keeps
+    return;
+  }
+  const size_t n = static_cast<size_t>(x.rows) * static_cast<size_t>(k);
+  auto* device_values = static_cast<float*>(Scratch(top_k_values_, n * sizeof(float)));
+  auto* device_ids = static_cast<int32_t*>(Scratch(top_k_ids_, n * sizeof(int32_t)));
+  LaunchTopKRows(x.data, x.rows, x.cols, k, device_values, device_ids, stream_);
+  CheckLaunch("LaunchTopKRows");
+  CheckCuda(cudaMemcpyAsync(values.data(), device_values, n * sizeof(float), cudaMemcpyDeviceToHost,
+                            stream_),
+            "cudaMemcpyAsync (candidates to host)");
+  CheckCuda(
+      cudaMemcpyAsync(ids.data(), device_ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync (candidates to host)");
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   uploads_.Reset();
 }

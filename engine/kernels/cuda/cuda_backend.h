@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
                    const RopeSpec& rope) override;
 
   void ArgMaxRows(const Matrix& x, std::span<int32_t> out) override;
+  void TopKRows(const Matrix& x, int k, std::span<float> values, std::span<int32_t> ids) override;
   bool SupportsStepGraphs() const override { return true; }
   void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) override;
 
@@ -117,7 +118,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> attention_partial_;  // split-key states
   std::unique_ptr<DeviceBuffer> cublas_workspace_;   // fixed, so cuBLAS can be captured
   std::unique_ptr<DeviceBuffer> argmax_tokens_;      // ArgMaxRows' device output
-  int64_t scratch_generation_ = 0;                   // bumped when a scratch buffer moves
+  std::unique_ptr<DeviceBuffer> top_k_values_;       // TopKRows' device outputs
+  std::unique_ptr<DeviceBuffer> top_k_ids_;
+  int64_t scratch_generation_ = 0;  // bumped when a scratch buffer moves
   Mode mode_ = Mode::kIssue;
   bool in_step_ = false;
   StepGraphSpec step_;
