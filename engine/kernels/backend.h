@@ -214,6 +214,9 @@ class Backend {
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
 
   // --- greedy tokens on the device ---------------------------------------------
+  // NaN logits are not supported by the token pickers below: a GPU never
+  // picks a NaN, the host rule picks index 0 when row[0] is one.
+  //
   // out[r] = the index of row r's largest value, the lowest index among equal
   // ones (the sampler's greedy rule), so greedy decoding copies token ids,
   // not logits, to the host. Waits, like CopyToHost. The default copies the

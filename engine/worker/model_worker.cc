@@ -125,7 +125,9 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
       from_candidates = false;
       break;
     }
-    if (s.sampling.temperature > 0.0f) candidates = std::max(candidates, s.sampling.top_k);
+    if (s.sampling.temperature > 0.0f && vocab_size > 1) {
+      candidates = std::max(candidates, s.sampling.top_k);
+    }
   }
   if (from_candidates) {
     if (candidates == 1) {

@@ -141,6 +141,16 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
+absl::Duration CudaBackend::EndStep() {
+  // A step without logits issues work and returns without waiting; the
+  // scheduler may then free its blocks and hand them to the other lane,
+  // whose stream would not wait for this one's KV writes. So a step ends
+  // when its work has.
+  CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (end of step)");
+  uploads_.Reset();
+  return absl::ZeroDuration();
+}
+
 void CudaBackend::BindCallingThread() { CheckCuda(cudaSetDevice(device_), "cudaSetDevice"); }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
@@ -247,8 +257,8 @@ void CudaBackend::CopyToHost(const Matrix& src, float* dst) {
 }
 
 void CudaBackend::ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
-  auto* tokens =
-      static_cast<int32_t*>(Scratch(argmax_tokens_, static_cast<size_t>(x.rows) * sizeof(int32_t)));
+  auto* tokens = static_cast<int32_t*>(
+      OutputScratch(argmax_tokens_, static_cast<size_t>(x.rows) * sizeof(int32_t)));
   LaunchArgMaxRows(x.data, x.rows, x.cols, tokens, stream_);
   CheckLaunch("LaunchArgMaxRows");
   CheckCuda(cudaMemcpyAsync(out.data(), tokens, static_cast<size_t>(x.rows) * sizeof(int32_t),
@@ -265,8 +275,8 @@ void CudaBackend::TopKRows(const Matrix& x, int k, std::span<float> values,
     return;
   }
   const size_t n = static_cast<size_t>(x.rows) * static_cast<size_t>(k);
-  auto* device_values = static_cast<float*>(Scratch(top_k_values_, n * sizeof(float)));
-  auto* device_ids = static_cast<int32_t*>(Scratch(top_k_ids_, n * sizeof(int32_t)));
+  auto* device_values = static_cast<float*>(OutputScratch(top_k_values_, n * sizeof(float)));
+  auto* device_ids = static_cast<int32_t*>(OutputScratch(top_k_ids_, n * sizeof(int32_t)));
   LaunchTopKRows(x.data, x.rows, x.cols, k, device_values, device_ids, stream_);
   CheckLaunch("LaunchTopKRows");
   CheckCuda(cudaMemcpyAsync(values.data(), device_values, n * sizeof(float), cudaMemcpyDeviceToHost,
@@ -284,6 +294,14 @@ void CudaBackend::CopyFromHost(const float* src, Matrix dst) {
   CheckCuda(cudaMemcpyAsync(dst.data, src, sizeof(float) * static_cast<size_t>(dst.rows * dst.cols),
                             cudaMemcpyHostToDevice, stream_),
             "cudaMemcpyAsync (from host)");
+}
+
+void* CudaBackend::OutputScratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes) {
+  // Not used inside recordings: growing it leaves them valid.
+  const int64_t generation = scratch_generation_;
+  void* data = Scratch(buffer, bytes);
+  scratch_generation_ = generation;
+  return data;
 }
 
 void* CudaBackend::Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes) {
@@ -425,16 +443,30 @@ void CudaBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
 bool CudaBackend::AttentionInputsKey::Matches(std::span<const AttentionSpan> other,
                                               int64_t other_rows, int64_t other_epoch) const {
   if (other_epoch != epoch || other_rows != rows || other.size() != spans.size()) return false;
+  size_t at = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     const AttentionSpan& a = spans[i];
     const AttentionSpan& b = other[i];
     if (a.first_row != b.first_row || a.rows != b.rows || a.first_position != b.first_position ||
-        a.block_table.data() != b.block_table.data() ||
         a.block_table.size() != b.block_table.size()) {
       return false;
     }
+    // By content: a later step's table may sit at the same address.
+    if (!std::equal(b.block_table.begin(), b.block_table.end(), tables.begin() + at)) return false;
+    at += b.block_table.size();
   }
   return true;
+}
+
+void CudaBackend::AttentionInputsKey::Set(std::span<const AttentionSpan> new_spans,
+                                          int64_t new_rows, int64_t new_epoch) {
+  spans.assign(new_spans.begin(), new_spans.end());
+  tables.clear();
+  for (const AttentionSpan& span : new_spans) {
+    tables.insert(tables.end(), span.block_table.begin(), span.block_table.end());
+  }
+  rows = new_rows;
+  epoch = new_epoch;
 }
 
 void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& shape,
@@ -456,9 +488,7 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
     attention_inputs_.untiled_rows = packed.untiled_rows;
     attention_inputs_.tile_offset = packed.tile_offset;
     attention_inputs_.tiles = packed.tiles;
-    attention_inputs_.key.spans.assign(spans.begin(), spans.end());
-    attention_inputs_.key.rows = q.rows;
-    attention_inputs_.key.epoch = uploads_.epoch();
+    attention_inputs_.key.Set(spans, q.rows, uploads_.epoch());
   }
   if (Replaying()) return;
   AttentionArgs args;
@@ -477,9 +507,20 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
   args.tiles = args.row_info + attention_inputs_.tile_offset;
   args.tile_count = attention_inputs_.tiles;
   // About four 128-thread blocks per SM: the rows the per-row kernel
-  // computes (not those in query tiles) decide whether keys are split.
-  args.splits = ChooseKeySplits(std::max<int64_t>(attention_inputs_.untiled_rows, 1), shape.heads,
-                                args.max_keys, 4 * multiprocessors_);
+  // computes (not those in query tiles) decide whether keys are split; in a
+  // recorded step, all its (padded) rows and the spec's keys, so the split,
+  // and the scratch it needs, are the same on every step of the key.
+  const int64_t split_rows =
+      in_step_ ? q.rows : std::max<int64_t>(attention_inputs_.untiled_rows, 1);
+  args.splits = ChooseKeySplits(split_rows, shape.heads, args.max_keys, 4 * multiprocessors_);
+  // The split states are indexed by every row: cap them at 256 MiB (a long
+  // tiled chunk beside a short one with a long context could ask for GBs).
+  constexpr size_t kMaxPartialBytes = size_t{256} << 20;
+  const size_t per_split = static_cast<size_t>(q.rows) * static_cast<size_t>(shape.heads) *
+                           static_cast<size_t>(shape.head_dim + 2) * sizeof(float);
+  while (args.splits > 1 && static_cast<size_t>(args.splits) * per_split > kMaxPartialBytes) {
+    args.splits /= 2;
+  }
   if (args.splits > 1) {
     const size_t floats = static_cast<size_t>(args.splits) * static_cast<size_t>(q.rows) *
                           static_cast<size_t>(shape.heads) *
@@ -548,8 +589,13 @@ void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>
   }
   if (it == recordings_.end()) {
     if (!RecordAndLaunch(key, ops)) {
+      // The capture's copies never ran: forget what it staged (the arena
+      // was empty when it began), or the eager run would reuse uploads
+      // that never reached the device.
       mode_ = Mode::kIssue;
       uploads_.set_may_grow(true);
+      uploads_.Reset();
+      attention_inputs_.key.epoch = -1;
       ops();
     }
     done();

@@ -48,6 +48,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return name_; }
   void BindCallingThread() override;
+  absl::Duration EndStep() override;
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
@@ -104,6 +105,9 @@ class CudaBackend final : public Backend {
   absl::Status Init();
   // Device scratch of at least `bytes`, grown (after a wait) when needed.
   void* Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes);
+  // Scratch for outputs read back outside recorded steps (token ids,
+  // candidates): its growth leaves recordings valid.
+  void* OutputScratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes);
   uint16_t* KPool(int layer) const;
   uint16_t* VPool(int layer) const;
 
@@ -128,14 +132,15 @@ class CudaBackend final : public Backend {
   std::map<RecordingKey, Recording> recordings_;
   // The attention inputs of the step being issued: the same spans for every
   // layer, packed and uploaded once per upload epoch.
-  // Same spans: every field equal, tables by address and length (the model
-  // builds the spans once per step and changes no table in it).
+  // Same spans: every field and every table entry equal.
   struct AttentionInputsKey {
     std::vector<AttentionSpan> spans;
+    std::vector<int32_t> tables;  // the spans' tables, by content
     int64_t rows = 0;
     int64_t epoch = -1;
     bool Matches(std::span<const AttentionSpan> other, int64_t other_rows,
                  int64_t other_epoch) const;
+    void Set(std::span<const AttentionSpan> new_spans, int64_t new_rows, int64_t new_epoch);
   };
   struct AttentionInputs {
     AttentionInputsKey key;
