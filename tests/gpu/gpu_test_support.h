@@ -14,13 +14,17 @@
 
 namespace tandem::testing {
 
+// $TANDEM_CUDA_MODULE, else the module beside the test binaries.
+inline std::string CudaModulePath() {
+  const char* path = std::getenv("TANDEM_CUDA_MODULE");
+  return path != nullptr ? path : kernels::cuda::DefaultCudaModulePath();
+}
+
 // A CUDA backend for `lane`, or why none can be made here (no module in this
 // build, no driver, no device).
 inline absl::StatusOr<std::unique_ptr<kernels::Backend>> CudaBackendOrWhyNot(
     kernels::LanePriority lane = kernels::LanePriority::kThroughput) {
-  const char* path = std::getenv("TANDEM_CUDA_MODULE");
-  absl::StatusOr<kernels::cuda::CudaProbe> probe = kernels::cuda::ProbeCudaModule(
-      path != nullptr ? path : kernels::cuda::DefaultCudaModulePath());
+  absl::StatusOr<kernels::cuda::CudaProbe> probe = kernels::cuda::ProbeCudaModule(CudaModulePath());
   if (!probe.ok()) return probe.status();
   if (probe->devices == 0) return absl::UnavailableError(probe->description);
   if (!probe->has_backend) return absl::UnavailableError("the CUDA module has no backend");

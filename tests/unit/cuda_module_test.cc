@@ -4,20 +4,14 @@
 // CUDA module (TANDEM_CUDA=OFF).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include "engine/kernels/cuda/cuda_loader.h"
+#include "tests/gpu/gpu_test_support.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
-std::string ModulePath() {
-  const char* path = std::getenv("TANDEM_CUDA_MODULE");
-  return path != nullptr ? path : DefaultCudaModulePath();
-}
-
 TEST(CudaModuleTest, LoadsAndProbesWithOrWithoutADevice) {
-  absl::StatusOr<CudaProbe> probe = ProbeCudaModule(ModulePath());
+  absl::StatusOr<CudaProbe> probe = ProbeCudaModule(testing::CudaModulePath());
   if (probe.status().code() == absl::StatusCode::kNotFound) {
     GTEST_SKIP() << "built without the CUDA module: " << probe.status();
   }
@@ -35,7 +29,7 @@ TEST(CudaModuleTest, MissingModuleIsNotFound) {
 }
 
 TEST(CudaGpuTest, ReportsTheDevices) {
-  absl::StatusOr<CudaProbe> probe = ProbeCudaModule(ModulePath());
+  absl::StatusOr<CudaProbe> probe = ProbeCudaModule(testing::CudaModulePath());
   if (!probe.ok() || probe->devices == 0) {
     GTEST_SKIP() << "no CUDA device here: "
                  << (probe.ok() ? probe->description : std::string(probe.status().message()));

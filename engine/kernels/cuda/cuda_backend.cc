@@ -75,6 +75,15 @@ absl::StatusOr<std::shared_ptr<DeviceBuffer>> SharedDeviceCopy(
   return buffer;
 }
 
+// A whole host array into `buffer`, landed when this returns (from pageable
+// memory cudaMemcpy may return before its DMA does).
+absl::Status CopyToDevice(DeviceBuffer& buffer, const void* host, size_t bytes) {
+  cudaError_t e = cudaMemcpy(buffer.data(), host, bytes, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
+  return absl::OkStatus();
+}
+
 int HostThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 // A launch that could not start (bad configuration, too much shared memory)
@@ -164,32 +173,22 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, int64_t rows, int6
   const uint64_t fingerprint =
       Fingerprint(host_data, RowBytes(dtype, cols) * static_cast<size_t>(rows));
   auto bf16_copy = [&]() {
-    return SharedDeviceCopy(
-        {device_, host_data, dtype, rows, cols, true, fingerprint}, elements * sizeof(uint16_t),
-        [&](DeviceBuffer& buffer) -> absl::Status {
-          std::vector<uint16_t> host(elements);
-          cpu::DequantizeToBf16(dtype, host_data, rows, cols, host.data(), HostThreads());
-          cudaError_t e = cudaMemcpy(buffer.data(), host.data(), elements * sizeof(uint16_t),
-                                     cudaMemcpyHostToDevice);
-          // From pageable memory the copy may return before its DMA lands.
-          if (e == cudaSuccess) e = cudaDeviceSynchronize();
-          if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
-          return absl::OkStatus();
-        });
+    return SharedDeviceCopy({device_, host_data, dtype, rows, cols, true, fingerprint},
+                            elements * sizeof(uint16_t), [&](DeviceBuffer& buffer) -> absl::Status {
+                              std::vector<uint16_t> host(elements);
+                              cpu::DequantizeToBf16(dtype, host_data, rows, cols, host.data(),
+                                                    HostThreads());
+                              return CopyToDevice(buffer, host.data(), elements * sizeof(uint16_t));
+                            });
   };
   if (dtype == DType::kF32) {
     // Vectors, the rotary table and small float matrices stay float32; a
     // matrix also gets a bf16 copy for products.
-    absl::StatusOr<std::shared_ptr<DeviceBuffer>> f32 = SharedDeviceCopy(
-        {device_, host_data, dtype, rows, cols, false, fingerprint}, elements * sizeof(float),
-        [&](DeviceBuffer& buffer) -> absl::Status {
-          cudaError_t e = cudaMemcpy(buffer.data(), host_data, elements * sizeof(float),
-                                     cudaMemcpyHostToDevice);
-          // From pageable memory the copy may return before its DMA lands.
-          if (e == cudaSuccess) e = cudaDeviceSynchronize();
-          if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
-          return absl::OkStatus();
-        });
+    absl::StatusOr<std::shared_ptr<DeviceBuffer>> f32 =
+        SharedDeviceCopy({device_, host_data, dtype, rows, cols, false, fingerprint},
+                         elements * sizeof(float), [&](DeviceBuffer& buffer) {
+                           return CopyToDevice(buffer, host_data, elements * sizeof(float));
+                         });
     if (!f32.ok()) return f32.status();
     weights_.push_back(*f32);
     weight.data = (*f32)->data();
