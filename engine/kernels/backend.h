@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/kernels/dtype.h"
+#include "engine/kernels/sample_row.h"
 
 namespace tandem::kernels {
 
@@ -213,7 +214,7 @@ class Backend {
   // out[i] = x[rows[i]].
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
 
-  // --- greedy tokens on the device ---------------------------------------------
+  // --- tokens picked on the device ---------------------------------------------
   // NaN logits are not supported by the token pickers below: a GPU never
   // picks a NaN, the host rule picks index 0 when row[0] is one.
   //
@@ -225,34 +226,24 @@ class Backend {
     std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
     CopyToHost(x, host.data());
     for (int64_t r = 0; r < x.rows; ++r) {
-      const float* row = host.data() + r * x.cols;
-      int64_t best = 0;
-      for (int64_t c = 1; c < x.cols; ++c) {
-        if (row[c] > row[best]) best = c;
-      }
-      out[static_cast<size_t>(r)] = static_cast<int32_t>(best);
+      out[static_cast<size_t>(r)] =
+          ArgMax(std::span<const float>(host.data() + r * x.cols, static_cast<size_t>(x.cols)));
     }
   }
 
-  // The k largest values of each row and their indices, largest first, the
-  // lower index first among equal values (the sampler's order), so sampling
-  // from the top k copies k candidates per row, not the row: values and ids
-  // are [rows][k]. Waits, like CopyToHost. REQUIRES 1 <= k <= x.cols. The
-  // default picks on the host.
-  virtual void TopKRows(const Matrix& x, int k, std::span<float> values, std::span<int32_t> ids) {
+  // tokens[r] = SampleRow(row r, draws[r]) (sample_row.h) bit for bit: every
+  // backend draws the same token from the same logits, so sampling copies
+  // token ids, not rows of the vocabulary, and a seeded request's tokens do
+  // not depend on the device that drew them. Waits, like CopyToHost.
+  // REQUIRES x.cols <= kMaxVocabulary. The default samples on the host.
+  virtual void SampleRows(const Matrix& x, std::span<const RowDraw> draws,
+                          std::span<int32_t> tokens) {
     std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
     CopyToHost(x, host.data());
-    std::vector<int32_t> order(static_cast<size_t>(x.cols));
     for (int64_t r = 0; r < x.rows; ++r) {
-      const float* row = host.data() + r * x.cols;
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
-        return row[a] != row[b] ? row[a] > row[b] : a < b;
-      });
-      for (int i = 0; i < k; ++i) {
-        ids[static_cast<size_t>(r * k + i)] = order[static_cast<size_t>(i)];
-        values[static_cast<size_t>(r * k + i)] = row[order[static_cast<size_t>(i)]];
-      }
+      tokens[static_cast<size_t>(r)] =
+          SampleRow(std::span<const float>(host.data() + r * x.cols, static_cast<size_t>(x.cols)),
+                    draws[static_cast<size_t>(r)]);
     }
   }
 

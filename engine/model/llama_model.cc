@@ -240,18 +240,19 @@ absl::Status LlamaModel::ForwardGreedy(std::span<const SequenceInput> sequences,
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::ForwardTopK(std::span<const SequenceInput> sequences, int k,
-                                     std::vector<float>* values, std::vector<int32_t>* ids,
-                                     int layers) {
-  if (k < 1 || k > config_.vocab) {
+absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
+                                       std::span<const kernels::RowDraw> draws,
+                                       std::vector<int32_t>* tokens_out, int layers) {
+  int64_t logit_rows = 0;
+  for (const SequenceInput& s : sequences) logit_rows += s.logits;
+  if (static_cast<int64_t>(draws.size()) != logit_rows) {
     return absl::InvalidArgumentError(
-        StrCat("top ", k, " candidates of a vocabulary of ", config_.vocab));
+        StrCat(draws.size(), " draws for ", logit_rows, " rows of logits"));
   }
   absl::StatusOr<int64_t> rows = ComputeLogits(sequences, layers);
   if (!rows.ok()) return rows.status();
-  values->resize(static_cast<size_t>(*rows * k));
-  ids->resize(static_cast<size_t>(*rows * k));
-  if (*rows > 0) backend_->TopKRows(logits_.FirstRows(*rows), k, *values, *ids);
+  tokens_out->resize(static_cast<size_t>(*rows));
+  if (*rows > 0) backend_->SampleRows(logits_.FirstRows(*rows), draws, *tokens_out);
   return absl::OkStatus();
 }
 

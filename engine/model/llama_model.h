@@ -64,12 +64,12 @@ class LlamaModel {
   // are (Backend::ArgMaxRows): a GPU copies token ids, not logits.
   absl::Status ForwardGreedy(std::span<const SequenceInput> sequences,
                              std::vector<int32_t>* tokens_out, int layers = 0);
-  // Forward() that writes, instead of each logits row, its k largest logits
-  // and their ids, largest first, lower id first among equal logits
-  // (Backend::TopKRows): values and ids are [rows][k], for top-k sampling
-  // (sampling::SampleFromTopK). REQUIRES 1 <= k <= config().vocab.
-  absl::Status ForwardTopK(std::span<const SequenceInput> sequences, int k,
-                           std::vector<float>* values, std::vector<int32_t>* ids, int layers = 0);
+  // Forward() that writes, instead of each logits row, the token drawn from
+  // it with draws[row] (Backend::SampleRows: exactly kernels::SampleRow), so
+  // a GPU copies token ids, not logits. REQUIRES one draw per logits row.
+  absl::Status ForwardSample(std::span<const SequenceInput> sequences,
+                             std::span<const kernels::RowDraw> draws,
+                             std::vector<int32_t>* tokens_out, int layers = 0);
 
   // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks
   // shared by forked sequences. InvalidArgument for a block id out of range.

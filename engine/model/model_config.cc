@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "common/strings.h"
+#include "engine/kernels/sampling_arithmetic.h"
 
 namespace tandem::model {
 namespace {
@@ -99,6 +100,12 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
   const GgufTensor* embeddings = file.FindTensor("token_embd.weight");
   if (embeddings == nullptr || embeddings->dims.size() != 2) {
     return absl::InvalidArgumentError("tensor 'token_embd.weight' is missing or not a matrix");
+  }
+  if (embeddings->dims[1] < 1 ||
+      embeddings->dims[1] > kernels::sampling_arithmetic::kMaxVocabulary) {
+    return absl::InvalidArgumentError(StrCat(
+        "a vocabulary of ", embeddings->dims[1], " tokens (token_embd.weight) is outside 1..",
+        kernels::sampling_arithmetic::kMaxVocabulary, ", what the sampler supports"));
   }
   config.vocab = static_cast<int>(embeddings->dims[1]);
   if (overrides.rope_base) config.rope_base = *overrides.rope_base;

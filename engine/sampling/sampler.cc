@@ -25,18 +25,10 @@ bool MoreLikely(const Candidate& a, const Candidate& b) {
   return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;
 }
 
-step::TokenId Greedy(std::span<const float> logits) {
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return static_cast<step::TokenId>(best);
-}
-
 }  // namespace
 
 step::TokenLogprobs Logprobs(std::span<const float> logits, step::TokenId token, int top) {
-  const double max = logits[static_cast<size_t>(Greedy(logits))];
+  const double max = logits[static_cast<size_t>(kernels::ArgMax(logits))];
   double sum = 0.0;
   for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
   const double log_z = max + std::log(sum);
@@ -59,136 +51,37 @@ double UniformDraw(uint64_t seed, uint64_t draw_index) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-namespace {
-
-// The tokens Sample() may draw when top-k or top-p cut the vocabulary, most
-// likely first, with their unnormalised weights and the weights' sum.
-struct Nucleus {
-  std::vector<Candidate> kept;
-  std::vector<double> weights;
-  double mass = 0.0;
-};
-
-// The nucleus of `c`, the candidates most likely first (all of them, or the
-// top-k, sorted). Without top-k, sorts only as much as the nucleus needs.
-Nucleus NucleusOf(std::vector<Candidate> c, size_t n, const step::SamplingParams& params,
-                  double max_logit) {
-  const size_t keep = c.size();
-  const double inverse_temperature = 1.0 / params.temperature;
-  auto weight = [&](float logit) {
-    return std::exp((static_cast<double>(logit) - max_logit) * inverse_temperature);
-  };
-  // The nucleus: the shortest most-likely prefix holding top_p of the mass.
-  double total = 0.0;
-  for (const Candidate& cand : c) total += weight(cand.logit);
-  const double threshold = std::min(1.0, static_cast<double>(params.top_p)) * total;
-  size_t sorted = keep < n ? keep : std::min<size_t>(n, 64);
-  size_t cut = 0;
-  double kept_mass = 0.0;
-  for (;;) {
-    if (keep == n) {
-      std::partial_sort(c.begin(), c.begin() + static_cast<long>(sorted), c.end(), MoreLikely);
-    }
-    kept_mass = 0.0;
-    for (cut = 0; cut < sorted;) {
-      kept_mass += weight(c[cut].logit);
-      ++cut;
-      if (kept_mass >= threshold) break;
-    }
-    if (kept_mass >= threshold || sorted == c.size()) break;
-    sorted = std::min(c.size(), sorted * 8);
-  }
-  Nucleus out;
-  c.resize(cut);
-  out.kept = std::move(c);
-  out.weights.reserve(cut);
-  for (const Candidate& cand : out.kept) out.weights.push_back(weight(cand.logit));
-  out.mass = kept_mass;
-  return out;
-}
-
-Nucleus TruncatedNucleus(std::span<const float> logits, const step::SamplingParams& params,
-                         double max_logit) {
-  const size_t n = logits.size();
-  const size_t keep = params.top_k > 0 ? std::min<size_t>(static_cast<size_t>(params.top_k), n) : n;
-  std::vector<Candidate> c(n);
-  for (size_t i = 0; i < n; ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
-  if (keep < n) {
-    std::nth_element(c.begin(), c.begin() + static_cast<long>(keep), c.end(), MoreLikely);
-    c.resize(keep);
-    std::sort(c.begin(), c.end(), MoreLikely);
-  }
-  return NucleusOf(std::move(c), n, params, max_logit);
-}
-
-step::TokenId Draw(const Nucleus& nucleus, double u) {
-  const double target = u * nucleus.mass;
-  double cumulative = 0.0;
-  for (size_t i = 0; i < nucleus.kept.size(); ++i) {
-    cumulative += nucleus.weights[i];
-    if (target < cumulative) return nucleus.kept[i].id;
-  }
-  return nucleus.kept.back().id;
-}
-
-}  // namespace
-
 step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& params,
                      uint64_t draw_index) {
   return SampleWithDraw(logits, params, UniformDraw(params.seed, draw_index));
 }
 
+kernels::RowDraw RowDrawOf(const step::SamplingParams& params, double u) {
+  kernels::RowDraw draw;
+  draw.temperature = params.temperature;
+  draw.top_k = params.top_k;
+  draw.top_p = params.top_p;
+  draw.u = u;
+  return draw;
+}
+
 step::TokenId SampleWithDraw(std::span<const float> logits, const step::SamplingParams& params,
                              double u) {
-  if (params.temperature <= 0.0f || logits.size() == 1) return Greedy(logits);
-  const size_t n = logits.size();
-  const double max_logit = logits[static_cast<size_t>(Greedy(logits))];
-  if ((params.top_k <= 0 || static_cast<size_t>(params.top_k) >= n) && params.top_p >= 1.0f) {
-    // Plain temperature sampling: walk the vocabulary in id order.
-    const double inverse_temperature = 1.0 / params.temperature;
-    auto weight = [&](float logit) {
-      return std::exp((static_cast<double>(logit) - max_logit) * inverse_temperature);
-    };
-    double total = 0.0;
-    for (float l : logits) total += weight(l);
-    const double target = u * total;
-    double cumulative = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      cumulative += weight(logits[i]);
-      if (target < cumulative) return static_cast<step::TokenId>(i);
-    }
-    return Greedy(logits);
-  }
-  return Draw(TruncatedNucleus(logits, params, max_logit), u);
-}
-
-bool CanSampleFromTopK(const step::SamplingParams& params, size_t vocab, size_t k) {
-  if (params.temperature <= 0.0f || vocab == 1) return k >= 1;
-  return params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab &&
-         static_cast<size_t>(params.top_k) <= k;
-}
-
-step::TokenId SampleFromTopK(std::span<const float> values, std::span<const int32_t> ids,
-                             size_t vocab, const step::SamplingParams& params, double u) {
-  if (params.temperature <= 0.0f || vocab == 1) return ids[0];
-  const size_t keep = static_cast<size_t>(params.top_k);
-  std::vector<Candidate> c(keep);
-  for (size_t i = 0; i < keep; ++i) c[i] = {values[i], ids[i]};
-  return Draw(NucleusOf(std::move(c), vocab, params, values[0]), u);
+  return kernels::SampleRow(logits, RowDrawOf(params, u));
 }
 
 std::vector<float> Probabilities(std::span<const float> logits,
                                  const step::SamplingParams& params) {
   std::vector<float> p(logits.size(), 0.0f);
   if (params.temperature <= 0.0f || logits.size() == 1) {
-    p[static_cast<size_t>(Greedy(logits))] = 1.0f;
+    p[static_cast<size_t>(kernels::ArgMax(logits))] = 1.0f;
     return p;
   }
-  const double max_logit = logits[static_cast<size_t>(Greedy(logits))];
-  const Nucleus nucleus = TruncatedNucleus(logits, params, max_logit);
-  for (size_t i = 0; i < nucleus.kept.size(); ++i) {
-    p[static_cast<size_t>(nucleus.kept[i].id)] =
-        static_cast<float>(nucleus.weights[i] / nucleus.mass);
+  const kernels::Nucleus nucleus = kernels::NucleusOf(logits, RowDrawOf(params, 0.0));
+  const auto mass = static_cast<double>(nucleus.mass);
+  for (size_t i = 0; i < nucleus.ids.size(); ++i) {
+    p[static_cast<size_t>(nucleus.ids[i])] =
+        static_cast<float>(static_cast<double>(nucleus.weights[i]) / mass);
   }
   return p;
 }

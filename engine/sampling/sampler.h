@@ -1,11 +1,15 @@
 // Turns next-token logits into a token, deterministically.
 //
-// Temperature 0 is greedy (argmax, lowest id on ties). Otherwise the logits
-// are divided by the temperature, cut to the top_k most likely (ties broken by
-// lower id) and then to the smallest prefix whose probability reaches top_p,
-// renormalised, and one token is drawn with a uniform number that depends only
-// on (seed, draw_index). So a request's i-th token is the same whether it
-// runs alone, batched, chunked, or recomputed after preemption.
+// Temperature 0 is greedy (argmax, lowest id on ties). Otherwise each token
+// gets an integer weight from its temperature-scaled logit, the vocabulary is
+// cut to the top_k most likely (ties broken by lower id) and then to the
+// shortest most-likely prefix whose weight reaches top_p of the kept weight,
+// and one token is drawn by the inverse CDF in id order with a uniform number
+// that depends only on (seed, draw_index). The exact arithmetic is
+// kernels::SampleRow (engine/kernels/sample_row.h), which every backend
+// implements bit for bit (Backend::SampleRows). So a request's i-th token is
+// the same whether it runs alone, batched, chunked, recomputed after
+// preemption, or on another device given the same logits.
 #ifndef TANDEM_ENGINE_SAMPLING_SAMPLER_H_
 #define TANDEM_ENGINE_SAMPLING_SAMPLER_H_
 
@@ -13,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/kernels/sample_row.h"
 #include "engine/step/step_plan.h"
 
 namespace tandem::sampling {
@@ -23,15 +28,8 @@ step::TokenId Sample(std::span<const float> logits, const step::SamplingParams& 
 step::TokenId SampleWithDraw(std::span<const float> logits, const step::SamplingParams& params,
                              double u);
 
-// Sampling from a row's most likely tokens only (a device that picks them
-// copies k candidates, not the whole row): `values` and `ids` hold the row's
-// k largest logits and their ids, largest first, lower id first among equal
-// logits. SampleFromTopK then returns exactly SampleWithDraw(row, params, u)
-// whenever CanSampleFromTopK(params, vocab, k): greedy (the first
-// candidate), or top-k sampling with top_k <= k (top_p applies within it).
-bool CanSampleFromTopK(const step::SamplingParams& params, size_t vocab, size_t k);
-step::TokenId SampleFromTopK(std::span<const float> values, std::span<const int32_t> ids,
-                             size_t vocab, const step::SamplingParams& params, double u);
+// The backend form of `params` with the uniform number `u`.
+kernels::RowDraw RowDrawOf(const step::SamplingParams& params, double u);
 
 // The distribution Sample() draws from, over the whole vocabulary: the
 // temperature-scaled softmax cut by top-k and top-p and renormalised (zero

@@ -110,46 +110,32 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     in.logits = s.sample ? 1 + static_cast<int32_t>(draft.size()) : 0;
     inputs.push_back(in);
   }
-  // A step whose sampled sequences are all undrafted, without logprobs, and
-  // greedy or top-k sampled needs only each row's most likely tokens: picked
-  // where the logits are (a GPU copies token ids or k candidates per row,
-  // not rows of the vocabulary), then drawn from exactly as from the row.
-  const size_t vocab_size = static_cast<size_t>(model_->config().vocab);
-  bool from_candidates = true;
-  int candidates = 1;
+  // A step whose sampled sequences are all undrafted and without logprobs
+  // needs only each row's token: drawn where the logits are
+  // (Backend::SampleRows, exactly the sampler's draw), so a GPU copies token
+  // ids, not rows of the vocabulary.
+  bool tokens_only = true;
+  std::vector<kernels::RowDraw> draws;
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const step::SequenceStep& s = plan.sequences[i];
     if (!s.sample) continue;
-    if (s.logprobs > 0 || !drafts[i].tokens.empty() ||
-        !sampling::CanSampleFromTopK(s.sampling, vocab_size, kMaxSamplingCandidates)) {
-      from_candidates = false;
+    if (s.logprobs > 0 || !drafts[i].tokens.empty()) {
+      tokens_only = false;
       break;
     }
-    if (s.sampling.temperature > 0.0f && vocab_size > 1) {
-      candidates = std::max(candidates, s.sampling.top_k);
-    }
+    draws.push_back(
+        sampling::RowDrawOf(s.sampling, sampling::UniformDraw(s.sampling.seed, s.draw_index)));
   }
-  if (from_candidates) {
-    if (candidates == 1) {
-      result.status = model_->ForwardGreedy(inputs, &candidate_ids_);
-    } else {
-      result.status = model_->ForwardTopK(inputs, candidates, &candidate_values_, &candidate_ids_);
-    }
+  if (tokens_only) {
+    result.status = model_->ForwardSample(inputs, draws, &sampled_tokens_);
     if (!result.status.ok()) return result;
-    const auto k = static_cast<size_t>(candidates);
     size_t row = 0;
     for (const step::SequenceStep& s : plan.sequences) {
       step::SequenceResult r;
       r.sequence_id = s.sequence_id;
       if (s.sample) {
-        const std::span<const int32_t> ids(candidate_ids_.data() + row * k, k);
-        r.sampled = {k == 1 ? ids[0]
-                            : sampling::SampleFromTopK(
-                                  std::span<const float>(candidate_values_.data() + row * k, k),
-                                  ids, vocab_size, s.sampling,
-                                  sampling::UniformDraw(s.sampling.seed, s.draw_index))};
+        r.sampled = {sampled_tokens_[row++]};
         r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
-        ++row;
       }
       result.sequences.push_back(std::move(r));
     }

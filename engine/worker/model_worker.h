@@ -21,11 +21,6 @@
 
 namespace tandem::worker {
 
-// The most candidates per row a step samples from (top_k above it samples
-// from the whole row): what a GPU backend picks on the device
-// (kernels/cuda/kernels.h, kMaxDeviceTopK).
-inline constexpr size_t kMaxSamplingCandidates = 256;
-
 class ModelWorker : public step::Worker {
  public:
   // `model` must be bound to `backend`; the worker owns both.
@@ -77,9 +72,7 @@ class ModelWorker : public step::Worker {
   std::unique_ptr<speculative::DraftProposer> draft_model_;
   speculative::DraftModelProposer* separate_draft_ = nullptr;  // draft_model_, when separate
   std::vector<float> logits_;
-  // Candidates of a step sampled from the top k (k = 1: greedy tokens).
-  std::vector<float> candidate_values_;
-  std::vector<int32_t> candidate_ids_;
+  std::vector<int32_t> sampled_tokens_;  // a tokens-only step's, one per sampled sequence
 };
 
 }  // namespace tandem::worker

@@ -375,24 +375,50 @@ TEST_F(CudaOpsTest, ArgMaxRowsPicksTheLowestIndexAmongEqualMaxima) {
   EXPECT_EQ(gpu_tokens, cpu_tokens);
 }
 
-TEST_F(CudaOpsTest, TopKRowsGivesTheCpuCandidatesExactly) {
-  const int64_t rows = 9, cols = 151936;  // Qwen2.5's vocabulary
+// Sampling is integer arithmetic after the weights (sample_row.h), so the
+// device must draw exactly the host's token from the same logits, for every
+// kind of draw.
+TEST_F(CudaOpsTest, SampleRowsDrawsTheHostTokenExactly) {
+  const int64_t cols = 151936;  // Qwen2.5's vocabulary
+  std::vector<RowDraw> draws;
+  for (float temperature : {0.0f, 0.3f, 1.0f, 1.7f}) {
+    for (int32_t top_k : {0, 1, 2, 40, 256, 5000}) {
+      for (float top_p : {1.0f, 0.95f, 0.5f, 1e-6f}) {
+        for (double u : {0.0, 0.37, 1.0 - 0x1p-53}) {
+          RowDraw d;
+          d.temperature = temperature;
+          d.top_k = top_k;
+          d.top_p = top_p;
+          d.u = u;
+          draws.push_back(d);
+        }
+      }
+    }
+  }
+  const auto rows = static_cast<int64_t>(draws.size());
   std::vector<float> host = Random(rows, cols);
-  // Ties straddling the k-th place, a shared maximum, negative zeros.
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < 300; ++i) host[static_cast<size_t>(r * cols + 7 * i + r)] = 4.5f;
-    host[static_cast<size_t>(r * cols + cols - 1)] = 9.0f;
-    host[static_cast<size_t>(r * cols + 3)] = 9.0f;
-    host[static_cast<size_t>(r * cols + 11)] = -0.0f;
+    float* row = host.data() + r * cols;
+    // Spread logits (many weights round to 0), ties straddling the k-th
+    // place, a shared maximum, a negative zero.
+    const float spread = r % 3 == 0 ? 30.0f : 3.0f;
+    for (int64_t c = 0; c < cols; ++c) row[c] *= spread;
+    for (int64_t i = 0; i < 300; ++i) row[7 * i + r % 7] = 2.5f * spread;
+    row[cols - 1] = 4.0f * spread;
+    row[3] = 4.0f * spread;
+    row[11] = -0.0f;
+    if (r % 5 == 4) draws[static_cast<size_t>(r)].u = uniform(rng_);
   }
   const Both x = Make(rows, cols, host);
-  for (int k : {1, 2, 40, 256}) {
-    std::vector<float> gpu_values(static_cast<size_t>(rows * k)), cpu_values(gpu_values.size());
-    std::vector<int32_t> gpu_ids(gpu_values.size()), cpu_ids(gpu_values.size());
-    gpu_->TopKRows(x.gpu, k, gpu_values, gpu_ids);
-    cpu_->TopKRows(x.cpu, k, cpu_values, cpu_ids);
-    EXPECT_EQ(gpu_ids, cpu_ids) << "k " << k;
-    EXPECT_EQ(gpu_values, cpu_values) << "k " << k;
+  std::vector<int32_t> gpu_tokens(static_cast<size_t>(rows)), cpu_tokens(gpu_tokens.size());
+  gpu_->SampleRows(x.gpu, draws, gpu_tokens);
+  cpu_->SampleRows(x.cpu, draws, cpu_tokens);
+  for (int64_t r = 0; r < rows; ++r) {
+    const RowDraw& d = draws[static_cast<size_t>(r)];
+    EXPECT_EQ(gpu_tokens[static_cast<size_t>(r)], cpu_tokens[static_cast<size_t>(r)])
+        << "row " << r << ": temperature " << d.temperature << ", top_k " << d.top_k << ", top_p "
+        << d.top_p << ", u " << d.u << ", seed " << seed_;
   }
 }
 

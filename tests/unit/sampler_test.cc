@@ -91,60 +91,28 @@ TEST(SamplerTest, UniformDrawsAreInTheUnitInterval) {
   }
 }
 
-// The row's k largest logits and their ids, largest first, lower id first
-// among equal logits: what a device hands SampleFromTopK.
-void TopK(const std::vector<float>& logits, size_t k, std::vector<float>* values,
-          std::vector<int32_t>* ids) {
-  std::vector<int32_t> order(logits.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::partial_sort(
-      order.begin(), order.begin() + static_cast<long>(k), order.end(),
-      [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
-  ids->assign(order.begin(), order.begin() + static_cast<long>(k));
-  values->clear();
-  for (int32_t id : *ids) values->push_back(logits[static_cast<size_t>(id)]);
-}
-
-TEST(SamplerTest, SamplingFromTheTopKCandidatesGivesTheFullRowsToken) {
-  std::mt19937 rng(4242);
-  std::normal_distribution<float> n(0.0f, 3.0f);
-  int checked = 0;
-  for (int trial = 0; trial < 40; ++trial) {
-    std::vector<float> logits(5000);
-    for (float& l : logits) l = n(rng);
-    // Ties at the top and across the top-k boundary.
-    logits[17] = logits[4000] = 30.0f;
-    const auto boundary = static_cast<size_t>(trial % 7);
-    for (size_t i = 0; i < 3; ++i) logits[100 + 50 * i] = 8.0f - static_cast<float>(boundary);
-    for (const int32_t top_k : {1, 5, 40}) {
-      for (const float top_p : {1.0f, 0.9f, 0.3f}) {
-        for (const float temperature : {0.0f, 0.4f, 0.8f, 1.7f}) {
-          const step::SamplingParams params = Params(temperature, top_k, top_p, 11);
-          const size_t k = 64;  // the device's candidates: at least top_k
-          ASSERT_TRUE(CanSampleFromTopK(params, logits.size(), k));
-          std::vector<float> values;
-          std::vector<int32_t> ids;
-          TopK(logits, k, &values, &ids);
-          for (int draw = 0; draw < 25; ++draw) {
-            const double u = UniformDraw(trial, static_cast<uint64_t>(draw));
-            ASSERT_EQ(SampleFromTopK(values, ids, logits.size(), params, u),
-                      SampleWithDraw(logits, params, u))
-                << "top_k " << top_k << " top_p " << top_p << " temperature " << temperature;
-            ++checked;
-          }
-        }
-      }
+// Probabilities() is the distribution Sample() draws from: over many draws,
+// each token's frequency matches it (the draw is the inverse CDF, so a fine
+// grid of uniform numbers hits each token in proportion to its probability).
+TEST(SamplerTest, ProbabilitiesAreWhatTheDrawsFollow) {
+  std::vector<float> logits(300);
+  for (size_t i = 0; i < logits.size(); ++i)
+    logits[i] = std::cos(0.37f * static_cast<float>(i)) * 4;
+  for (const step::SamplingParams& params :
+       {Params(1.0f), Params(0.7f, 20), Params(1.3f, 0, 0.8f), Params(0.9f, 50, 0.6f)}) {
+    const std::vector<float> p = Probabilities(logits, params);
+    const int grid = 100000;
+    std::vector<int> counts(logits.size());
+    for (int j = 0; j < grid; ++j) {
+      ++counts[static_cast<size_t>(SampleWithDraw(logits, params, (j + 0.5) / grid))];
     }
+    double total = 0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      total += p[i];
+      EXPECT_NEAR(counts[i] / static_cast<double>(grid), p[i], 1.5 / grid + 1e-6) << "token " << i;
+    }
+    EXPECT_NEAR(total, 1.0, 1e-5);
   }
-  EXPECT_EQ(checked, 40 * 3 * 3 * 4 * 25);
-}
-
-TEST(SamplerTest, TopKCandidatesServeOnlyGreedyAndTopKSampling) {
-  EXPECT_TRUE(CanSampleFromTopK(Params(0.0f), 1000, 1));
-  EXPECT_TRUE(CanSampleFromTopK(Params(0.8f, 40, 0.95f), 1000, 64));
-  EXPECT_FALSE(CanSampleFromTopK(Params(0.8f, 100, 0.95f), 1000, 64)) << "top_k above k";
-  EXPECT_FALSE(CanSampleFromTopK(Params(0.8f, 0, 0.95f), 1000, 64)) << "no top-k: whole row";
-  EXPECT_FALSE(CanSampleFromTopK(Params(0.8f, 1000, 1.0f), 1000, 2000)) << "top_k = vocab";
 }
 
 }  // namespace

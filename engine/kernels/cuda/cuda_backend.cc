@@ -145,8 +145,7 @@ CudaBackend::~CudaBackend() {
   attention_partial_.reset();
   cublas_workspace_.reset();
   argmax_tokens_.reset();
-  top_k_values_.reset();
-  top_k_ids_.reset();
+  sampling_weights_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -267,23 +266,24 @@ void CudaBackend::ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
   uploads_.Reset();
 }
 
-void CudaBackend::TopKRows(const Matrix& x, int k, std::span<float> values,
-                           std::span<int32_t> ids) {
-  if (k > kMaxDeviceTopK) {
-    Backend::TopKRows(x, k, values, ids);  // more candidates than the kernel keeps
-    return;
-  }
-  const size_t n = static_cast<size_t>(x.rows) * static_cast<size_t>(k);
-  auto* device_values = static_cast<float*>(OutputScratch(top_k_values_, n * sizeof(float)));
-  auto* device_ids = static_cast<int32_t*>(OutputScratch(top_k_ids_, n * sizeof(int32_t)));
-  LaunchTopKRows(x.data, x.rows, x.cols, k, device_values, device_ids, stream_);
-  CheckLaunch("LaunchTopKRows");
-  CheckCuda(cudaMemcpyAsync(values.data(), device_values, n * sizeof(float), cudaMemcpyDeviceToHost,
-                            stream_),
-            "cudaMemcpyAsync (candidates to host)");
-  CheckCuda(
-      cudaMemcpyAsync(ids.data(), device_ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
-      "cudaMemcpyAsync (candidates to host)");
+void CudaBackend::SampleRows(const Matrix& x, std::span<const RowDraw> draws,
+                             std::span<int32_t> tokens) {
+  const auto rows = static_cast<size_t>(x.rows);
+  auto* device_tokens =
+      static_cast<int32_t*>(OutputScratch(argmax_tokens_, rows * sizeof(int32_t)));
+  auto* weights = static_cast<uint64_t*>(
+      OutputScratch(sampling_weights_, rows * static_cast<size_t>(x.cols) * sizeof(uint64_t)));
+  static_assert(sizeof(RowDraw) % sizeof(int32_t) == 0 && alignof(RowDraw) <= 256);
+  const int32_t* device_draws =
+      uploads_.Upload(UploadArena::Kind::kDraws,
+                      std::span<const int32_t>(reinterpret_cast<const int32_t*>(draws.data()),
+                                               rows * sizeof(RowDraw) / sizeof(int32_t)));
+  LaunchSampleRows(x.data, x.rows, x.cols, reinterpret_cast<const RowDraw*>(device_draws), weights,
+                   device_tokens, stream_);
+  CheckLaunch("LaunchSampleRows");
+  CheckCuda(cudaMemcpyAsync(tokens.data(), device_tokens, rows * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (tokens to host)");
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   uploads_.Reset();
 }

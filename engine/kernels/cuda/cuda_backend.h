@@ -81,7 +81,8 @@ class CudaBackend final : public Backend {
                    const RopeSpec& rope) override;
 
   void ArgMaxRows(const Matrix& x, std::span<int32_t> out) override;
-  void TopKRows(const Matrix& x, int k, std::span<float> values, std::span<int32_t> ids) override;
+  void SampleRows(const Matrix& x, std::span<const RowDraw> draws,
+                  std::span<int32_t> tokens) override;
   bool SupportsStepGraphs() const override { return true; }
   void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) override;
 
@@ -106,7 +107,7 @@ class CudaBackend final : public Backend {
   // Device scratch of at least `bytes`, grown (after a wait) when needed.
   void* Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes);
   // Scratch for outputs read back outside recorded steps (token ids,
-  // candidates): its growth leaves recordings valid.
+  // sampling scratch): its growth leaves recordings valid.
   void* OutputScratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes);
   uint16_t* KPool(int layer) const;
   uint16_t* VPool(int layer) const;
@@ -121,10 +122,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> bf16_activations_;   // MatMul's rounded input
   std::unique_ptr<DeviceBuffer> attention_partial_;  // split-key states
   std::unique_ptr<DeviceBuffer> cublas_workspace_;   // fixed, so cuBLAS can be captured
-  std::unique_ptr<DeviceBuffer> argmax_tokens_;      // ArgMaxRows' device output
-  std::unique_ptr<DeviceBuffer> top_k_values_;       // TopKRows' device outputs
-  std::unique_ptr<DeviceBuffer> top_k_ids_;
-  int64_t scratch_generation_ = 0;  // bumped when a scratch buffer moves
+  std::unique_ptr<DeviceBuffer> argmax_tokens_;      // ArgMaxRows' and SampleRows' output
+  std::unique_ptr<DeviceBuffer> sampling_weights_;   // SampleRows' scratch: 8 bytes a logit
+  int64_t scratch_generation_ = 0;                   // bumped when a scratch buffer moves
   Mode mode_ = Mode::kIssue;
   bool in_step_ = false;
   StepGraphSpec step_;

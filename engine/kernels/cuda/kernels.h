@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "engine/kernels/sampling_arithmetic.h"
+
 namespace tandem::kernels::cuda {
 
 // out[i] = row ids[i] of a [*][cols] table stored as bf16 (or float32).
@@ -65,13 +67,11 @@ void LaunchGatherRows(const float* x, int64_t cols, const int32_t* rows, int64_t
 // (NaNs never win), for a [rows][cols] matrix.
 void LaunchArgMaxRows(const float* x, int64_t rows, int64_t cols, int32_t* out,
                       cudaStream_t stream);
-// The k largest values of each row of a [rows][cols] matrix and their
-// indices, largest first, the lower index first among equal values (NaNs
-// last): values and ids are [rows][k]. REQUIRES 1 <= k <= kMaxDeviceTopK,
-// k <= cols.
-inline constexpr int kMaxDeviceTopK = 256;
-void LaunchTopKRows(const float* x, int64_t rows, int64_t cols, int k, float* values, int32_t* ids,
-                    cudaStream_t stream);
+// tokens[r] = kernels::SampleRow(row r, draws[r]) bit for bit (sample_row.h;
+// NaN logits unsupported). `weights` is [rows][cols] scratch.
+// REQUIRES cols <= sampling_arithmetic::kMaxVocabulary.
+void LaunchSampleRows(const float* x, int64_t rows, int64_t cols, const RowDraw* draws,
+                      uint64_t* weights, int32_t* tokens, cudaStream_t stream);
 // out[i] = bf16(x[i]) (round to nearest even) for n elements.
 void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 

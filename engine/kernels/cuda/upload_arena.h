@@ -33,7 +33,15 @@ namespace tandem::kernels::cuda {
 
 class UploadArena {
  public:
-  enum class Kind : uint8_t { kIds, kPositions, kSlots, kAttentionRows, kGatherRows, kCount };
+  enum class Kind : uint8_t {
+    kIds,
+    kPositions,
+    kSlots,
+    kAttentionRows,
+    kGatherRows,
+    kDraws,
+    kCount
+  };
 
   UploadArena() = default;
   ~UploadArena();

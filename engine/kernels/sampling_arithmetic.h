@@ -1,0 +1,180 @@
+// The arithmetic of sampling a token from a row of logits, written once for
+// the host and the device so that both compute the same bits.
+//
+// A sampled token must not depend on where it was drawn: a request that
+// moves between a CPU and a GPU daemon, or a test that checks the GPU
+// against the CPU, needs the token the host would have drawn from the same
+// logits. Floating-point sums depend on their order, and exp() differs
+// between libraries, so the sampling distribution is defined by integers:
+//
+//   m   = the row's largest logit
+//   w_i = floor(2^43 * ExpNonPositive((l_i - m) * (1 / T)))     (integer)
+//
+// ExpNonPositive uses only correctly rounded double additions,
+// multiplications and one division, which IEEE 754 fixes bit for bit; the
+// host never fuses them (the project compiles with -ffp-contract=off) and
+// the device says so explicitly (__dadd_rn and friends). Sums of w are
+// exact and associative, so any order (a block-wide reduction, a serial
+// loop) gives the same mass, and the draw is an integer comparison.
+// Weights are multiples of 2^-43 of the largest one: a token 30 nats below
+// the top has weight 0 at temperature 1 (probability below 1e-13).
+//
+// The rest of the definition (top-k and top-p cuts, the draw) is in
+// sample_row.h; this header holds what the device shares.
+#ifndef TANDEM_ENGINE_KERNELS_SAMPLING_ARITHMETIC_H_
+#define TANDEM_ENGINE_KERNELS_SAMPLING_ARITHMETIC_H_
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define TANDEM_HOST_DEVICE __host__ __device__
+#else
+#define TANDEM_HOST_DEVICE
+#endif
+
+namespace tandem::kernels {
+
+// One row's sampling parameters and its uniform number: what a backend
+// needs to draw the row's token (Backend::SampleRows). Plain 32- and 64-bit
+// fields, the same layout for the host and the device compilers.
+struct RowDraw {
+  float temperature = 0.0f;  // <= 0: greedy (the largest logit, the lowest id among equal ones)
+  int32_t top_k = 0;         // <= 0 or >= the row's length: no cut
+  float top_p = 1.0f;        // >= 1: no cut; else in (0, 1)
+  int32_t reserved = 0;      // keeps `u` 8-byte aligned in both layouts
+  double u = 0.0;            // in [0, 1)
+};
+static_assert(sizeof(RowDraw) == 24);
+
+namespace sampling_arithmetic {
+
+// w_i is at most kWeightScale, so a vocabulary below 2^20 tokens keeps every
+// mass below 2^63.
+inline constexpr double kWeightScale = 0x1p43;
+inline constexpr int64_t kMaxVocabulary = int64_t{1} << 20;
+
+TANDEM_HOST_DEVICE inline double Add(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+TANDEM_HOST_DEVICE inline double Sub(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+TANDEM_HOST_DEVICE inline double Mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+TANDEM_HOST_DEVICE inline double Div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// 2^k for -1022 <= k <= 1023, exactly.
+TANDEM_HOST_DEVICE inline double PowerOfTwo(int k) {
+  const uint64_t bits = static_cast<uint64_t>(1023 + k) << 52;
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(bits));
+#else
+  double out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+#endif
+}
+
+// e^x for x <= 0 (0 below -40, and for NaN), relative error below 1e-15.
+// Cody-Waite reduction x = k ln2 + r with |r| <= ln2 / 2 (ln2's high part
+// has trailing zeros, so k * kLn2High is exact), a degree-13 Taylor
+// polynomial in Horner form, and an exact scaling by 2^k.
+TANDEM_HOST_DEVICE inline double ExpNonPositive(double x) {
+  if (!(x > -40.0)) return 0.0;
+  constexpr double kInverseLn2 = 0x1.71547652b82fep+0;
+  constexpr double kLn2High = 0x1.62e42fee00000p-1;
+  constexpr double kLn2Low = 0x1.a39ef35793c76p-33;
+  // The nearest integer to x / ln2 (x <= 0, so truncating 0.5 - t floors it).
+  const int k = -static_cast<int>(Sub(0.5, Mul(x, kInverseLn2)));
+  const double kd = static_cast<double>(k);
+  const double r = Sub(Sub(x, Mul(kd, kLn2High)), Mul(kd, kLn2Low));
+  // 1/n! for n = 13 down to 2, correctly rounded.
+  constexpr double kInverseFactorial[] = {
+      0x1.6124613a86d09p-33, 0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
+      0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10,
+      0x1.1111111111111p-7,  0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0000000000000p-1};
+  double p = kInverseFactorial[0];
+  for (int i = 1; i < 12; ++i) p = Add(Mul(p, r), kInverseFactorial[i]);
+  p = Add(Mul(p, r), 1.0);
+  p = Add(Mul(p, r), 1.0);
+  return Mul(p, PowerOfTwo(k));
+}
+
+TANDEM_HOST_DEVICE inline double InverseTemperature(float temperature) {
+  return Div(1.0, static_cast<double>(temperature));
+}
+
+// w for a logit l <= max (see the top of this file): at most kWeightScale,
+// exactly kWeightScale for l == max.
+TANDEM_HOST_DEVICE inline uint64_t Weight(float logit, float max, double inverse_temperature) {
+  const double x =
+      Mul(Sub(static_cast<double>(logit), static_cast<double>(max)), inverse_temperature);
+  return static_cast<uint64_t>(Mul(ExpNonPositive(x), kWeightScale));
+}
+
+// A 32-bit key that orders floats as `<` does (-0 equals +0; NaN lowest).
+TANDEM_HOST_DEVICE inline uint32_t OrderKey(float value) {
+  if (value != value) return 0;
+  if (value == 0.0f) value = 0.0f;
+  uint32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_uint(value);
+#else
+  std::memcpy(&bits, &value, sizeof(bits));
+#endif
+  return (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
+}
+
+// The sampler's total order as one 64-bit key: a larger logit first, the
+// lower id first among equal logits. Distinct for distinct ids.
+TANDEM_HOST_DEVICE inline uint64_t RankKey(float logit, int32_t id) {
+  return (static_cast<uint64_t>(OrderKey(logit)) << 32) |
+         static_cast<uint64_t>(0xFFFFFFFFu - static_cast<uint32_t>(id));
+}
+
+// The mass a top-p nucleus must reach: ceil(top_p * mass) in double
+// arithmetic, at least 1 and at most `mass` (`mass` when top_p >= 1).
+TANDEM_HOST_DEVICE inline uint64_t NucleusMass(float top_p, uint64_t mass) {
+  if (!(top_p < 1.0f)) return mass;
+  const double target = Mul(static_cast<double>(top_p), static_cast<double>(mass));
+  uint64_t out = static_cast<uint64_t>(target);
+  if (static_cast<double>(out) < target) ++out;
+  if (out < 1) out = 1;
+  return out > mass ? mass : out;
+}
+
+// The draw's position in a nucleus of `mass` (> 0): floor(u * mass), below
+// `mass`. The token drawn is the first, in id order, whose cumulative weight
+// exceeds it.
+TANDEM_HOST_DEVICE inline uint64_t DrawTarget(double u, uint64_t mass) {
+  const uint64_t target = static_cast<uint64_t>(Mul(u, static_cast<double>(mass)));
+  return target >= mass ? mass - 1 : target;
+}
+
+}  // namespace sampling_arithmetic
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_ENGINE_KERNELS_SAMPLING_ARITHMETIC_H_
