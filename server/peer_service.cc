@@ -8,6 +8,7 @@
 #include "kvtransfer/kv_pages.h"
 #include "server/generate_reactors.h"
 #include "server/logging.h"
+#include "server/request_builder.h"
 #include "server/response_stream.h"
 #include "spdlog/spdlog.h"
 
@@ -277,6 +278,12 @@ absl::Status PeerService::Call::TakeOver() {
                                              " tokens (a handoff carries the prompt and at "
                                              "least one generated token)"));
   }
+  step::SamplingParams sampling;
+  sampling.temperature = h.temperature();
+  sampling.top_k = h.top_k();
+  sampling.top_p = h.top_p();
+  sampling.seed = h.seed();
+  if (absl::Status s = ValidateSampling(sampling, h.logprobs(), ""); !s.ok()) return s;
   if (absl::Status s = CheckSource(h.kv(), service_->kv_->shape, length); !s.ok()) return s;
   absl::StatusOr<kvtransfer::PeerId> peer = service_->PeerFor(h.kv().agent_metadata());
   if (!peer.ok()) return peer.status();
@@ -286,10 +293,7 @@ absl::Status PeerService::Call::TakeOver() {
   scheduler::Request& r = imported.request;
   r.id = h.request_id();
   r.prompt.assign(h.token_ids().begin(), h.token_ids().begin() + h.prompt_tokens());
-  r.sampling.temperature = h.temperature();
-  r.sampling.top_k = h.top_k();
-  r.sampling.top_p = h.top_p();
-  r.sampling.seed = h.seed();
+  r.sampling = sampling;
   r.max_tokens = h.max_tokens();
   r.stop_token_ids.assign(h.stop_token_ids().begin(), h.stop_token_ids().end());
   r.deadline = absl::FromChrono(context_->deadline());

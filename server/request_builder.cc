@@ -32,6 +32,21 @@ absl::Status ValidateDefaults(const RequestDefaults& d) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateSampling(const step::SamplingParams& s, int32_t logprobs,
+                              std::string_view prefix) {
+  if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
+    return Invalid(StrCat(prefix, "temperature"), "must be a finite number >= 0");
+  }
+  if (s.top_k < 0) return Invalid(StrCat(prefix, "top_k"), "must be >= 0 (0 disables it)");
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return Invalid(StrCat(prefix, "top_p"), "must be in (0, 1]");
+  }
+  if (logprobs < 0 || logprobs > kMaxLogprobs) {
+    return Invalid("logprobs", StrCat("must be in 0..", kMaxLogprobs));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
                                           const ModelLimits& model, const RequestDefaults& defaults,
                                           uint64_t random_seed) {
@@ -86,16 +101,13 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   // Sampling.
   const v1::SamplingParams& s = proto.sampling();
   r.sampling.temperature = s.has_temperature() ? s.temperature() : defaults.temperature;
-  if (!std::isfinite(r.sampling.temperature) || r.sampling.temperature < 0.0f) {
-    return Invalid("sampling.temperature", "must be a finite number >= 0");
-  }
   r.sampling.top_k = s.has_top_k() ? s.top_k() : defaults.top_k;
-  if (r.sampling.top_k < 0) return Invalid("sampling.top_k", "must be >= 0 (0 disables it)");
   r.sampling.top_p = s.has_top_p() ? s.top_p() : defaults.top_p;
-  if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) {
-    return Invalid("sampling.top_p", "must be in (0, 1]");
-  }
   r.sampling.seed = s.has_seed() ? s.seed() : random_seed;
+  if (absl::Status status = ValidateSampling(r.sampling, proto.logprobs(), "sampling.");
+      !status.ok()) {
+    return status;
+  }
 
   // Length.
   const int32_t room = model.context_length - prompt_tokens;
@@ -147,9 +159,6 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   }
   r.expected_output_tokens = proto.expected_output_tokens();
   r.priority = proto.priority();
-  if (proto.logprobs() < 0 || proto.logprobs() > kMaxLogprobs) {
-    return Invalid("logprobs", StrCat("must be in 0..", kMaxLogprobs));
-  }
   r.logprobs = proto.logprobs();
   r.disable_speculation = proto.disable_speculation();
   if (!proto.ignore_eos()) {

@@ -27,6 +27,13 @@ struct RequestDefaults {
 // InvalidArgument naming the --default_* flag that is out of range.
 absl::Status ValidateDefaults(const RequestDefaults& defaults);
 
+// The sampling fields of a request, as Generate and a handoff (peer_service)
+// accept them: INVALID_ARGUMENT naming the field (`prefix` + its name, or
+// "logprobs") for a temperature that is not a finite number >= 0, a
+// negative top_k, a top_p outside (0, 1], logprobs outside 0..kMaxLogprobs.
+absl::Status ValidateSampling(const step::SamplingParams& sampling, int32_t logprobs,
+                              std::string_view prefix);
+
 // What the builder needs to know about the model.
 struct ModelLimits {
   const tokenizer::BpeTokenizer* tokenizer = nullptr;

@@ -215,6 +215,14 @@ class Backend {
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
 
   // --- tokens picked on the device ---------------------------------------------
+  // The defaults below read x through HostRows(): a copy in `scratch` (after
+  // waiting, like CopyToHost), or x itself where it is host memory.
+  virtual const float* HostRows(const Matrix& x, std::vector<float>& scratch) {
+    scratch.resize(static_cast<size_t>(x.rows * x.cols));
+    CopyToHost(x, scratch.data());
+    return scratch.data();
+  }
+
   // NaN logits are not supported by the token pickers below: a GPU never
   // picks a NaN, the host rule picks index 0 when row[0] is one.
   //
@@ -223,11 +231,11 @@ class Backend {
   // not logits, to the host. Waits, like CopyToHost. The default copies the
   // rows to the host and picks there.
   virtual void ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
-    std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
-    CopyToHost(x, host.data());
+    std::vector<float> scratch;
+    const float* host = HostRows(x, scratch);
     for (int64_t r = 0; r < x.rows; ++r) {
       out[static_cast<size_t>(r)] =
-          ArgMax(std::span<const float>(host.data() + r * x.cols, static_cast<size_t>(x.cols)));
+          ArgMax(std::span<const float>(host + r * x.cols, static_cast<size_t>(x.cols)));
     }
   }
 
@@ -238,12 +246,38 @@ class Backend {
   // REQUIRES x.cols <= kMaxVocabulary. The default samples on the host.
   virtual void SampleRows(const Matrix& x, std::span<const RowDraw> draws,
                           std::span<int32_t> tokens) {
-    std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
-    CopyToHost(x, host.data());
+    std::vector<float> scratch;
+    const float* host = HostRows(x, scratch);
     for (int64_t r = 0; r < x.rows; ++r) {
       tokens[static_cast<size_t>(r)] =
-          SampleRow(std::span<const float>(host.data() + r * x.cols, static_cast<size_t>(x.cols)),
+          SampleRow(std::span<const float>(host + r * x.cols, static_cast<size_t>(x.cols)),
                     draws[static_cast<size_t>(r)]);
+    }
+  }
+
+  // For each row r of x: the log-probability of tokens[r] under the row's
+  // log-softmax, and the row's `top` most likely tokens (rank order: larger
+  // logit, then lower id) with theirs, as LogprobsOf (sample_row.h) gives
+  // them: token_logprobs is [rows], top_ids and top_logprobs [rows][top].
+  // The ids are exact; the values agree with LogprobsOf's to float rounding
+  // (a device may sum in another order). Waits, like CopyToHost.
+  // REQUIRES 0 <= top <= min(x.cols, kMaxLogprobs).
+  static constexpr int kMaxLogprobs = 32;
+  virtual void LogprobRows(const Matrix& x, std::span<const int32_t> tokens, int top,
+                           std::span<float> token_logprobs, std::span<int32_t> top_ids,
+                           std::span<float> top_logprobs) {
+    std::vector<float> scratch;
+    const float* host = HostRows(x, scratch);
+    const auto k = static_cast<size_t>(top);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const auto row = static_cast<size_t>(r);
+      const RowLogprobs logprobs = LogprobsOf(
+          std::span<const float>(host + r * x.cols, static_cast<size_t>(x.cols)), tokens[row], top);
+      token_logprobs[row] = logprobs.token;
+      for (size_t i = 0; i < k; ++i) {
+        top_ids[row * k + i] = logprobs.top[i].first;
+        top_logprobs[row * k + i] = logprobs.top[i].second;
+      }
     }
   }
 

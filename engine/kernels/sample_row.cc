@@ -1,6 +1,9 @@
 #include "engine/kernels/sample_row.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
 
 namespace tandem::kernels {
 namespace sa = sampling_arithmetic;
@@ -15,79 +18,165 @@ int32_t ArgMax(std::span<const float> row) {
 
 namespace {
 
-struct Entry {
-  int32_t id;
-  uint64_t weight;
+// A token's rank key and how much it counts in a selection (1 for top-k,
+// its weight for top-p).
+struct Item {
+  uint64_t key;
+  uint64_t amount;
 };
+
+// The largest key K such that the items with keys >= K amount to at least
+// `needed` (0 < needed <= the total). Keys are distinct, so K is one item's
+// key. A most-significant-digit radix select, 8 bits at a time, keeping only
+// the chosen bucket's items: about two passes over the items in all.
+uint64_t SelectKey(std::vector<Item>& items, std::vector<Item>& spare, uint64_t needed) {
+  uint64_t prefix = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    uint64_t sums[256] = {};
+    for (const Item& item : items) sums[(item.key >> shift) & 0xFFu] += item.amount;
+    uint64_t bucket = 255, above = 0;
+    for (; bucket > 0; --bucket) {
+      if (above + sums[bucket] >= needed) break;
+      above += sums[bucket];
+    }
+    needed -= above;
+    prefix |= bucket << shift;
+    spare.clear();
+    for (const Item& item : items) {
+      if (((item.key >> shift) & 0xFFu) == bucket) spare.push_back(item);
+    }
+    items.swap(spare);
+    if (items.size() == 1) return items[0].key;
+  }
+  return prefix;
+}
+
+// The largest key K such that at least k of `keys` are >= K (0 < k <=
+// keys.size()): the k-th largest, through a min-heap of the k largest seen
+// (most keys fail the first comparison).
+uint64_t KthLargest(std::span<const uint64_t> keys, size_t k, std::vector<uint64_t>& heap) {
+  heap.assign(keys.begin(), keys.begin() + static_cast<long>(k));
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  for (size_t i = k; i < keys.size(); ++i) {
+    if (keys[i] <= heap.front()) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    heap.back() = keys[i];
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  }
+  return heap.front();
+}
+
+// The nucleus being cut, and per-thread buffers, so that sampling a row
+// allocates nothing once they have grown.
+struct Work {
+  std::vector<int32_t> ids;       // ascending
+  std::vector<uint64_t> weights;  // of each id
+  uint64_t mass = 0;
+  std::vector<uint64_t> keys, heap;
+  std::vector<Item> items, spare;
+};
+
+// Fills `work` with the nucleus of a sampled draw (sample_row.h).
+void Cut(std::span<const float> row, const RowDraw& draw, Work& work) {
+  const size_t n = row.size();
+  const float max = row[static_cast<size_t>(ArgMax(row))];
+  const double inverse_temperature = sa::InverseTemperature(draw.temperature);
+  const bool cut_k = draw.top_k > 0 && static_cast<size_t>(draw.top_k) < n;
+  const bool cut_p = draw.top_p < 1.0f;
+  // Rank keys, weights: branch-free loops the compiler vectorises (this
+  // file compiles without trapping math, which changes no result).
+  if (cut_k || cut_p) {
+    work.keys.resize(n);
+    for (size_t i = 0; i < n; ++i) work.keys[i] = sa::RankKey(row[i], static_cast<int32_t>(i));
+  }
+  work.ids.clear();
+  work.weights.clear();
+  if (cut_k) {
+    const auto k = static_cast<size_t>(draw.top_k);
+    uint64_t kth;
+    if (k <= 4096) {
+      kth = KthLargest(work.keys, k, work.heap);
+    } else {
+      work.items.resize(n);
+      for (size_t i = 0; i < n; ++i) work.items[i] = {work.keys[i], 1};
+      kth = SelectKey(work.items, work.spare, k);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (work.keys[i] < kth) continue;
+      work.ids.push_back(static_cast<int32_t>(i));
+      work.weights.push_back(sa::Weight(row[i], max, inverse_temperature));
+    }
+  } else {
+    work.ids.resize(n);
+    std::iota(work.ids.begin(), work.ids.end(), 0);
+    work.weights.resize(n);
+    for (size_t i = 0; i < n; ++i) work.weights[i] = sa::Weight(row[i], max, inverse_temperature);
+  }
+  work.mass = 0;
+  for (uint64_t w : work.weights) work.mass += w;
+  if (!cut_p) return;
+
+  work.items.clear();
+  for (size_t j = 0; j < work.ids.size(); ++j) {
+    if (work.weights[j] == 0) continue;  // never reaches the nucleus mass
+    work.items.push_back({work.keys[static_cast<size_t>(work.ids[j])], work.weights[j]});
+  }
+  const uint64_t last = SelectKey(work.items, work.spare, sa::NucleusMass(draw.top_p, work.mass));
+  size_t kept = 0;
+  work.mass = 0;
+  for (size_t j = 0; j < work.ids.size(); ++j) {
+    if (work.keys[static_cast<size_t>(work.ids[j])] < last) continue;
+    work.ids[kept] = work.ids[j];
+    work.weights[kept] = work.weights[j];
+    work.mass += work.weights[j];
+    ++kept;
+  }
+  work.ids.resize(kept);
+  work.weights.resize(kept);
+}
+
+thread_local Work work;
 
 }  // namespace
 
 Nucleus NucleusOf(std::span<const float> row, const RowDraw& draw) {
-  const size_t n = row.size();
-  const float max = row[static_cast<size_t>(ArgMax(row))];
-  const double inverse_temperature = sa::InverseTemperature(draw.temperature);
-  auto ranked_before = [row](const Entry& a, const Entry& b) {
-    return sa::RankKey(row[static_cast<size_t>(a.id)], a.id) >
-           sa::RankKey(row[static_cast<size_t>(b.id)], b.id);
-  };
-
-  // The top-k cut: the k first-ranked ids (all ids without a cut).
-  std::vector<Entry> kept(n);
-  for (size_t i = 0; i < n; ++i) kept[i].id = static_cast<int32_t>(i);
-  if (draw.top_k > 0 && static_cast<size_t>(draw.top_k) < n) {
-    const auto k = static_cast<long>(draw.top_k);
-    std::nth_element(kept.begin(), kept.begin() + (k - 1), kept.end(), ranked_before);
-    kept.resize(static_cast<size_t>(k));
-  }
-  uint64_t total = 0;
-  for (Entry& e : kept) {
-    e.weight = sa::Weight(row[static_cast<size_t>(e.id)], max, inverse_temperature);
-    total += e.weight;
-  }
-
-  // The top-p cut: the shortest ranked prefix reaching the nucleus mass.
-  // Ranks only as much as the prefix needs (a few dozen ids, usually).
-  if (draw.top_p < 1.0f) {
-    const uint64_t needed = sa::NucleusMass(draw.top_p, total);
-    size_t ranked = std::min<size_t>(kept.size(), 64);
-    for (;;) {
-      std::partial_sort(kept.begin(), kept.begin() + static_cast<long>(ranked), kept.end(),
-                        ranked_before);
-      uint64_t mass = 0;
-      size_t cut = 0;
-      while (cut < ranked && mass < needed) mass += kept[cut++].weight;
-      if (mass >= needed || ranked == kept.size()) {
-        kept.resize(cut);
-        break;
-      }
-      ranked = std::min(kept.size(), ranked * 8);
-    }
-  }
-  if (kept.size() < n) {
-    std::sort(kept.begin(), kept.end(), [](const Entry& a, const Entry& b) { return a.id < b.id; });
-  }
-
-  Nucleus out;
-  out.ids.reserve(kept.size());
-  out.weights.reserve(kept.size());
-  for (const Entry& e : kept) {
-    out.ids.push_back(e.id);
-    out.weights.push_back(e.weight);
-    out.mass += e.weight;
-  }
-  return out;
+  Cut(row, draw, work);
+  return {work.ids, work.weights, work.mass};
 }
 
 int32_t SampleRow(std::span<const float> row, const RowDraw& draw) {
   if (draw.temperature <= 0.0f || row.size() == 1) return ArgMax(row);
-  const Nucleus nucleus = NucleusOf(row, draw);
-  const uint64_t target = sa::DrawTarget(draw.u, nucleus.mass);
+  Cut(row, draw, work);
+  if (work.mass == 0) return ArgMax(row);  // only NaN logits get here (unsupported)
+  const uint64_t target = sa::DrawTarget(draw.u, work.mass);
   uint64_t cumulative = 0;
-  for (size_t i = 0; i < nucleus.ids.size(); ++i) {
-    cumulative += nucleus.weights[i];
-    if (cumulative > target) return nucleus.ids[i];
+  for (size_t j = 0; j < work.ids.size(); ++j) {
+    cumulative += work.weights[j];
+    if (cumulative > target) return work.ids[j];
   }
-  return nucleus.ids.back();  // unreachable: target < mass
+  return work.ids.back();  // unreachable: target < mass
+}
+
+RowLogprobs LogprobsOf(std::span<const float> row, int32_t token, int top) {
+  const double max = row[static_cast<size_t>(ArgMax(row))];
+  double sum = 0.0;
+  for (float l : row) sum += std::exp(static_cast<double>(l) - max);
+  const double log_z = max + std::log(sum);
+  RowLogprobs out;
+  out.token = static_cast<float>(row[static_cast<size_t>(token)] - log_z);
+  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), row.size());
+  if (k == 0) return out;
+  std::vector<int32_t> ids(row.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
+                    [row](int32_t a, int32_t b) {
+                      return sa::RankKey(row[static_cast<size_t>(a)], a) >
+                             sa::RankKey(row[static_cast<size_t>(b)], b);
+                    });
+  for (size_t i = 0; i < k; ++i) {
+    out.top.emplace_back(ids[i], static_cast<float>(row[static_cast<size_t>(ids[i])] - log_z));
+  }
+  return out;
 }
 
 }  // namespace tandem::kernels

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "engine/kernels/sampling_arithmetic.h"
@@ -38,6 +39,15 @@ Nucleus NucleusOf(std::span<const float> row, const RowDraw& draw);
 // The token of `draw` (greedy when draw.temperature <= 0 or the row has one
 // logit).
 int32_t SampleRow(std::span<const float> row, const RowDraw& draw);
+
+// Log-probabilities under the row's log-softmax (the model's distribution,
+// before temperature and cuts), in double precision, rounded to float.
+struct RowLogprobs {
+  float token = 0.0f;                          // of the token asked about
+  std::vector<std::pair<int32_t, float>> top;  // the most likely, in rank order
+};
+// REQUIRES 0 <= token < row.size(), top >= 0 (at most row.size() are given).
+RowLogprobs LogprobsOf(std::span<const float> row, int32_t token, int top);
 
 }  // namespace tandem::kernels
 

@@ -98,12 +98,13 @@ TANDEM_HOST_DEVICE inline double PowerOfTwo(int k) {
 #endif
 }
 
-// e^x for x <= 0 (0 below -40, and for NaN), relative error below 1e-15.
-// Cody-Waite reduction x = k ln2 + r with |r| <= ln2 / 2 (ln2's high part
-// has trailing zeros, so k * kLn2High is exact), a degree-13 Taylor
-// polynomial in Horner form, and an exact scaling by 2^k.
-TANDEM_HOST_DEVICE inline double ExpNonPositive(double x) {
-  if (!(x > -40.0)) return 0.0;
+// e^x for -40 <= x <= 0, relative error below 1e-15, without branches (so
+// the host's compiler can vectorise loops over it: vector and scalar IEEE
+// operations round alike). Cody-Waite reduction x = k ln2 + r with
+// |r| <= ln2 / 2 (ln2's high part has trailing zeros, so k * kLn2High is
+// exact), a degree-13 Taylor polynomial in Horner form, and an exact scaling
+// by 2^k.
+TANDEM_HOST_DEVICE inline double ExpCore(double x) {
   constexpr double kInverseLn2 = 0x1.71547652b82fep+0;
   constexpr double kLn2High = 0x1.62e42fee00000p-1;
   constexpr double kLn2Low = 0x1.a39ef35793c76p-33;
@@ -111,41 +112,60 @@ TANDEM_HOST_DEVICE inline double ExpNonPositive(double x) {
   const int k = -static_cast<int>(Sub(0.5, Mul(x, kInverseLn2)));
   const double kd = static_cast<double>(k);
   const double r = Sub(Sub(x, Mul(kd, kLn2High)), Mul(kd, kLn2Low));
-  // 1/n! for n = 13 down to 2, correctly rounded.
-  constexpr double kInverseFactorial[] = {
-      0x1.6124613a86d09p-33, 0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
-      0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10,
-      0x1.1111111111111p-7,  0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0000000000000p-1};
-  double p = kInverseFactorial[0];
-  for (int i = 1; i < 12; ++i) p = Add(Mul(p, r), kInverseFactorial[i]);
+  // Coefficients 1/n!, correctly rounded, n = 13 down to 0 (written out:
+  // a loop here keeps the host's compiler from vectorising callers).
+  double p = 0x1.6124613a86d09p-33;
+  p = Add(Mul(p, r), 0x1.1eed8eff8d898p-29);
+  p = Add(Mul(p, r), 0x1.ae64567f544e4p-26);
+  p = Add(Mul(p, r), 0x1.27e4fb7789f5cp-22);
+  p = Add(Mul(p, r), 0x1.71de3a556c734p-19);
+  p = Add(Mul(p, r), 0x1.a01a01a01a01ap-16);
+  p = Add(Mul(p, r), 0x1.a01a01a01a01ap-13);
+  p = Add(Mul(p, r), 0x1.6c16c16c16c17p-10);
+  p = Add(Mul(p, r), 0x1.1111111111111p-7);
+  p = Add(Mul(p, r), 0x1.5555555555555p-5);
+  p = Add(Mul(p, r), 0x1.5555555555555p-3);
+  p = Add(Mul(p, r), 0x1.0000000000000p-1);
   p = Add(Mul(p, r), 1.0);
   p = Add(Mul(p, r), 1.0);
   return Mul(p, PowerOfTwo(k));
 }
+
+// e^x for x <= 0: ExpCore above -40, else 0 (also for NaN).
+TANDEM_HOST_DEVICE inline double ExpNonPositive(double x) { return x > -40.0 ? ExpCore(x) : 0.0; }
 
 TANDEM_HOST_DEVICE inline double InverseTemperature(float temperature) {
   return Div(1.0, static_cast<double>(temperature));
 }
 
 // w for a logit l <= max (see the top of this file): at most kWeightScale,
-// exactly kWeightScale for l == max.
+// exactly kWeightScale for l == max, also when max is infinite (inf - inf
+// would be NaN), so a row's mass is never 0.
 TANDEM_HOST_DEVICE inline uint64_t Weight(float logit, float max, double inverse_temperature) {
-  const double x =
-      Mul(Sub(static_cast<double>(logit), static_cast<double>(max)), inverse_temperature);
-  return static_cast<uint64_t>(Mul(ExpNonPositive(x), kWeightScale));
+  const double x = logit == max ? 0.0
+                                : Mul(Sub(static_cast<double>(logit), static_cast<double>(max)),
+                                      inverse_temperature);
+  // Branch-free, as ExpNonPositive(x) * kWeightScale rounded down: weights
+  // are below 2^63, so the signed conversion equals the unsigned one.
+  const bool negligible = !(x > -40.0);
+  const double e = negligible ? 0.0 : ExpCore(negligible ? -40.0 : x);
+  return static_cast<uint64_t>(static_cast<int64_t>(Mul(e, kWeightScale)));
 }
 
 // A 32-bit key that orders floats as `<` does (-0 equals +0; NaN lowest).
+// Branch-free: adding +0 turns -0 into +0 (IEEE round-to-nearest), and a
+// negative float's bits flip whole while a positive one's sign bit is set.
 TANDEM_HOST_DEVICE inline uint32_t OrderKey(float value) {
-  if (value != value) return 0;
-  if (value == 0.0f) value = 0.0f;
+  const float positive_zero = value + 0.0f;
   uint32_t bits;
 #if defined(__CUDA_ARCH__)
-  bits = __float_as_uint(value);
+  bits = __float_as_uint(positive_zero);
 #else
-  std::memcpy(&bits, &value, sizeof(bits));
+  std::memcpy(&bits, &positive_zero, sizeof(bits));
 #endif
-  return (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
+  const uint32_t negative = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31);
+  const uint32_t key = bits ^ (negative | 0x80000000u);
+  return value != value ? 0u : key;
 }
 
 // The sampler's total order as one 64-bit key: a larger logit first, the
@@ -156,9 +176,12 @@ TANDEM_HOST_DEVICE inline uint64_t RankKey(float logit, int32_t id) {
 }
 
 // The mass a top-p nucleus must reach: ceil(top_p * mass) in double
-// arithmetic, at least 1 and at most `mass` (`mass` when top_p >= 1).
+// arithmetic, at least 1 and at most `mass` (`mass` when top_p >= 1; 1 for
+// top_p <= 0, which callers refuse: the cast of a negative double would
+// differ between host and device).
 TANDEM_HOST_DEVICE inline uint64_t NucleusMass(float top_p, uint64_t mass) {
   if (!(top_p < 1.0f)) return mass;
+  if (!(top_p > 0.0f)) return mass < 1 ? mass : 1;  // out of contract: the top token
   const double target = Mul(static_cast<double>(top_p), static_cast<double>(mass));
   uint64_t out = static_cast<uint64_t>(target);
   if (static_cast<double>(out) < target) ++out;

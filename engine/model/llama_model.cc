@@ -242,17 +242,32 @@ absl::Status LlamaModel::ForwardGreedy(std::span<const SequenceInput> sequences,
 
 absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
                                        std::span<const kernels::RowDraw> draws,
-                                       std::vector<int32_t>* tokens_out, int layers) {
+                                       std::vector<int32_t>* tokens_out, SampledLogprobs* logprobs,
+                                       int layers) {
   int64_t logit_rows = 0;
   for (const SequenceInput& s : sequences) logit_rows += s.logits;
   if (static_cast<int64_t>(draws.size()) != logit_rows) {
     return absl::InvalidArgumentError(
         StrCat(draws.size(), " draws for ", logit_rows, " rows of logits"));
   }
+  const int top = logprobs == nullptr ? 0 : logprobs->top;
+  if (top < 0 || top > std::min<int>(kernels::Backend::kMaxLogprobs, config_.vocab)) {
+    return absl::InvalidArgumentError(StrCat(top, " most likely tokens asked for"));
+  }
   absl::StatusOr<int64_t> rows = ComputeLogits(sequences, layers);
   if (!rows.ok()) return rows.status();
-  tokens_out->resize(static_cast<size_t>(*rows));
-  if (*rows > 0) backend_->SampleRows(logits_.FirstRows(*rows), draws, *tokens_out);
+  const auto n = static_cast<size_t>(*rows);
+  tokens_out->resize(n);
+  if (n == 0) return absl::OkStatus();
+  const kernels::Matrix logits = logits_.FirstRows(*rows);
+  backend_->SampleRows(logits, draws, *tokens_out);
+  if (logprobs != nullptr) {
+    logprobs->token.resize(n);
+    logprobs->top_ids.resize(n * static_cast<size_t>(top));
+    logprobs->top_logprobs.resize(n * static_cast<size_t>(top));
+    backend_->LogprobRows(logits, *tokens_out, top, logprobs->token, logprobs->top_ids,
+                          logprobs->top_logprobs);
+  }
   return absl::OkStatus();
 }
 

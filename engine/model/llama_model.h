@@ -66,10 +66,20 @@ class LlamaModel {
                              std::vector<int32_t>* tokens_out, int layers = 0);
   // Forward() that writes, instead of each logits row, the token drawn from
   // it with draws[row] (Backend::SampleRows: exactly kernels::SampleRow), so
-  // a GPU copies token ids, not logits. REQUIRES one draw per logits row.
+  // a GPU copies token ids, not logits. With `logprobs`, also each sampled
+  // token's log-probability and its row's logprobs->top most likely tokens
+  // (Backend::LogprobRows). REQUIRES one draw per logits row,
+  // 0 <= logprobs->top <= Backend::kMaxLogprobs.
+  struct SampledLogprobs {
+    int top = 0;                      // set by the caller
+    std::vector<float> token;         // [rows]
+    std::vector<int32_t> top_ids;     // [rows][top]
+    std::vector<float> top_logprobs;  // [rows][top]
+  };
   absl::Status ForwardSample(std::span<const SequenceInput> sequences,
                              std::span<const kernels::RowDraw> draws,
-                             std::vector<int32_t>* tokens_out, int layers = 0);
+                             std::vector<int32_t>* tokens_out, SampledLogprobs* logprobs = nullptr,
+                             int layers = 0);
 
   // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks
   // shared by forked sequences. InvalidArgument for a block id out of range.

@@ -14,35 +14,14 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-struct Candidate {
-  float logit;
-  step::TokenId id;
-};
-
-// Descending logit, then ascending id: a total order, so sorting is stable
-// across platforms and batch compositions.
-bool MoreLikely(const Candidate& a, const Candidate& b) {
-  return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;
-}
-
 }  // namespace
 
 step::TokenLogprobs Logprobs(std::span<const float> logits, step::TokenId token, int top) {
-  const double max = logits[static_cast<size_t>(kernels::ArgMax(logits))];
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
-  const double log_z = max + std::log(sum);
+  kernels::RowLogprobs row = kernels::LogprobsOf(logits, token, top);
   step::TokenLogprobs out;
   out.token = token;
-  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
-  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
-  if (k == 0) return out;
-  std::vector<Candidate> c(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) c[i] = {logits[i], static_cast<step::TokenId>(i)};
-  std::partial_sort(c.begin(), c.begin() + static_cast<long>(k), c.end(), MoreLikely);
-  for (size_t i = 0; i < k; ++i) {
-    out.top.emplace_back(c[i].id, static_cast<float>(c[i].logit - log_z));
-  }
+  out.logprob = row.token;
+  out.top = std::move(row.top);
   return out;
 }
 

@@ -11,12 +11,28 @@ double SpeculativeDraw(uint64_t seed, DrawStream stream, uint64_t draw_index) {
                                draw_index);
 }
 
+bool NeedsTargetDistribution(const Draft& draft, const step::SamplingParams& params) {
+  return !draft.probabilities.empty() && params.temperature > 0.0f;
+}
+
+Verification VerifySampled(std::span<const TokenId> sampled, const Draft& draft) {
+  TANDEM_CHECK(sampled.size() == draft.tokens.size() + 1,
+               "verification needs one sampled token per draft + 1");
+  Verification out;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    out.tokens.push_back(sampled[i]);
+    if (i == draft.tokens.size() || sampled[i] != draft.tokens[i]) break;
+    ++out.accepted;
+  }
+  return out;
+}
+
 Verification Verify(std::span<const float> logits, int32_t vocab, const Draft& draft,
                     const step::SamplingParams& params, uint64_t draw_index) {
   const size_t k = draft.tokens.size();
   const size_t v = static_cast<size_t>(vocab);
   TANDEM_CHECK(logits.size() == (k + 1) * v, "verification needs one logits row per draft + 1");
-  const bool sampled_drafts = !draft.probabilities.empty() && params.temperature > 0.0f;
+  const bool sampled_drafts = NeedsTargetDistribution(draft, params);
   TANDEM_CHECK(draft.probabilities.empty() || draft.probabilities.size() == k,
                "a sampled draft needs one distribution per token");
   Verification out;

@@ -43,6 +43,16 @@ struct Verification {
 Verification Verify(std::span<const float> logits, int32_t vocab, const Draft& draft,
                     const step::SamplingParams& params, uint64_t draw_index);
 
+// Whether verifying `draft` needs the target's probabilities (drafts sampled
+// from a distribution, at temperature > 0), not just its own samples.
+bool NeedsTargetDistribution(const Draft& draft, const step::SamplingParams& params);
+
+// Verify() for a draft that does not need the target's distribution, from
+// the target's own sample at each row: sampled[i] is row i's token drawn as
+// Sample() draws generated token draw_index + i (one per row, k + 1 in all).
+// The same tokens as Verify() on those rows.
+Verification VerifySampled(std::span<const TokenId> sampled, const Draft& draft);
+
 // The uniform streams of speculative sampling, apart from the token stream
 // that Sample() uses, so that no draw is used twice.
 enum class DrawStream : uint64_t {

@@ -110,32 +110,63 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     in.logits = s.sample ? 1 + static_cast<int32_t>(draft.size()) : 0;
     inputs.push_back(in);
   }
-  // A step whose sampled sequences are all undrafted and without logprobs
-  // needs only each row's token: drawn where the logits are
-  // (Backend::SampleRows, exactly the sampler's draw), so a GPU copies token
-  // ids, not rows of the vocabulary.
+  // A step whose sampled sequences have no drafts sampled from a
+  // distribution needs only each row's token (and its logprobs, when asked):
+  // drawn where the logits are (Backend::SampleRows, exactly the sampler's
+  // draw), so a GPU copies token ids, not rows of the vocabulary. Row i of a
+  // sequence is drawn as its generated token draw_index + i, and drafts are
+  // verified against those samples (speculative::VerifySampled).
   bool tokens_only = true;
   std::vector<kernels::RowDraw> draws;
-  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+  sampled_logprobs_.top = 0;
+  for (size_t i = 0; i < plan.sequences.size() && tokens_only; ++i) {
     const step::SequenceStep& s = plan.sequences[i];
     if (!s.sample) continue;
-    if (s.logprobs > 0 || !drafts[i].tokens.empty()) {
+    if (speculative::NeedsTargetDistribution(drafts[i], s.sampling)) {
       tokens_only = false;
       break;
     }
-    draws.push_back(
-        sampling::RowDrawOf(s.sampling, sampling::UniformDraw(s.sampling.seed, s.draw_index)));
+    sampled_logprobs_.top =
+        std::max(sampled_logprobs_.top,
+                 std::min({s.logprobs, model_->config().vocab, kernels::Backend::kMaxLogprobs}));
+    for (size_t row = 0; row <= drafts[i].tokens.size(); ++row) {
+      draws.push_back(sampling::RowDrawOf(
+          s.sampling, sampling::UniformDraw(s.sampling.seed, s.draw_index + row)));
+    }
   }
   if (tokens_only) {
-    result.status = model_->ForwardSample(inputs, draws, &sampled_tokens_);
+    const bool any_logprobs =
+        std::any_of(plan.sequences.begin(), plan.sequences.end(),
+                    [](const step::SequenceStep& s) { return s.sample && s.logprobs > 0; });
+    result.status = model_->ForwardSample(inputs, draws, &sampled_tokens_,
+                                          any_logprobs ? &sampled_logprobs_ : nullptr);
     if (!result.status.ok()) return result;
+    const auto top = static_cast<size_t>(sampled_logprobs_.top);
     size_t row = 0;
-    for (const step::SequenceStep& s : plan.sequences) {
+    for (size_t i = 0; i < plan.sequences.size(); ++i) {
+      const step::SequenceStep& s = plan.sequences[i];
       step::SequenceResult r;
       r.sequence_id = s.sequence_id;
       if (s.sample) {
-        r.sampled = {sampled_tokens_[row++]};
+        const speculative::Draft& draft = drafts[i];
+        const size_t rows = draft.tokens.size() + 1;
+        speculative::Verification v = speculative::VerifySampled(
+            std::span<const int32_t>(sampled_tokens_.data() + row, rows), draft);
+        for (size_t t = 0; t < v.tokens.size() && s.logprobs > 0; ++t) {
+          step::TokenLogprobs l;
+          l.token = v.tokens[t];
+          l.logprob = sampled_logprobs_.token[row + t];
+          for (size_t j = 0; j < std::min(static_cast<size_t>(s.logprobs), top); ++j) {
+            l.top.emplace_back(sampled_logprobs_.top_ids[(row + t) * top + j],
+                               sampled_logprobs_.top_logprobs[(row + t) * top + j]);
+          }
+          r.logprobs.push_back(std::move(l));
+        }
+        r.sampled = std::move(v.tokens);
         r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
+        r.drafted = static_cast<int32_t>(draft.tokens.size());
+        r.accepted = v.accepted;
+        row += rows;
       }
       result.sequences.push_back(std::move(r));
     }

@@ -72,7 +72,9 @@ class ModelWorker : public step::Worker {
   std::unique_ptr<speculative::DraftProposer> draft_model_;
   speculative::DraftModelProposer* separate_draft_ = nullptr;  // draft_model_, when separate
   std::vector<float> logits_;
-  std::vector<int32_t> sampled_tokens_;  // a tokens-only step's, one per sampled sequence
+  // A tokens-only step's sampled tokens and logprobs, one per logits row.
+  std::vector<int32_t> sampled_tokens_;
+  model::LlamaModel::SampledLogprobs sampled_logprobs_;
 };
 
 }  // namespace tandem::worker

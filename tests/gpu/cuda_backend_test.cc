@@ -422,6 +422,33 @@ TEST_F(CudaOpsTest, SampleRowsDrawsTheHostTokenExactly) {
   }
 }
 
+// Logprobs: the alternatives' ids exactly the host's (rank order, ties by
+// lower id), their values and the sampled token's within float rounding of
+// a double-precision sum in another order.
+TEST_F(CudaOpsTest, LogprobRowsGiveTheHostsAlternativesAndValues) {
+  const int64_t rows = 7, cols = 49152;
+  std::vector<float> host = Random(rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < 30; ++i) host[static_cast<size_t>(r * cols + 11 * i + r)] = 3.0f;
+  }
+  const Both x = Make(rows, cols, host);
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(cols) - 1);
+  for (int32_t& t : tokens) t = pick(rng_);
+  for (int top : {0, 1, 5, 20, 32}) {
+    const auto n = static_cast<size_t>(rows * top);
+    std::vector<float> gpu_token(static_cast<size_t>(rows)), cpu_token(gpu_token.size());
+    std::vector<int32_t> gpu_ids(n), cpu_ids(n);
+    std::vector<float> gpu_values(n), cpu_values(n);
+    gpu_->LogprobRows(x.gpu, tokens, top, gpu_token, gpu_ids, gpu_values);
+    cpu_->LogprobRows(x.cpu, tokens, top, cpu_token, cpu_ids, cpu_values);
+    EXPECT_EQ(gpu_ids, cpu_ids) << "top " << top << ", seed " << seed_;
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(gpu_values[i], cpu_values[i], 1e-5) << i;
+    for (size_t r = 0; r < gpu_token.size(); ++r)
+      ASSERT_NEAR(gpu_token[r], cpu_token[r], 1e-5) << r;
+  }
+}
+
 TEST_F(CudaOpsTest, UnsupportedHeadDimensionIsRefusedAtKvCreation) {
   const absl::Status s = gpu_->CreateKvCache({1, 4, 16, 2, 80});
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -62,6 +63,8 @@ TEST(SamplingArithmeticTest, NucleusMassAndDrawTargetStayInRange) {
   EXPECT_EQ(sa::NucleusMass(1.0f, 1000), 1000u);
   EXPECT_EQ(sa::NucleusMass(0.5f, 1001), 501u);  // ceil(500.5)
   EXPECT_EQ(sa::NucleusMass(1e-9f, 1000), 1u);
+  EXPECT_EQ(sa::NucleusMass(0.0f, 1000), 1u);
+  EXPECT_EQ(sa::NucleusMass(-0.5f, 1000), 1u) << "out of contract, but the same on every device";
   EXPECT_EQ(sa::DrawTarget(0.0, 1000), 0u);
   EXPECT_EQ(sa::DrawTarget(0.9995, 1000), 999u);
   EXPECT_EQ(sa::DrawTarget(1.0 - 0x1p-53, 1000), 999u);
@@ -161,6 +164,34 @@ TEST(SampleRowTest, GreedyAndOneTokenRowsTakeTheLowestIdOfTheMaximum) {
   EXPECT_EQ(SampleRow(row, hot), 1) << "top_k 1 keeps the lower id of a tie";
 }
 
+// Infinite logits are in contract (NaN is not): +inf tokens share all the
+// probability, a row of -inf is uniform, and no draw finds an empty nucleus.
+TEST(SampleRowTest, InfiniteLogitsKeepAPositiveMass) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> one_infinite = {0.0f, inf, 1.0f};
+  const std::vector<float> two_infinite = {inf, 0.0f, inf};
+  const std::vector<float> all_negative = {-inf, -inf, -inf, -inf};
+  RowDraw draw;
+  draw.temperature = 1.0f;
+  for (float top_p : {1.0f, 0.9f, 0.4f}) {
+    draw.top_p = top_p;
+    for (double u : {0.0, 0.3, 0.7, 1.0 - 0x1p-53}) {
+      draw.u = u;
+      EXPECT_EQ(SampleRow(one_infinite, draw), 1) << "u " << u;
+      const int32_t of_two = SampleRow(two_infinite, draw);
+      // Half the mass each: top_p 0.4 keeps the lower id alone.
+      EXPECT_EQ(of_two, u < 0.5 || top_p < 0.5f ? 0 : 2) << "u " << u << " top_p " << top_p;
+    }
+  }
+  draw.top_p = 1.0f;
+  for (int i = 0; i < 4; ++i) {
+    draw.u = (i + 0.5) / 4;
+    EXPECT_EQ(SampleRow(all_negative, draw), i);
+  }
+  const Nucleus nucleus = NucleusOf(one_infinite, draw);
+  EXPECT_EQ(nucleus.mass, uint64_t{1} << 43);
+}
+
 // The nucleus a top-p cut keeps: the ranked prefix, sized beyond the 64
 // tokens the host ranks first (flat logits need hundreds).
 TEST(SampleRowTest, WideNucleiAreTheRankedPrefix) {
@@ -183,7 +214,25 @@ TEST(SampleRowTest, WideNucleiAreTheRankedPrefix) {
   EXPECT_EQ(mass, nucleus.mass);
 }
 
-// Backend::SampleRows is SampleRow row by row on the CPU backend.
+TEST(SampleRowTest, LogprobsAreTheLogSoftmaxWithAlternativesInRankOrder) {
+  const std::vector<float> row = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f, 2.0f};
+  long double z = 0;
+  for (float l : row) z += std::exp(static_cast<long double>(l));
+  auto reference = [&](size_t id) { return static_cast<double>(row[id] - std::log(z)); };
+  const RowLogprobs got = LogprobsOf(row, 4, 4);
+  EXPECT_NEAR(got.token, reference(4), 1e-6);
+  const std::vector<int32_t> order = {1, 3, 5, 0};  // the tie 1, 3 by lower id
+  ASSERT_EQ(got.top.size(), order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(got.top[i].first, order[i]);
+    EXPECT_NEAR(got.top[i].second, reference(static_cast<size_t>(order[i])), 1e-6);
+  }
+  EXPECT_EQ(LogprobsOf(row, 0, 100).top.size(), row.size());
+  EXPECT_TRUE(LogprobsOf(row, 0, 0).top.empty());
+}
+
+// Backend::SampleRows is SampleRow row by row on the CPU backend, and
+// Backend::LogprobRows LogprobsOf.
 TEST(SampleRowTest, CpuBackendSamplesEachRowAsSampleRow) {
   cpu::CpuBackend backend(1);
   const int64_t rows = 6, cols = 3000;
@@ -206,6 +255,20 @@ TEST(SampleRowTest, CpuBackendSamplesEachRowAsSampleRow) {
               SampleRow(std::span<const float>(host).subspan(r * static_cast<size_t>(cols), cols),
                         draws[r]))
         << "row " << r;
+  }
+  const int top = 3;
+  const size_t k = top;
+  std::vector<float> token_logprobs(draws.size()), top_logprobs(draws.size() * k);
+  std::vector<int32_t> top_ids(draws.size() * k);
+  backend.LogprobRows(x, tokens, top, token_logprobs, top_ids, top_logprobs);
+  for (size_t r = 0; r < draws.size(); ++r) {
+    const RowLogprobs expected = LogprobsOf(
+        std::span<const float>(host).subspan(r * static_cast<size_t>(cols), cols), tokens[r], top);
+    EXPECT_EQ(token_logprobs[r], expected.token);
+    for (size_t i = 0; i < k; ++i) {
+      EXPECT_EQ(top_ids[r * k + i], expected.top[i].first);
+      EXPECT_EQ(top_logprobs[r * k + i], expected.top[i].second);
+    }
   }
 }
 

@@ -90,6 +90,57 @@ TEST(VerifyTest, SampledPointMassDraftsGiveExactlyTheTokensOfPlainSampling) {
   }
 }
 
+// What a device verifies from (its own sample at every row) gives exactly
+// Verify()'s tokens, for greedy and sampled point-mass drafts, drafts right,
+// wrong at each place, and empty.
+TEST(VerifyTest, VerifyingFromEveryRowsSampleIsVerify) {
+  std::vector<float> logits;
+  for (int row = 0; row < 6; ++row) {
+    for (TokenId t = 0; t < 4; ++t) {
+      logits.push_back(0.4f * static_cast<float>((row * 3 + t * 5) % 7));
+    }
+  }
+  SamplingParams sampled;
+  sampled.temperature = 1.3f;
+  sampled.seed = 5;
+  int compared = 0;
+  for (const SamplingParams& params : {SamplingParams{}, sampled}) {
+    for (uint64_t draw_index = 0; draw_index < 20; ++draw_index) {
+      std::vector<TokenId> samples;
+      for (int row = 0; row < 6; ++row) {
+        samples.push_back(sampling::Sample(std::span<const float>(logits).subspan(row * 4, 4),
+                                           params, draw_index + static_cast<uint64_t>(row)));
+      }
+      for (size_t length = 0; length <= 5; ++length) {
+        for (size_t wrong = 0; wrong <= length; ++wrong) {
+          Draft draft{{samples.begin(), samples.begin() + static_cast<long>(length)}, {}};
+          if (wrong < length) draft.tokens[wrong] = (draft.tokens[wrong] + 1) % 4;
+          ASSERT_FALSE(NeedsTargetDistribution(draft, params));
+          const std::span<const float> rows =
+              std::span<const float>(logits).first((length + 1) * 4);
+          const Verification expected = Verify(rows, 4, draft, params, draw_index);
+          const Verification got =
+              VerifySampled(std::span<const TokenId>(samples).first(length + 1), draft);
+          EXPECT_EQ(got.tokens, expected.tokens);
+          EXPECT_EQ(got.accepted, expected.accepted);
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 20 * 21);
+}
+
+TEST(VerifyTest, OnlySampledDraftsFromADistributionNeedTheTargetsDistribution) {
+  SamplingParams sampled;
+  sampled.temperature = 0.7f;
+  const Draft point{{1, 2}, {}};
+  const Draft distribution{{1}, {std::vector<float>{0.1f, 0.9f, 0.0f, 0.0f}}};
+  EXPECT_FALSE(NeedsTargetDistribution(point, sampled));
+  EXPECT_FALSE(NeedsTargetDistribution(distribution, SamplingParams{})) << "greedy";
+  EXPECT_TRUE(NeedsTargetDistribution(distribution, sampled));
+}
+
 // Chi-square statistic of observed counts against expected probabilities.
 double ChiSquare(const std::vector<int>& counts, const std::vector<double>& p, int n) {
   double chi = 0.0;

@@ -146,6 +146,7 @@ CudaBackend::~CudaBackend() {
   cublas_workspace_.reset();
   argmax_tokens_.reset();
   sampling_weights_.reset();
+  logprobs_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -269,21 +270,67 @@ void CudaBackend::ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
 void CudaBackend::SampleRows(const Matrix& x, std::span<const RowDraw> draws,
                              std::span<int32_t> tokens) {
   const auto rows = static_cast<size_t>(x.rows);
+  const auto cols = static_cast<size_t>(x.cols);
+  // Launches of at most this many rows share one weight scratch (8 bytes a
+  // logit: 263 MB for a 128k vocabulary), whatever the step's row count.
+  constexpr size_t kRowsPerLaunch = 256;
   auto* device_tokens =
       static_cast<int32_t*>(OutputScratch(argmax_tokens_, rows * sizeof(int32_t)));
-  auto* weights = static_cast<uint64_t*>(
-      OutputScratch(sampling_weights_, rows * static_cast<size_t>(x.cols) * sizeof(uint64_t)));
+  // Greedy rows never touch the weights: an all-greedy step needs none.
+  const bool sampled = std::any_of(draws.begin(), draws.end(),
+                                   [](const RowDraw& d) { return d.temperature > 0.0f; });
+  auto* weights =
+      sampled ? static_cast<uint64_t*>(OutputScratch(
+                    sampling_weights_, std::min(rows, kRowsPerLaunch) * cols * sizeof(uint64_t)))
+              : nullptr;
   static_assert(sizeof(RowDraw) % sizeof(int32_t) == 0 && alignof(RowDraw) <= 256);
-  const int32_t* device_draws =
+  const auto* device_draws = reinterpret_cast<const RowDraw*>(
       uploads_.Upload(UploadArena::Kind::kDraws,
                       std::span<const int32_t>(reinterpret_cast<const int32_t*>(draws.data()),
-                                               rows * sizeof(RowDraw) / sizeof(int32_t)));
-  LaunchSampleRows(x.data, x.rows, x.cols, reinterpret_cast<const RowDraw*>(device_draws), weights,
-                   device_tokens, stream_);
-  CheckLaunch("LaunchSampleRows");
+                                               rows * sizeof(RowDraw) / sizeof(int32_t))));
+  for (size_t first = 0; first < rows; first += kRowsPerLaunch) {
+    const size_t count = std::min(kRowsPerLaunch, rows - first);
+    LaunchSampleRows(x.data + first * cols, static_cast<int64_t>(count), x.cols,
+                     device_draws + first, weights, device_tokens + first, stream_);
+    CheckLaunch("LaunchSampleRows");
+  }
   CheckCuda(cudaMemcpyAsync(tokens.data(), device_tokens, rows * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync (tokens to host)");
+  CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  uploads_.Reset();
+}
+
+void CudaBackend::LogprobRows(const Matrix& x, std::span<const int32_t> tokens, int top,
+                              std::span<float> token_logprobs, std::span<int32_t> top_ids,
+                              std::span<float> top_logprobs) {
+  if (top > kMaxDeviceLogprobs) {
+    Backend::LogprobRows(x, tokens, top, token_logprobs, top_ids, top_logprobs);
+    return;
+  }
+  const auto rows = static_cast<size_t>(x.rows);
+  const size_t alternatives = rows * static_cast<size_t>(top);
+  // One buffer: [rows] token logprobs, then [alternatives] ids, then values.
+  auto* out =
+      static_cast<char*>(OutputScratch(logprobs_, (rows + 2 * alternatives) * sizeof(float)));
+  auto* device_token_logprobs = reinterpret_cast<float*>(out);
+  auto* device_ids = reinterpret_cast<int32_t*>(out + rows * sizeof(float));
+  auto* device_values = reinterpret_cast<float*>(out + (rows + alternatives) * sizeof(float));
+  const int32_t* device_tokens = uploads_.Upload(UploadArena::Kind::kTokens, tokens);
+  LaunchLogprobRows(x.data, x.rows, x.cols, device_tokens, top, device_token_logprobs, device_ids,
+                    device_values, stream_);
+  CheckLaunch("LaunchLogprobRows");
+  CheckCuda(cudaMemcpyAsync(token_logprobs.data(), device_token_logprobs, rows * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (logprobs to host)");
+  if (alternatives > 0) {
+    CheckCuda(cudaMemcpyAsync(top_ids.data(), device_ids, alternatives * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync (logprobs to host)");
+    CheckCuda(cudaMemcpyAsync(top_logprobs.data(), device_values, alternatives * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync (logprobs to host)");
+  }
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   uploads_.Reset();
 }

@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
   void ArgMaxRows(const Matrix& x, std::span<int32_t> out) override;
   void SampleRows(const Matrix& x, std::span<const RowDraw> draws,
                   std::span<int32_t> tokens) override;
+  void LogprobRows(const Matrix& x, std::span<const int32_t> tokens, int top,
+                   std::span<float> token_logprobs, std::span<int32_t> top_ids,
+                   std::span<float> top_logprobs) override;
   bool SupportsStepGraphs() const override { return true; }
   void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) override;
 
@@ -124,6 +127,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> cublas_workspace_;   // fixed, so cuBLAS can be captured
   std::unique_ptr<DeviceBuffer> argmax_tokens_;      // ArgMaxRows' and SampleRows' output
   std::unique_ptr<DeviceBuffer> sampling_weights_;   // SampleRows' scratch: 8 bytes a logit
+  std::unique_ptr<DeviceBuffer> logprobs_;           // LogprobRows' outputs
   int64_t scratch_generation_ = 0;                   // bumped when a scratch buffer moves
   Mode mode_ = Mode::kIssue;
   bool in_step_ = false;

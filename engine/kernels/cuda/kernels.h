@@ -72,6 +72,13 @@ void LaunchArgMaxRows(const float* x, int64_t rows, int64_t cols, int32_t* out,
 // REQUIRES cols <= sampling_arithmetic::kMaxVocabulary.
 void LaunchSampleRows(const float* x, int64_t rows, int64_t cols, const RowDraw* draws,
                       uint64_t* weights, int32_t* tokens, cudaStream_t stream);
+// kernels::LogprobsOf(row r, tokens[r], top) per row (token_logprobs [rows],
+// top_ids and top_logprobs [rows][top]): ids exact, values summed in another
+// order. REQUIRES 0 <= top <= min(cols, kMaxDeviceLogprobs).
+inline constexpr int kMaxDeviceLogprobs = 32;
+void LaunchLogprobRows(const float* x, int64_t rows, int64_t cols, const int32_t* tokens, int top,
+                       float* token_logprobs, int32_t* top_ids, float* top_logprobs,
+                       cudaStream_t stream);
 // out[i] = bf16(x[i]) (round to nearest even) for n elements.
 void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 

@@ -1,5 +1,6 @@
 // One token per row of logits, drawn exactly as kernels::SampleRow draws it
-// (LaunchSampleRows in kernels.h; the definition is sample_row.h).
+// (LaunchSampleRows in kernels.h; the definition is sample_row.h), and the
+// log-probabilities LogprobsOf gives (LaunchLogprobRows).
 //
 // One block per row. Everything after the weights is integer arithmetic, so
 // block-wide sums in any order give the host's numbers:
@@ -39,8 +40,10 @@ __device__ void Better(float& value, int32_t& index, float other_value, int32_t 
   }
 }
 
-// The block's sum of one value per thread, returned to every thread.
-__device__ uint64_t BlockSum(uint64_t value, uint64_t* warp_sums) {
+// The block's sum of one value per thread, returned to every thread (for
+// doubles: in an order fixed by the launch shape).
+template <typename T>
+__device__ T BlockSum(T value, T* warp_sums) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     value += __shfl_xor_sync(0xffffffffu, value, offset);
   }
@@ -48,7 +51,7 @@ __device__ uint64_t BlockSum(uint64_t value, uint64_t* warp_sums) {
   __syncthreads();  // warp_sums may still be read by a previous call
   if (lane == 0) warp_sums[warp] = value;
   __syncthreads();
-  uint64_t total = 0;
+  T total = 0;
   for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
   return total;
 }
@@ -67,6 +70,36 @@ __device__ uint64_t BlockExclusiveScan(uint64_t value, uint64_t* warp_sums) {
   uint64_t earlier_warps = 0;
   for (int w = 0; w < warp; ++w) earlier_warps += warp_sums[w];
   return earlier_warps + inclusive - value;
+}
+
+// The row's largest value's index, the lowest among equal ones (NaNs never
+// win; a row of NaN alone gives 0), returned to every thread. The host's
+// rule differs only for NaN logits, which are unsupported.
+__device__ int32_t BlockArgMax(const float* row, int64_t cols) {
+  __shared__ float warp_values[kWarps];
+  __shared__ int32_t warp_indices[kWarps];
+  __shared__ int32_t best;
+  float value = -INFINITY;
+  int32_t index = INT32_MAX;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    Better(value, index, row[c], static_cast<int32_t>(c));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Better(value, index, __shfl_xor_sync(0xffffffffu, value, offset),
+           __shfl_xor_sync(0xffffffffu, index, offset));
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_values[warp] = value;
+    warp_indices[warp] = index;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) Better(value, index, warp_values[w], warp_indices[w]);
+    best = index == INT32_MAX ? 0 : index;
+  }
+  __syncthreads();
+  return best;
 }
 
 // Radix select over the rank keys of a row: the largest key K such that the
@@ -116,34 +149,12 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint64_t warp_sums[kWarps];
   __shared__ uint64_t buckets[256];
   __shared__ uint64_t shared_prefix, shared_remaining;
-  __shared__ float warp_values[kWarps];
-  __shared__ int32_t warp_indices[kWarps];
-  __shared__ int32_t token;
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   uint64_t* weights = weight_rows + static_cast<int64_t>(blockIdx.x) * cols;
   const RowDraw draw = draws[blockIdx.x];
 
   // 1. The largest logit, the lowest id among equal ones.
-  float value = -INFINITY;
-  int32_t index = INT32_MAX;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    Better(value, index, row[c], static_cast<int32_t>(c));
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    Better(value, index, __shfl_xor_sync(0xffffffffu, value, offset),
-           __shfl_xor_sync(0xffffffffu, index, offset));
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_values[warp] = value;
-    warp_indices[warp] = index;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) Better(value, index, warp_values[w], warp_indices[w]);
-    token = index == INT32_MAX ? 0 : index;  // a row of NaN and -inf: id 0
-  }
-  __syncthreads();
+  const int32_t token = BlockArgMax(row, cols);
   if (draw.temperature <= 0.0f || cols == 1) {
     if (threadIdx.x == 0) tokens[blockIdx.x] = token;
     return;
@@ -169,6 +180,10 @@ __global__ void __launch_bounds__(kThreads)
     partial += w;
   }
   const uint64_t total = BlockSum(partial, warp_sums);  // also orders the weight writes
+  if (total == 0) {  // only NaN logits get here (unsupported): SampleRow's rule
+    if (threadIdx.x == 0) tokens[blockIdx.x] = token;
+    return;
+  }
 
   // 4. The top-p cut: the nucleus is every token ranked at or above
   //    nucleus_key (0: the weights as they are).
@@ -203,7 +218,68 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// LogprobsOf (sample_row.h) per row, one block per row.
+__global__ void __launch_bounds__(kThreads)
+    LogprobRowsKernel(const float* x, int64_t cols, const int32_t* tokens, int top,
+                      float* token_logprobs, int32_t* top_ids, float* top_logprobs) {
+  __shared__ double warp_sums[kWarps];
+  __shared__ uint64_t buckets[256];
+  __shared__ uint64_t shared_prefix, shared_remaining;
+  __shared__ uint64_t slot_keys[kMaxDeviceLogprobs];
+  __shared__ int32_t slot_ids[kMaxDeviceLogprobs];
+  __shared__ uint32_t taken;
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  const double max = row[BlockArgMax(row, cols)];
+  double partial = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    partial += exp(static_cast<double>(row[c]) - max);
+  }
+  const double log_z = max + log(BlockSum(partial, warp_sums));
+  if (threadIdx.x == 0) {
+    token_logprobs[blockIdx.x] = static_cast<float>(row[tokens[blockIdx.x]] - log_z);
+    taken = 0;
+  }
+  if (top == 0) return;
+  const uint64_t last = SelectRankKey<true>(row, nullptr, cols, static_cast<uint64_t>(top), buckets,
+                                            &shared_prefix, &shared_remaining);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const uint64_t key = sa::RankKey(row[c], static_cast<int32_t>(c));
+    if (key >= last) {
+      const uint32_t slot = atomicAdd(&taken, 1u);
+      slot_keys[slot] = key;
+      slot_ids[slot] = static_cast<int32_t>(c);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // at most kMaxDeviceLogprobs: insertion sort, rank order
+    for (int i = 1; i < top; ++i) {
+      const uint64_t key = slot_keys[i];
+      const int32_t id = slot_ids[i];
+      int j = i;
+      for (; j > 0 && slot_keys[j - 1] < key; --j) {
+        slot_keys[j] = slot_keys[j - 1];
+        slot_ids[j] = slot_ids[j - 1];
+      }
+      slot_keys[j] = key;
+      slot_ids[j] = id;
+    }
+    for (int i = 0; i < top; ++i) {
+      const int64_t out = static_cast<int64_t>(blockIdx.x) * top + i;
+      top_ids[out] = slot_ids[i];
+      top_logprobs[out] = static_cast<float>(row[slot_ids[i]] - log_z);
+    }
+  }
+}
+
 }  // namespace
+
+void LaunchLogprobRows(const float* x, int64_t rows, int64_t cols, const int32_t* tokens, int top,
+                       float* token_logprobs, int32_t* top_ids, float* top_logprobs,
+                       cudaStream_t stream) {
+  if (rows == 0) return;
+  LogprobRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      x, cols, tokens, top, token_logprobs, top_ids, top_logprobs);
+}
 
 void LaunchSampleRows(const float* x, int64_t rows, int64_t cols, const RowDraw* draws,
                       uint64_t* weights, int32_t* tokens, cudaStream_t stream) {

@@ -40,6 +40,7 @@ class UploadArena {
     kAttentionRows,
     kGatherRows,
     kDraws,
+    kTokens,
     kCount
   };
 
