@@ -1,15 +1,21 @@
-// tandem-lane-bench: the two lanes on one shared compute pool, measured.
+// tandem-lane-bench: the two lanes on one device's shared compute, measured.
 //
-//   tandem-lane-bench --model=FILE [--threads=0] [--prompt_tokens=2000]
+//   tandem-lane-bench --model=FILE|random:NAME [--device=cpu|cuda|auto]
+//                     [--threads=0] [--cuda_decode_sms=-1] [--prompt_tokens=2000]
 //                     [--chunk=128] [--interval_ms=25] [--decode_batch=1]
 //                     [--repeats=3]
+//
+// On the CPU both lanes share one compute pool (--threads); on a GPU each
+// lane has its stream, and --cuda_decode_sms the SMs a prefill leaves free
+// while decode runs (0: stream priorities only).
 //
 // A prefill thread runs a --prompt_tokens prompt in --chunk-token steps on
 // the throughput lane, --repeats times; meanwhile a decode thread runs a
 // decode step of --decode_batch sequences (at a 256-token context) every
 // --interval_ms on the latency lane, as the paced decode worker does. It
 // prints, as "key value" lines: the decode steps' start delay (the wait for
-// the prefill step's running tasks; p50, p99, max in microseconds), the
+// the prefill step's running tasks; p50, p99, max in microseconds; zero on
+// a GPU, where a step does not wait to start), the
 // decode step time alone and under the prefill (median ms), and the prefill
 // speed alone and while yielding (tokens/s).
 #include <algorithm>
@@ -22,11 +28,16 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/random_model.h"
 
-ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF model");
-ABSL_FLAG(int, threads, 0, "compute threads (0: one per CPU)");
+ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+          "GGUF model, or random:NAME (llama3-8b, qwen2.5-7b, smollm2-135m: random weights)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or auto (as the daemon's --device)");
+ABSL_FLAG(int, threads, 0, "CPU compute threads (0: one per CPU)");
+ABSL_FLAG(int, cuda_decode_sms, -1,
+          "--device=cuda: SMs a prefill leaves free while decode runs (-1 auto, 0 none)");
 ABSL_FLAG(int, prompt_tokens, 2000, "prompt length");
 ABSL_FLAG(int, chunk, 128, "prompt tokens per prefill step");
 ABSL_FLAG(int, interval_ms, 25, "a decode step every this many ms while the prompt runs");
@@ -47,7 +58,17 @@ double Percentile(std::vector<double> v, double p) {
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 int Run() {
-  auto file = model::GgufFile::Open(absl::GetFlag(FLAGS_model));
+  absl::StatusOr<kernels::DeviceChoice> device =
+      kernels::ChooseDevice(absl::GetFlag(FLAGS_device),
+                            kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath()));
+  if (!device.ok()) {
+    std::cerr << device.status() << "\n";
+    return 2;
+  }
+  std::cerr << device->reason << std::endl;
+  const std::string path = absl::GetFlag(FLAGS_model);
+  auto file =
+      model::IsRandomModel(path) ? model::OpenRandomModel(path) : model::GgufFile::Open(path);
   if (!file.ok()) {
     std::cerr << file.status() << "\n";
     return 1;
@@ -64,10 +85,32 @@ int Run() {
   const int decode_blocks = kContext / kBlockSize + 1;
   const int blocks = prompt_blocks + batch * decode_blocks;
 
-  std::vector<int> cpus = kernels::cpu::AllowedCpus();
-  auto pool = std::make_shared<kernels::cpu::ComputePool>(threads, cpus);
-  kernels::cpu::CpuBackend prefill_backend(pool, kernels::LanePriority::kThroughput);
-  kernels::cpu::CpuBackend decode_backend(pool, kernels::LanePriority::kLatency);
+  std::shared_ptr<kernels::cpu::ComputePool> pool;
+  if (device->device == kernels::Device::kCpu) {
+    pool = std::make_shared<kernels::cpu::ComputePool>(threads, kernels::cpu::AllowedCpus());
+  }
+  auto make_backend = [&](kernels::LanePriority lane) {
+    kernels::BackendSpec spec;
+    spec.device = device->device;
+    spec.pool = pool;
+    spec.lane = lane;
+    spec.cuda_decode_sms = absl::GetFlag(FLAGS_cuda_decode_sms);
+    return kernels::CreateBackend(spec);
+  };
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> made_prefill =
+      make_backend(kernels::LanePriority::kThroughput);
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> made_decode =
+      make_backend(kernels::LanePriority::kLatency);
+  for (const auto* made : {&made_prefill, &made_decode}) {
+    if (!made->ok()) {
+      std::cerr << made->status() << "\n";
+      return 1;
+    }
+  }
+  kernels::Backend& prefill_backend = **made_prefill;
+  kernels::Backend& decode_backend = **made_decode;
+  std::cerr << "prefill: " << prefill_backend.name() << "\ndecode: " << decode_backend.name()
+            << std::endl;
   auto prefill = model::LlamaModel::Create(shared, &prefill_backend, blocks, kBlockSize);
   if (!prefill.ok()) {
     std::cerr << prefill.status() << "\n";
@@ -144,7 +187,8 @@ int Run() {
   done.store(true);
   decoder.join();
 
-  std::cout << "threads " << threads << "\n"
+  std::cout << "device " << kernels::DeviceName(device->device) << "\n"
+            << "threads " << threads << "\n"
             << "decode_steps " << delays_us.size() << "\n"
             << "start_delay_p50_us " << Percentile(delays_us, 0.5) << "\n"
             << "start_delay_p99_us " << Percentile(delays_us, 0.99) << "\n"

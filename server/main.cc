@@ -64,6 +64,10 @@ ABSL_FLAG(std::string, device, "auto",
           "sees a device, else the CPU; the log says which and why)");
 ABSL_FLAG(bool, cuda_graphs, true,
           "record decode steps as CUDA graphs and replay them (--device=cuda; docs/cuda.md)");
+ABSL_FLAG(int, cuda_decode_sms, -1,
+          "--device=cuda with a decode worker: SMs a running prefill leaves free while decode "
+          "steps run (a green-context SM partition the prefill switches to, where the driver has "
+          "them); -1: an eighth of the GPU's SMs, 0: none (stream priorities only)");
 ABSL_FLAG(int, threads, 0,
           "CPU threads that compute, shared by the prefill and decode workers (decode steps "
           "first); 0: one per CPU the process may use");
@@ -96,8 +100,9 @@ ABSL_FLAG(int64_t, decode_kv_cache_bytes, 0,
           "decode worker on another device would) and each handoff moves the request's pages "
           "there through the KV transport (--kv_transport); 0: both workers share one KV cache");
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
-          "if > 0, size the KV cache to this fraction of the memory available at start-up "
-          "(MemAvailable) instead of --kv_cache_bytes");
+          "if > 0, size the KV cache to this fraction of the memory the device has free at "
+          "start-up (the host's MemAvailable, or the GPU's free memory), less what the weights "
+          "will take of it, instead of --kv_cache_bytes");
 ABSL_FLAG(bool, prefix_caching, true,
           "reuse the KV blocks of prompt prefixes seen before (per cache_salt)");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
@@ -252,6 +257,12 @@ int Main() {
   options.matmul_mode = *matmul_mode;
   options.device = device->device;
   options.step_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  options.cuda_decode_sms = absl::GetFlag(FLAGS_cuda_decode_sms);
+  if (options.cuda_decode_sms < -1) {
+    spdlog::error("--cuda_decode_sms={}: expected -1 (auto), 0 (off) or a count of SMs",
+                  options.cuda_decode_sms);
+    return 2;
+  }
   options.model_path = absl::GetFlag(FLAGS_model);
   options.chat_template = absl::GetFlag(FLAGS_chat_template);
   options.threads = absl::GetFlag(FLAGS_threads);
@@ -300,15 +311,11 @@ int Main() {
     return 2;
   }
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction > 0) {
-    absl::StatusOr<int64_t> available = server::AvailableMemoryBytes();
-    if (!available.ok() || fraction >= 1.0) {
-      spdlog::error("--kv_cache_memory_fraction={}: {}", fraction,
-                    fraction >= 1.0 ? std::string("must be below 1")
-                                    : std::string(available.status().message()));
-      return 2;
-    }
-    options.kv_cache_bytes = static_cast<int64_t>(fraction * static_cast<double>(*available));
+  options.kv_cache_memory_fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction);
+  if (!(options.kv_cache_memory_fraction >= 0.0 && options.kv_cache_memory_fraction < 1.0)) {
+    spdlog::error("--kv_cache_memory_fraction={}: must be in [0, 1) (0: use --kv_cache_bytes)",
+                  options.kv_cache_memory_fraction);
+    return 2;
   }
   options.decode_kv_cache_bytes = absl::GetFlag(FLAGS_decode_kv_cache_bytes);
   if (options.decode_kv_cache_bytes < 0 ||

@@ -11,16 +11,16 @@
 #include "engine/model/random_model.h"
 
 namespace tandem::server {
+namespace {
 
-absl::StatusOr<int64_t> AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    long long kib = 0;
-    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) return kib * 1024;
-  }
-  return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
+// --cuda_decode_sms, where there is a decode lane to leave SMs free for:
+// without a decode worker no partition is made (and the prefill lane's
+// run-ahead bound, which only a partition needs, is not paid).
+int CudaDecodeSms(const ServingModelOptions& options) {
+  return options.decode_worker ? options.cuda_decode_sms : 0;
 }
+
+}  // namespace
 
 v1::ModelInfo ServingModel::Info() const {
   v1::ModelInfo info;
@@ -207,25 +207,6 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   shape.block_size = options.block_size;
   shape.kv_heads = m->config_.kv_heads;
   shape.head_dim = m->config_.head_dim;
-  // Block ids are 32-bit: more blocks than that is a flag error, not a
-  // wrapped-around count.
-  const int64_t blocks = options.kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock());
-  if (blocks > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(
-        StrCat("--kv_cache_bytes=", options.kv_cache_bytes, " is ", blocks, " blocks of ",
-               shape.BytesPerBlock(), " bytes; at most ", std::numeric_limits<int32_t>::max(),
-               " are addressable"));
-  }
-  m->kv_blocks_ = static_cast<int>(blocks);
-  const int min_blocks = (m->context_length_ + options.block_size - 1) / options.block_size;
-  if (m->kv_blocks_ < min_blocks) {
-    return absl::InvalidArgumentError(
-        StrCat("--kv_cache_bytes=", options.kv_cache_bytes, " holds ", m->kv_blocks_,
-               " blocks; one full-context sequence needs ", min_blocks, " (",
-               static_cast<int64_t>(min_blocks) * static_cast<int64_t>(shape.BytesPerBlock()),
-               " bytes); raise it or lower --context_length"));
-  }
-
   // One compute pool for both workers (the decode worker's steps go first),
   // or, with a reservation, a pool of the decode worker's own on its own CPUs.
   const std::vector<int> cpus = kernels::cpu::AllowedCpus();
@@ -245,28 +226,72 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       out.push_back(cpus[static_cast<size_t>(first + i) % cpus.size()]);
     return out;
   };
-  if (options.pin_threads && threads > static_cast<int>(cpus.size())) {
+  // Only the CPU backend computes on them: on a GPU no pool (and no idle,
+  // pinned threads) is made.
+  const bool on_cpu = options.device == kernels::Device::kCpu;
+  if (on_cpu && options.pin_threads && threads > static_cast<int>(cpus.size())) {
     m->warnings_.push_back(StrCat(threads, " compute threads share ", cpus.size(),
                                   " CPUs: threads will compete for cores"));
   }
-  auto prefill_pool = std::make_shared<kernels::cpu::ComputePool>(
-      threads - reserved, cpus_for(0, threads - reserved), /*pin_callers=*/reserved > 0);
-  auto decode_pool = reserved > 0 ? std::make_shared<kernels::cpu::ComputePool>(
-                                        reserved, cpus_for(threads - reserved, reserved),
-                                        /*pin_callers=*/true)
-                                  : prefill_pool;
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> prefill_backend = kernels::CreateBackend(
-      {options.device, prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode});
+  std::shared_ptr<kernels::cpu::ComputePool> prefill_pool, decode_pool;
+  if (on_cpu) {
+    prefill_pool = std::make_shared<kernels::cpu::ComputePool>(
+        threads - reserved, cpus_for(0, threads - reserved), /*pin_callers=*/reserved > 0);
+    decode_pool = reserved > 0 ? std::make_shared<kernels::cpu::ComputePool>(
+                                     reserved, cpus_for(threads - reserved, reserved),
+                                     /*pin_callers=*/true)
+                               : prefill_pool;
+  }
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> prefill_backend =
+      kernels::CreateBackend({options.device, prefill_pool, kernels::LanePriority::kThroughput,
+                              options.matmul_mode, CudaDecodeSms(options)});
   if (!prefill_backend.ok()) return prefill_backend.status();
   m->backend_name_ = (*prefill_backend)->name();
   m->backends_.push_back(StrCat("prefill: ", (*prefill_backend)->name()));
+  // The KV cache's size: --kv_cache_bytes, or a fraction of the memory the
+  // backend has free, less what the weights will take of it.
+  int64_t kv_cache_bytes = options.kv_cache_bytes;
+  std::string sized_by = StrCat("--kv_cache_bytes=", kv_cache_bytes);
+  if (options.kv_cache_memory_fraction > 0) {
+    absl::StatusOr<int64_t> free = (*prefill_backend)->FreeMemoryBytes();
+    if (!free.ok()) {
+      return absl::Status(free.status().code(),
+                          StrCat("--kv_cache_memory_fraction: ", free.status().message()));
+    }
+    int64_t weights = 0;
+    for (const model::GgufTensor& t : m->file_->tensors()) {
+      weights += (*prefill_backend)->WeightBytes(t.dtype, t.Rows(), t.dims.empty() ? 0 : t.dims[0]);
+    }
+    kv_cache_bytes =
+        static_cast<int64_t>(options.kv_cache_memory_fraction *
+                             static_cast<double>(std::max<int64_t>(0, *free - weights)));
+    sized_by =
+        StrCat("--kv_cache_memory_fraction=", options.kv_cache_memory_fraction, " (",
+               kv_cache_bytes, " bytes of ", *free, " free, less ", weights, " for the weights)");
+  }
+  // Block ids are 32-bit: more blocks than that is a flag error, not a
+  // wrapped-around count.
+  const int64_t blocks = kv_cache_bytes / static_cast<int64_t>(shape.BytesPerBlock());
+  if (blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        StrCat(sized_by, " is ", blocks, " blocks of ", shape.BytesPerBlock(), " bytes; at most ",
+               std::numeric_limits<int32_t>::max(), " are addressable"));
+  }
+  m->kv_blocks_ = static_cast<int>(blocks);
+  const int min_blocks = (m->context_length_ + options.block_size - 1) / options.block_size;
+  if (m->kv_blocks_ < min_blocks) {
+    return absl::InvalidArgumentError(StrCat(
+        sized_by, " holds ", m->kv_blocks_, " blocks; one full-context sequence needs ", min_blocks,
+        " (", static_cast<int64_t>(min_blocks) * static_cast<int64_t>(shape.BytesPerBlock()),
+        " bytes); raise it or lower --context_length"));
+  }
+
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_model = model::LlamaModel::Create(
       m->file_, prefill_backend->get(), m->kv_blocks_, options.block_size);
   if (!prefill_model.ok()) {
     if (prefill_model.status().code() == absl::StatusCode::kResourceExhausted) {
       // The KV storage could not be allocated: say which flag sized it.
-      return absl::ResourceExhaustedError(StrCat("--kv_cache_bytes=", options.kv_cache_bytes, " (",
-                                                 m->kv_blocks_,
+      return absl::ResourceExhaustedError(StrCat(sized_by, " (", m->kv_blocks_,
                                                  " blocks): ", prefill_model.status().message(),
                                                  "; lower it or use --kv_cache_memory_fraction"));
     }
@@ -276,8 +301,9 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   // The model that runs most decode steps (the decode worker's, if any).
   model::LlamaModel* decoding_model = prefill_model->get();
   if (options.decode_worker) {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> made = kernels::CreateBackend(
-        {options.device, decode_pool, kernels::LanePriority::kLatency, options.matmul_mode});
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> made =
+        kernels::CreateBackend({options.device, decode_pool, kernels::LanePriority::kLatency,
+                                options.matmul_mode, CudaDecodeSms(options)});
     if (!made.ok()) return made.status();
     std::unique_ptr<kernels::Backend> decode_backend = *std::move(made);
     m->backend_name_ += reserved > 0 ? StrCat(" + decode ", decode_backend->name(), " reserved")
@@ -379,8 +405,9 @@ absl::Status ServingModel::LoadDraftModel(
                                                "the same vocabulary"));
     }
   }
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> prefill_backend = kernels::CreateBackend(
-      {options.device, prefill_pool, kernels::LanePriority::kThroughput, options.matmul_mode});
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> prefill_backend =
+      kernels::CreateBackend({options.device, prefill_pool, kernels::LanePriority::kThroughput,
+                              options.matmul_mode, CudaDecodeSms(options)});
   if (!prefill_backend.ok()) return prefill_backend.status();
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> prefill_draft =
       model::LlamaModel::Create(file, prefill_backend->get(), kv_blocks_, block_size_);
@@ -389,8 +416,9 @@ absl::Status ServingModel::LoadDraftModel(
                         StrCat("draft model '", path, "': ", prefill_draft.status().message()));
   }
   if (decode_ != nullptr) {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> made = kernels::CreateBackend(
-        {options.device, decode_pool, kernels::LanePriority::kLatency, options.matmul_mode});
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> made =
+        kernels::CreateBackend({options.device, decode_pool, kernels::LanePriority::kLatency,
+                                options.matmul_mode, CudaDecodeSms(options)});
     if (!made.ok()) return made.status();
     std::unique_ptr<kernels::Backend> decode_backend = *std::move(made);
     absl::StatusOr<std::unique_ptr<model::LlamaModel>> decode_draft =

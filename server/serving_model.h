@@ -38,8 +38,14 @@ struct ServingModelOptions {
   kernels::Device device = kernels::Device::kCpu;  // what --device chose
   // Decode steps as recorded steps (CUDA graphs) where the device has them.
   bool step_graphs = true;
+  // CUDA: SMs a prefill leaves free while decode runs (-1: auto, 0: none).
+  int cuda_decode_sms = -1;
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
   int64_t kv_cache_bytes = int64_t{512} << 20;
+  // In (0, 1): size the KV cache to this fraction of the memory the backend
+  // has free at start-up (host MemAvailable, or the GPU's free memory) less
+  // what the weights will take of it, instead of kv_cache_bytes.
+  double kv_cache_memory_fraction = 0;
   // > 0: the decode worker keeps its KV in storage of its own of this size
   // (separate from the prefill worker's), and handoffs move pages between
   // them; 0: both workers share one KV cache.
@@ -57,9 +63,6 @@ struct ServingModelOptions {
   // kv_blocks x its bytes per block).
   std::string draft_model_path;
 };
-
-// MemAvailable from /proc/meminfo, in bytes.
-absl::StatusOr<int64_t> AvailableMemoryBytes();
 
 class ServingModel {
  public:

@@ -173,6 +173,16 @@ class Backend {
                                               const void* host_data) = 0;
   // Allocates the paged KV storage (replacing any previous one).
   virtual absl::Status CreateKvCache(const KvCacheShape& shape) = 0;
+  // Bytes free now in the memory this backend keeps weights and KV pages in
+  // (--kv_cache_memory_fraction sizes the KV cache from it, less
+  // WeightBytes() of the weights not uploaded yet). The default cannot tell.
+  virtual absl::StatusOr<int64_t> FreeMemoryBytes() const {
+    return absl::UnimplementedError(name() + " cannot tell how much memory is free");
+  }
+  // Bytes of that memory UploadWeight(dtype, rows, cols, ...) will take.
+  virtual int64_t WeightBytes(DType /*dtype*/, int64_t /*rows*/, int64_t /*cols*/) const {
+    return 0;
+  }
   // Uses the KV storage of `other` (a backend on the same device), so that
   // two workers read and write one paged cache: a handoff between them moves
   // a block table, not bytes.
@@ -292,8 +302,11 @@ class Backend {
   // exactly the same sizes whenever the key is the same; only the inputs'
   // values may change. Nothing inside ops() may wait (no CopyToHost).
   struct StepGraphSpec {
-    int64_t owner = 0;               // who issues the steps (unique in the process)
-    int64_t key = 0;                 // which step, for that owner
+    int64_t owner = 0;  // who issues the steps (unique in the process)
+    int64_t key = 0;    // which step, for that owner
+    // The owner's buffers: when it changes, the backend drops what it
+    // recorded for the owner's older buffers (they moved or were freed).
+    int64_t generation = 0;
     int32_t max_keys = 0;            // no attention row attends more keys
     int32_t max_blocks_per_row = 0;  // no span's block table is longer
   };

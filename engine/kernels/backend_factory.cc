@@ -34,7 +34,7 @@ absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view flag,
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendSpec& spec) {
-  if (spec.device == Device::kCuda) return cuda::CreateCudaBackend(spec.lane);
+  if (spec.device == Device::kCuda) return cuda::CreateCudaBackend(spec.lane, spec.cuda_decode_sms);
   if (spec.pool == nullptr) return absl::InvalidArgumentError("a CPU backend needs a compute pool");
   return std::make_unique<cpu::CpuBackend>(spec.pool, spec.lane, spec.matmul);
 }

@@ -38,9 +38,12 @@ absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view flag,
 // that ProbeCudaModule loaded) on device 0 with `lane`'s stream priority.
 struct BackendSpec {
   Device device = Device::kCpu;
-  std::shared_ptr<cpu::ComputePool> pool;
+  std::shared_ptr<cpu::ComputePool> pool;  // the CPU backend's; unused (may be null) for CUDA
   LanePriority lane = LanePriority::kThroughput;
   cpu::MatMulMode matmul = cpu::MatMulMode::kF32;
+  // CUDA: SMs the prefill lane leaves free while decode runs (-1: an eighth
+  // of the device, 0: none, stream priorities only; cuda/lane_partition.h).
+  int cuda_decode_sms = -1;
 };
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendSpec& spec);
 

@@ -363,8 +363,8 @@ absl::StatusOr<int64_t> LlamaModel::ComputeLogits(std::span<const SequenceInput>
     kernels::Backend::StepGraphSpec spec;
     spec.owner = step_owner_;
     // padded <= 256, run_layers < 2^8, width_class < 2^8.
-    spec.key = padded | (int64_t{run_layers} << 16) | (int64_t{width_class} << 24) |
-               (buffers_generation_ << 32);
+    spec.key = padded | (int64_t{run_layers} << 16) | (int64_t{width_class} << 24);
+    spec.generation = buffers_generation_;
     spec.max_blocks_per_row = width;
     spec.max_keys = std::min(width * block_size_, c.context_length);
     backend_->RunStep(

@@ -472,7 +472,40 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       // No GPU here (on a GPU machine this build still has no CUDA backend).
       {{"--device=cuda"}, 2, "--device=cuda: "},
       {{"--model=random:gpt-5"}, 1, "known: llama3-8b, qwen2.5-7b, smollm2-135m"},
+      {{"--kv_cache_memory_fraction=1.5"}, 2, "--kv_cache_memory_fraction=1.5: must be in [0, 1)"},
+      {{"--cuda_decode_sms=-2"}, 2, "--cuda_decode_sms=-2: expected -1 (auto), 0 (off)"},
+      // A fraction too small for one full-context sequence names itself.
+      {{"--kv_cache_memory_fraction=1e-12"}, 1, "--kv_cache_memory_fraction=1e-12 ("},
   });
+}
+
+// --kv_cache_memory_fraction sizes the KV cache from the memory free at
+// start-up (MemAvailable on the CPU): the blocks GetModelInfo reports are
+// that fraction of it, within what other tests running beside this one may
+// take or give back meanwhile.
+TEST(TandemdLifecycleTest, TheKvCacheMemoryFractionSizesTheCacheFromFreeMemory) {
+  auto mem_available = [] {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string line;
+    long long kib = 0;
+    while (std::getline(meminfo, line)) {
+      if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) break;
+    }
+    return static_cast<double>(kib) * 1024;
+  };
+  const double before = mem_available();
+  // A short context, so that 2% of a small machine's memory holds one
+  // sequence; the CPU, whose free memory is MemAvailable.
+  Daemon daemon({"--kv_cache_memory_fraction=0.02", "--context_length=256", "--device=cpu"});
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  auto stub = daemon.Stub();
+  v1::ModelInfo info;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  const double bytes_per_block = 368640;  // SmolLM2-135M, 16 tokens a block
+  const double expected = 0.02 * before / bytes_per_block;
+  EXPECT_GT(info.kv_blocks(), 0.5 * expected) << daemon.Log();
+  EXPECT_LT(info.kv_blocks(), 1.5 * expected) << daemon.Log();
 }
 
 // --model=random:NAME serves a model of that shape with random weights, and

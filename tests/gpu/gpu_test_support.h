@@ -20,15 +20,15 @@ inline std::string CudaModulePath() {
   return path != nullptr ? path : kernels::cuda::DefaultCudaModulePath();
 }
 
-// A CUDA backend for `lane`, or why none can be made here (no module in this
-// build, no driver, no device).
+// A CUDA backend for `lane` (`decode_sms`: --cuda_decode_sms), or why none
+// can be made here (no module in this build, no driver, no device).
 inline absl::StatusOr<std::unique_ptr<kernels::Backend>> CudaBackendOrWhyNot(
-    kernels::LanePriority lane = kernels::LanePriority::kThroughput) {
+    kernels::LanePriority lane = kernels::LanePriority::kThroughput, int decode_sms = -1) {
   absl::StatusOr<kernels::cuda::CudaProbe> probe = kernels::cuda::ProbeCudaModule(CudaModulePath());
   if (!probe.ok()) return probe.status();
   if (probe->devices == 0) return absl::UnavailableError(probe->description);
   if (!probe->has_backend) return absl::UnavailableError("the CUDA module has no backend");
-  return kernels::cuda::CreateCudaBackend(lane);
+  return kernels::cuda::CreateCudaBackend(lane, decode_sms);
 }
 
 // ||a - b|| / ||b||: the error of a against the reference b, relative to b's

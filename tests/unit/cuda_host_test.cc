@@ -1,10 +1,11 @@
 // The CUDA backend's host-side pieces, which run on every machine: the bf16
 // weights it uploads (against the scalar dequantization and an exact
-// rounding rule), the flattened attention inputs (exact words) and the
-// key-split policy.
+// rounding rule), the flattened attention inputs (exact words), the
+// key-split policy and the lanes' SM partition policy.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -13,6 +14,7 @@
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/to_bf16.h"
 #include "engine/kernels/cuda/attention_rows.h"
+#include "engine/kernels/cuda/lane_partition.h"
 #include "engine/kernels/half.h"
 #include "tests/unit/random_weights.h"
 
@@ -126,6 +128,51 @@ TEST(KeySplitsTest, SplitsOnlyLongContextsThatLeaveTheDeviceIdle) {
   EXPECT_EQ(cuda::ChooseKeySplits(64, 32, 8192, 528), 1);
   // Never more than 64.
   EXPECT_EQ(cuda::ChooseKeySplits(1, 1, 1 << 20, 100000), 64);
+}
+
+// --cuda_decode_sms: auto is an eighth of the SMs, rounded up (17 of an H200's 132),
+// 0 is off, a count stays, and the prefill lane always keeps the larger part.
+TEST(LanePartitionTest, DecodeReservedSmsFollowsTheFlagWithinHalfTheDevice) {
+  EXPECT_EQ(cuda::DecodeReservedSms(132, -1), 17);
+  EXPECT_EQ(cuda::DecodeReservedSms(108, -1), 14);
+  EXPECT_EQ(cuda::DecodeReservedSms(132, 0), 0);
+  EXPECT_EQ(cuda::DecodeReservedSms(132, 24), 24);
+  EXPECT_EQ(cuda::DecodeReservedSms(132, 100), 66);
+  EXPECT_EQ(cuda::DecodeReservedSms(1, -1), 0);
+  EXPECT_EQ(cuda::DecodeReservedSms(132, -5), 17);
+}
+
+// The decode lane counts as busy while a step runs and for as long after it
+// as that step took; nested steps (two decode backends) end with the last.
+TEST(LanePartitionTest, TheDecodeLaneIsBusyDuringAStepAndForItsDurationAfter) {
+  cuda::LatencyLaneActivity activity;
+  using std::chrono::milliseconds;
+  const cuda::LatencyLaneActivity::Clock::time_point t0{};
+  EXPECT_FALSE(activity.Busy(t0));
+  activity.StepBegan(t0 + milliseconds(100));
+  EXPECT_TRUE(activity.Busy(t0 + milliseconds(100)));
+  EXPECT_TRUE(activity.Busy(t0 + milliseconds(10'000)));
+  activity.StepEnded(t0 + milliseconds(110));  // a 10 ms step
+  EXPECT_TRUE(activity.Busy(t0 + milliseconds(119)));
+  EXPECT_FALSE(activity.Busy(t0 + milliseconds(120)));
+  activity.StepBegan(t0 + milliseconds(200));
+  activity.StepBegan(t0 + milliseconds(201));
+  activity.StepEnded(t0 + milliseconds(202));
+  EXPECT_TRUE(activity.Busy(t0 + milliseconds(500)));  // one still runs
+  activity.StepEnded(t0 + milliseconds(204));          // 4 ms from the first start
+  EXPECT_TRUE(activity.Busy(t0 + milliseconds(207)));
+  EXPECT_FALSE(activity.Busy(t0 + milliseconds(208)));
+  activity.StepEnded(t0 + milliseconds(300));  // unmatched: ignored
+  EXPECT_FALSE(activity.Busy(t0 + milliseconds(300)));
+}
+
+// Both lanes' backends of one device see one record; another device its own.
+TEST(LanePartitionTest, EachDeviceHasOneSharedActivityRecord) {
+  std::shared_ptr<cuda::LatencyLaneActivity> a = cuda::LatencyLaneActivity::ForDevice(0);
+  std::shared_ptr<cuda::LatencyLaneActivity> b = cuda::LatencyLaneActivity::ForDevice(0);
+  std::shared_ptr<cuda::LatencyLaneActivity> c = cuda::LatencyLaneActivity::ForDevice(1);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_NE(a.get(), c.get());
 }
 
 }  // namespace

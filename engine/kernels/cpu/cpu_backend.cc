@@ -2,8 +2,11 @@
 
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
@@ -107,6 +110,16 @@ absl::Status CpuBackend::ShareKvCache(const Backend& other) {
   kv_storage_ = cpu->kv_storage_;
   kv_shape_ = cpu->kv_shape_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CpuBackend::FreeMemoryBytes() const {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) return kib * 1024;
+  }
+  return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
 }
 
 void CpuBackend::CopyToHost(const Matrix& src, float* dst) {

@@ -29,6 +29,10 @@ class CpuBackend final : public Backend {
   absl::Duration EndStep() override { return lane_.EndStep(); }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  // MemAvailable (/proc/meminfo). Weights count nothing against it: they are
+  // read from the mapped model file (packed copies are not counted either,
+  // as when the fraction was read before loading).
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                       const void* host_data) override;
   absl::Status CreateKvCache(const KvCacheShape& shape) override;

@@ -93,8 +93,9 @@ void CheckLaunch(const char* what) { CheckCuda(cudaGetLastError(), what); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, LanePriority lane) {
-  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, lane));
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, LanePriority lane,
+                                                                 int decode_sms) {
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, lane, decode_sms));
   if (absl::Status s = backend->Init(); !s.ok()) return s;
   return backend;
 }
@@ -114,8 +115,9 @@ absl::Status CudaBackend::Init() {
   CheckCuda(cudaDeviceGetStreamPriorityRange(&least, &greatest),
             "cudaDeviceGetStreamPriorityRange");
   const int priority = lane_ == LanePriority::kLatency ? greatest : least;
-  CheckCuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority),
+  CheckCuda(cudaStreamCreateWithPriority(&own_stream_, cudaStreamNonBlocking, priority),
             "cudaStreamCreateWithPriority");
+  stream_ = own_stream_;
   if (cublasStatus_t s = cublasCreate(&cublas_); s != CUBLAS_STATUS_SUCCESS) {
     return absl::FailedPreconditionError(StrCat("cuBLAS: ", cublasGetStatusString(s)));
   }
@@ -130,13 +132,87 @@ absl::Status CudaBackend::Init() {
   CheckCublas(cublasSetWorkspace(cublas_, cublas_workspace_->data(), kCublasWorkspace),
               "cublasSetWorkspace");
   if (absl::Status s = uploads_.Init(size_t{1} << 20, stream_); !s.ok()) return s;
+  // The lanes' SM partition: the decode lane records when it is busy, the
+  // prefill lane keeps to a partition without the reserved SMs meanwhile.
+  std::string partition;
+  if (const int reserved = DecodeReservedSms(multiprocessors_, decode_sms_flag_); reserved > 0) {
+    if (lane_ == LanePriority::kLatency) {
+      decode_activity_ = LatencyLaneActivity::ForDevice(device_);
+      partition = StrCat(", marks ", reserved, " SMs free of prefill while it runs");
+    } else if (absl::StatusOr<std::unique_ptr<GreenPartition>> made =
+                   GreenPartition::Create(device_, reserved, priority);
+               made.ok()) {
+      narrowed_ = *std::move(made);
+      decode_activity_ = LatencyLaneActivity::ForDevice(device_);
+      CheckCuda(cudaEventCreateWithFlags(&switch_event_, cudaEventDisableTiming),
+                "cudaEventCreateWithFlags");
+      CheckCuda(cudaEventCreateWithFlags(&ahead_event_, cudaEventDisableTiming),
+                "cudaEventCreateWithFlags");
+      partition = StrCat(", ", narrowed_->sms(), " of ", narrowed_->device_sms(),
+                         " SMs (a green context) while decode runs");
+    } else {
+      partition = StrCat(", no SM partition (", made.status().message(), ")");
+    }
+  }
   name_ = StrCat("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", ", multiprocessors_,
-                 " SMs, ", lane_ == LanePriority::kLatency ? "high" : "low",
-                 "-priority stream, cuBLAS bf16 matmul)");
+                 " SMs, ", lane_ == LanePriority::kLatency ? "high" : "low", "-priority stream",
+                 partition, ", cuBLAS bf16 matmul)");
   return absl::OkStatus();
 }
 
+absl::Duration CudaBackend::BeginStep() {
+  if (lane_ == LanePriority::kLatency && decode_activity_ != nullptr) {
+    decode_activity_->StepBegan(LatencyLaneActivity::Clock::now());
+  }
+  return absl::ZeroDuration();
+}
+
+void CudaBackend::FollowDecodeLane() {
+  if (narrowed_ == nullptr || mode_ != Mode::kIssue || in_step_) return;
+  // Without a bound the host would queue a whole prefill chunk at once, and
+  // a decode step starting later would find it all on the whole device. The
+  // event was recorded before the previous call: once it has passed, only
+  // that call is queued, and this one joins it (two in flight at most).
+  if (ahead_recorded_) {
+    CheckCuda(cudaEventSynchronize(ahead_event_), "cudaEventSynchronize (run-ahead)");
+  }
+  UseStream(decode_activity_->Busy(LatencyLaneActivity::Clock::now()) ? narrowed_->stream()
+                                                                      : own_stream_);
+  RecordEvent(ahead_event_, "cudaEventRecord (run-ahead)");
+  ahead_recorded_ = true;
+}
+
+void CudaBackend::RecordEvent(cudaEvent_t event, const char* what) {
+  if (narrowed_ != nullptr && stream_ == narrowed_->stream()) {
+    if (absl::Status s = narrowed_->RecordEvent(event); !s.ok()) {
+      CheckCuda(cudaErrorInvalidResourceHandle, std::string(s.message()).c_str());
+    }
+    return;
+  }
+  CheckCuda(cudaEventRecord(event, stream_), what);
+}
+
+void CudaBackend::UseStream(cudaStream_t next) {
+  if (next == stream_) return;
+  // Waiting for an event of another context (the green one) is allowed.
+  RecordEvent(switch_event_, "cudaEventRecord (stream switch)");
+  CheckCuda(cudaStreamWaitEvent(next, switch_event_, 0), "cudaStreamWaitEvent (stream switch)");
+  stream_ = next;
+  CheckCublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  // cublasSetStream puts cuBLAS back on its default workspace, which it
+  // would allocate on first use: ours again.
+  CheckCublas(cublasSetWorkspace(cublas_, cublas_workspace_->data(), cublas_workspace_->bytes()),
+              "cublasSetWorkspace");
+  // cuBLAS sizes its grids for the SMs it may use: the partition's, or (0)
+  // the whole device's.
+  const bool narrow = narrowed_ != nullptr && stream_ == narrowed_->stream();
+  CheckCublas(cublasSetSmCountTarget(cublas_, narrow ? narrowed_->sms() : 0),
+              "cublasSetSmCountTarget");
+  uploads_.set_stream(stream_);
+}
+
 CudaBackend::~CudaBackend() {
+  // The current stream has waited for everything issued before a switch.
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (auto& [key, recording] : recordings_) cudaGraphExecDestroy(recording.exec);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
@@ -147,7 +223,11 @@ CudaBackend::~CudaBackend() {
   argmax_tokens_.reset();
   sampling_weights_.reset();
   logprobs_.reset();
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  for (cudaEvent_t event : {switch_event_, ahead_event_}) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  narrowed_.reset();
+  if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
 }
 
 absl::Duration CudaBackend::EndStep() {
@@ -157,6 +237,9 @@ absl::Duration CudaBackend::EndStep() {
   // when its work has.
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (end of step)");
   uploads_.Reset();
+  if (lane_ == LanePriority::kLatency && decode_activity_ != nullptr) {
+    decode_activity_->StepEnded(LatencyLaneActivity::Clock::now());
+  }
   return absl::ZeroDuration();
 }
 
@@ -164,6 +247,23 @@ void CudaBackend::BindCallingThread() { CheckCuda(cudaSetDevice(device_), "cudaS
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
   return DeviceAlloc(device_, bytes, "activations");
+}
+
+absl::StatusOr<int64_t> CudaBackend::FreeMemoryBytes() const {
+  size_t free = 0, total = 0;
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return absl::InternalError(StrCat("cudaSetDevice(", device_, "): ", cudaGetErrorString(e)));
+  }
+  if (cudaError_t e = cudaMemGetInfo(&free, &total); e != cudaSuccess) {
+    return absl::InternalError(StrCat("cudaMemGetInfo: ", cudaGetErrorString(e)));
+  }
+  return static_cast<int64_t>(free);
+}
+
+int64_t CudaBackend::WeightBytes(DType dtype, int64_t rows, int64_t cols) const {
+  const int64_t elements = rows * cols;
+  if (dtype != DType::kF32) return elements * 2;
+  return elements * 4 + (rows > 1 ? elements * 2 : 0);
 }
 
 absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
@@ -401,6 +501,7 @@ void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights
                          std::span<const Weight* const> biases, std::span<const Matrix> outs) {
   if (x.rows == 0) return;
   if (Replaying()) return;
+  FollowDecodeLane();
   const int64_t elements = x.rows * x.cols;
   auto* x_bf16 =
       static_cast<uint16_t*>(Scratch(bf16_activations_, static_cast<size_t>(elements) * 2));
@@ -537,6 +638,7 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
     attention_inputs_.key.Set(spans, q.rows, uploads_.epoch());
   }
   if (Replaying()) return;
+  FollowDecodeLane();
   AttentionArgs args;
   args.q = q.data;
   args.out = out.data;
@@ -598,6 +700,8 @@ void CudaBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Mat
 }
 
 void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) {
+  // Recorded steps are captured and replayed on the lane's own stream.
+  if (narrowed_ != nullptr) UseStream(own_stream_);
   // A recording's copies read the arena from offset 0: the step must start
   // from an empty one (every step before ended with a wait, which empties
   // it; anything else waits here).
@@ -613,6 +717,21 @@ void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>
     uploads_.set_staging_only(false);
     uploads_.set_may_grow(true);
   };
+  // Buffers the owner's recordings used have moved: drop them all (no step
+  // is in flight: every step ended with a wait).
+  if (auto [it, first] = owner_generations_.try_emplace(spec.owner, spec.generation);
+      !first && it->second != spec.generation) {
+    it->second = spec.generation;
+    for (auto r = recordings_.begin(); r != recordings_.end();) {
+      if (r->first.first != spec.owner) {
+        ++r;
+        continue;
+      }
+      cudaGraphExecDestroy(r->second.exec);
+      r = recordings_.erase(r);
+    }
+    std::erase_if(warmed_up_, [&](const RecordingKey& k) { return k.first == spec.owner; });
+  }
   const RecordingKey key{spec.owner, spec.key};
   if (graphs_failed_ || warmed_up_.insert(key).second) {
     // The key's first step runs eagerly: it grows every buffer to the size

@@ -13,7 +13,13 @@
 //   RopeWriteKv are single kernels here.
 // - Lanes: each backend issues on its own stream; the latency lane's
 //   (decode) has the device's highest priority, so its kernels are scheduled
-//   ahead of a running prefill's as SMs free up.
+//   ahead of a running prefill's as SMs free up. Where the driver has green
+//   contexts, the throughput lane (prefill) also has a stream on an SM
+//   partition that leaves --cuda_decode_sms SMs out, and issues there while
+//   the decode lane is busy (lane_partition.h); it widens to the whole device
+//   when decode is idle. It stays at most two matrix products or attention
+//   calls ahead of the device, so a switch takes effect within about one
+//   kernel.
 // - Recorded steps (RunStep): the first step of a key runs as usual (and
 //   sizes every buffer), the second is captured into a CUDA graph, later
 //   ones replay it: the step's operations only stage their host inputs
@@ -36,21 +42,33 @@
 #include <vector>
 
 #include "engine/kernels/backend.h"
+#include "engine/kernels/cuda/green_partition.h"
+#include "engine/kernels/cuda/lane_partition.h"
 #include "engine/kernels/cuda/upload_arena.h"
 
 namespace tandem::kernels::cuda {
 
 class CudaBackend final : public Backend {
  public:
-  // Creates a backend on `device` for `lane`.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device, LanePriority lane);
+  // Creates a backend on `device` for `lane`; `decode_sms` is
+  // --cuda_decode_sms (DecodeReservedSms: -1 auto, 0 no SM partition).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device, LanePriority lane,
+                                                             int decode_sms = -1);
   ~CudaBackend() override;
 
   std::string name() const override { return name_; }
   void BindCallingThread() override;
+  // The latency lane marks the device's decode lane busy (lane_partition.h).
+  absl::Duration BeginStep() override;
   absl::Duration EndStep() override;
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  // cudaMemGetInfo's free bytes on the backend's device.
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override;
+  // bf16 for matrices; float32 vectors stay float32 (a float32 matrix has
+  // both). Both lanes' backends hold the same device copies of a weight
+  // (SharedDeviceCopy), so the model's weights take this once per process.
+  int64_t WeightBytes(DType dtype, int64_t rows, int64_t cols) const override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                       const void* host_data) override;
   absl::Status CreateKvCache(const KvCacheShape& shape) override;
@@ -105,8 +123,19 @@ class CudaBackend final : public Backend {
   // kept, ops() issued eagerly instead) if the capture fails.
   bool RecordAndLaunch(const RecordingKey& key, const std::function<void()>& ops);
 
-  CudaBackend(int device, LanePriority lane) : device_(device), lane_(lane) {}
+  CudaBackend(int device, LanePriority lane, int decode_sms)
+      : device_(device), lane_(lane), decode_sms_flag_(decode_sms) {}
   absl::Status Init();
+  // The throughput lane, before a matrix product or an attention call of an
+  // eager step: keeps the host at most two such calls ahead of the device,
+  // and issues into the narrowed partition while the decode lane is busy,
+  // into the whole device otherwise.
+  void FollowDecodeLane();
+  // Issues from now on into `next`, after everything issued so far.
+  void UseStream(cudaStream_t next);
+  // Records `event` after everything issued so far into stream_ (on the
+  // partition through its green context: GreenPartition::RecordEvent).
+  void RecordEvent(cudaEvent_t event, const char* what);
   // Device scratch of at least `bytes`, grown (after a wait) when needed.
   void* Scratch(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes);
   // Scratch for outputs read back outside recorded steps (token ids,
@@ -117,9 +146,18 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const LanePriority lane_;
+  const int decode_sms_flag_;
   std::string name_;
   int multiprocessors_ = 0;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;      // where operations are issued now
+  cudaStream_t own_stream_ = nullptr;  // the lane's stream on the whole device
+  // The throughput lane's stream on an SM partition, while decode is busy
+  // (null: no partition, by the flag or because the driver has none).
+  std::unique_ptr<GreenPartition> narrowed_;
+  std::shared_ptr<LatencyLaneActivity> decode_activity_;  // null without a partition
+  cudaEvent_t switch_event_ = nullptr;                    // orders a stream switch
+  cudaEvent_t ahead_event_ = nullptr;                     // FollowDecodeLane's bound
+  bool ahead_recorded_ = false;
   cublasHandle_t cublas_ = nullptr;
   UploadArena uploads_;
   std::unique_ptr<DeviceBuffer> bf16_activations_;   // MatMul's rounded input
@@ -134,6 +172,7 @@ class CudaBackend final : public Backend {
   StepGraphSpec step_;
   std::set<RecordingKey> warmed_up_;  // keys whose first step ran
   std::map<RecordingKey, Recording> recordings_;
+  std::map<int64_t, int64_t> owner_generations_;  // StepGraphSpec's, per owner
   // The attention inputs of the step being issued: the same spans for every
   // layer, packed and uploaded once per upload epoch.
   // Same spans: every field and every table entry equal.

@@ -12,7 +12,7 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-using CreateBackendFn = int (*)(int, int, Backend**, char*, size_t);
+using CreateBackendFn = int (*)(int, int, int, Backend**, char*, size_t);
 
 // The loaded module's backend entry point (null: none loaded).
 std::atomic<CreateBackendFn> loaded_create_backend{nullptr};
@@ -51,14 +51,15 @@ absl::StatusOr<CudaProbe> ProbeCudaModule(const std::string& module_path) {
   return result;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(LanePriority lane) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(LanePriority lane, int decode_sms) {
   const CreateBackendFn create = loaded_create_backend.load();
   if (create == nullptr) {
     return absl::FailedPreconditionError("no CUDA module with a backend was loaded");
   }
   Backend* backend = nullptr;
   char error[1024] = {};
-  if (create(0, lane == LanePriority::kLatency ? 0 : 1, &backend, error, sizeof(error)) != 0) {
+  if (create(0, lane == LanePriority::kLatency ? 0 : 1, decode_sms, &backend, error,
+             sizeof(error)) != 0) {
     return absl::FailedPreconditionError(StrCat("CUDA backend: ", error));
   }
   return std::unique_ptr<Backend>(backend);

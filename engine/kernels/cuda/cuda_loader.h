@@ -23,10 +23,10 @@ struct CudaProbe {
 // CUDA runtime is not supported), and CreateCudaBackend uses it.
 absl::StatusOr<CudaProbe> ProbeCudaModule(const std::string& module_path);
 
-// A backend on CUDA device 0 for `lane`, from the module the last successful
-// ProbeCudaModule loaded. FAILED_PRECONDITION when none was loaded or the
-// device cannot be used.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(LanePriority lane);
+// A backend on CUDA device 0 for `lane` (`decode_sms`: --cuda_decode_sms),
+// from the module the last successful ProbeCudaModule loaded.
+// FAILED_PRECONDITION when none was loaded or the device cannot be used.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(LanePriority lane, int decode_sms = -1);
 
 // The module's path next to a binary in build/bin: build/lib/libtandem_cuda.so.
 std::string DefaultCudaModulePath();

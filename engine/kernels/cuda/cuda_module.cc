@@ -30,12 +30,13 @@ extern "C" int tandem_cuda_probe(char* message, size_t size) {
   return count;
 }
 
-extern "C" int tandem_cuda_create_backend(int device, int lane, tandem::kernels::Backend** backend,
-                                          char* error, size_t size) {
+extern "C" int tandem_cuda_create_backend(int device, int lane, int decode_sms,
+                                          tandem::kernels::Backend** backend, char* error,
+                                          size_t size) {
   using tandem::kernels::LanePriority;
   absl::StatusOr<std::unique_ptr<tandem::kernels::cuda::CudaBackend>> made =
       tandem::kernels::cuda::CudaBackend::Create(
-          device, lane == 0 ? LanePriority::kLatency : LanePriority::kThroughput);
+          device, lane == 0 ? LanePriority::kLatency : LanePriority::kThroughput, decode_sms);
   if (!made.ok()) {
     if (size > 0) std::snprintf(error, size, "%s", std::string(made.status().message()).c_str());
     return -1;

@@ -17,7 +17,7 @@ class Backend;
 extern "C" {
 
 // Bumped whenever an entry point changes; the loader refuses other versions.
-inline constexpr int kTandemCudaModuleAbi = 2;
+inline constexpr int kTandemCudaModuleAbi = 3;
 int tandem_cuda_module_abi();
 
 // Counts usable CUDA devices. Returns the count (0 when there is no driver or
@@ -25,11 +25,12 @@ int tandem_cuda_module_abi();
 // are none) to `message` (NUL-terminated, truncated to `size`).
 int tandem_cuda_probe(char* message, size_t size);
 
-// Makes a backend on `device` for lane `lane` (0: latency, 1: throughput) and
-// stores it in *backend (the caller owns it). Returns 0, or -1 with the
-// reason in `error`.
-int tandem_cuda_create_backend(int device, int lane, tandem::kernels::Backend** backend,
-                               char* error, size_t size);
+// Makes a backend on `device` for lane `lane` (0: latency, 1: throughput),
+// with `decode_sms` SMs kept free of prefill while decode runs (-1: auto, 0:
+// no SM partition; lane_partition.h), and stores it in *backend (the caller
+// owns it). Returns 0, or -1 with the reason in `error`.
+int tandem_cuda_create_backend(int device, int lane, int decode_sms,
+                               tandem::kernels::Backend** backend, char* error, size_t size);
 }
 
 #endif  // TANDEM_ENGINE_KERNELS_CUDA_CUDA_MODULE_H_

@@ -51,6 +51,9 @@ class UploadArena {
 
   // Allocates `bytes` of pinned host memory and as much device memory.
   absl::Status Init(size_t bytes, cudaStream_t stream);
+  // Queues later copies on `stream`, which the caller has made wait for the
+  // old one (so a wait for it is a wait for every copy queued before).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
 
   // The device copy of `values` (see above).
   const int32_t* Upload(Kind kind, std::span<const int32_t> values);
