@@ -163,6 +163,50 @@ TEST_F(CudaOpsTest, MatMulAtModelShapes) {
   }
 }
 
+// Up to 8 rows go through our few-row kernel (skinny_matmul.h), every
+// weight in one launch; 9 rows, a width that is not a multiple of 8 or five
+// weights go to cuBLAS. Widths: 576 (72 chunks: the unrolled loop and its
+// remainder), 1536, 4100 (falls back).
+TEST_F(CudaOpsTest, MatMulOfFewRowsOnBothSidesOfTheKernelsLimits) {
+  for (int64_t k : {576, 1536, 4100}) {
+    const std::vector<int64_t> outs_rows = {64, 8, 24, 200, 16};
+    std::vector<std::pair<Weight, Weight>> w;
+    const DType type = k % 32 == 0 ? DType::kQ8_0 : DType::kF16;  // Q8_0: 32-wide blocks
+    for (int64_t n : outs_rows) {
+      host_weights_.push_back(RandomWeights(type, n, k, rng_));
+      w.push_back(UploadBoth(type, n, k, host_weights_.back().data()));
+    }
+    host_floats_.push_back(Random(1, 200));
+    auto [bias_c, bias_g] = UploadBoth(DType::kF32, 1, 200, host_floats_.back().data());
+    for (size_t weights : {size_t{4}, size_t{5}}) {
+      for (int64_t rows = 1; rows <= 9; ++rows) {
+        const Both x = Make(rows, k, Random(rows, k));
+        std::vector<Both> outs;
+        std::vector<const Weight*> wc, wg, bc, bg;
+        std::vector<Matrix> oc, og;
+        for (size_t i = 0; i < weights; ++i) {
+          outs.push_back(Make(rows, outs_rows[i]));
+          wc.push_back(&w[i].first);
+          wg.push_back(&w[i].second);
+          bc.push_back(i == 3 ? &bias_c : nullptr);
+          bg.push_back(i == 3 ? &bias_g : nullptr);
+        }
+        for (const Both& out : outs) {
+          oc.push_back(out.cpu);
+          og.push_back(out.gpu);
+        }
+        cpu_->MatMul(x.cpu, wc, bc, oc);
+        gpu_->MatMul(x.gpu, wg, bg, og);
+        for (size_t i = 0; i < weights; ++i) {
+          EXPECT_LE(Error(outs[i]), kBf16ProductTolerance)
+              << rows << " rows, k " << k << ", weight " << i << " of " << weights << ", seed "
+              << seed_;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, NormsElementwiseAndGather) {
   const int64_t rows = 19, cols = 4096;
   const std::vector<float> weight_host = Random(1, cols);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -12,6 +13,7 @@
 #include "engine/kernels/cuda/attention_rows.h"
 #include "engine/kernels/cuda/cuda_check.h"
 #include "engine/kernels/cuda/kernels.h"
+#include "engine/kernels/cuda/skinny_matmul.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -90,6 +92,35 @@ int HostThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
 // leaves an error only cudaGetLastError() returns; its outputs would keep
 // stale values. Legal inside a stream capture.
 void CheckLaunch(const char* what) { CheckCuda(cudaGetLastError(), what); }
+
+// MatMul's product as one launch of the few-row kernel, if it fits
+// (SkinnyMatMulFits; every weight over x's columns).
+std::optional<SkinnyMatMulArgs> SkinnyArgs(const uint16_t* x_bf16, const Matrix& x,
+                                           std::span<const Weight* const> weights,
+                                           std::span<const Weight* const> biases,
+                                           std::span<const Matrix> outs) {
+  if (x.rows > SkinnyMatMulArgs::kMaxRows || weights.size() > SkinnyMatMulArgs::kMaxWeights) {
+    return std::nullopt;
+  }
+  SkinnyMatMulArgs args;
+  args.x = x_bf16;
+  args.rows = static_cast<int>(x.rows);
+  args.k = x.cols;
+  args.weights = static_cast<int>(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Weight& w = *weights[i];
+    if (w.cols != x.cols) return std::nullopt;
+    args.w[i] = static_cast<const uint16_t*>(w.packed);
+    args.n[i] = w.rows;
+    args.out[i] = outs[i].data;
+    args.ld[i] = outs[i].cols;
+    if (i < biases.size() && biases[i] != nullptr) {
+      args.bias[i] = static_cast<const float*>(biases[i]->data);
+    }
+  }
+  if (!SkinnyMatMulFits(args)) return std::nullopt;
+  return args;
+}
 
 }  // namespace
 
@@ -507,6 +538,13 @@ void CudaBackend::MatMul(const Matrix& x, std::span<const Weight* const> weights
       static_cast<uint16_t*>(Scratch(bf16_activations_, static_cast<size_t>(elements) * 2));
   LaunchToBf16(x.data, elements, x_bf16, stream_);
   CheckLaunch("LaunchToBf16");
+  // A few rows (decode): every weight in one launch of our kernel, which
+  // streams the weights (skinny_matmul.h); more rows: cuBLAS.
+  if (std::optional<SkinnyMatMulArgs> skinny = SkinnyArgs(x_bf16, x, weights, biases, outs)) {
+    LaunchSkinnyMatMul(*skinny, stream_);
+    CheckLaunch("LaunchSkinnyMatMul");
+    return;
+  }
   const float alpha = 1.0f;
   const float beta = 0.0f;
   for (size_t i = 0; i < weights.size(); ++i) {
