@@ -13,8 +13,10 @@
 // rows; Q/K/V and gate/up as one call of several weights), the weight bytes
 // read per second by cuBLAS (one GEMM per weight, as the backend ran them
 // before) and by our few-row kernel (skinny_matmul.h, all weights in one
-// launch): "product_<name>_rows<r>_cublas_gbs" and "..._ours_gbs". Each
-// run reads another copy of the weights, so none come from L2.
+// launch): "product_<name>_rows<r>_cublas_gbs" and "..._ours_gbs", at 1, 4
+// and 8 rows. Each run reads another copy of the weights, so none come from
+// L2; 20 runs are queued per timed sample. Our outputs are checked against
+// cuBLAS's (normalised error at most 1e-3): a mismatch exits 1.
 //
 // Each is the median of 10 timed runs after 3 warm-ups, printed as
 // "key value" lines. Exits 1, saying why, without a usable GPU.
@@ -23,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -36,8 +39,11 @@ bool Ok(cudaError_t e, const char* what) {
   return false;
 }
 
+// The median time of one run() over 10 samples after 3 warm-ups; a sample
+// queues `per_sample` runs back to back and divides (short kernels would
+// otherwise be timed with the host's launch gap on an idle GPU).
 template <typename Run>
-float MedianMs(Run run) {
+float MedianMs(Run run, int per_sample = 1) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
@@ -45,12 +51,12 @@ float MedianMs(Run run) {
   std::vector<float> ms;
   for (int i = 0; i < 10; ++i) {
     cudaEventRecord(start);
-    run();
+    for (int j = 0; j < per_sample; ++j) run();
     cudaEventRecord(stop);
     cudaEventSynchronize(stop);
     float t = 0.0f;
     cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
+    ms.push_back(t / static_cast<float>(per_sample));
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -77,6 +83,7 @@ struct ProductShape {
 // Prints the cuBLAS and few-row kernel read rates of each shape; returns 1
 // if a call failed.
 int DecodeProducts(cublasHandle_t handle) {
+  constexpr int kRunsPerSample = 20;
   using tandem::kernels::cuda::LaunchSkinnyMatMul;
   using tandem::kernels::cuda::SkinnyMatMulArgs;
   using tandem::kernels::cuda::SkinnyMatMulFits;
@@ -101,7 +108,7 @@ int DecodeProducts(cublasHandle_t handle) {
     }
     Fill<<<1024, 256>>>(weights, set_bytes * copies / 2, 0.05f);
     Fill<<<1024, 256>>>(x, static_cast<size_t>(max_rows * shape.k), 1.0f);
-    for (int rows : {1, max_rows}) {
+    for (int rows : {1, 4, max_rows}) {
       size_t turn = 0;
       // Weight i of copy c, and its output, as the backend lays them out.
       auto weight = [&](size_t c, size_t i) {
@@ -116,18 +123,20 @@ int DecodeProducts(cublasHandle_t handle) {
       };
       cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
       const float alpha = 1.0f, beta = 0.0f;
-      const float cublas_ms = MedianMs([&] {
-        const size_t c = turn++ % copies;
-        for (size_t i = 0; i < shape.n.size(); ++i) {
-          const int n = static_cast<int>(shape.n[i]);
-          const cublasStatus_t s =
-              cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, static_cast<int>(shape.k),
-                           &alpha, weight(c, i), CUDA_R_16BF, static_cast<int>(shape.k), x,
-                           CUDA_R_16BF, static_cast<int>(shape.k), &beta, output(i), CUDA_R_32F, n,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-          if (s != CUBLAS_STATUS_SUCCESS) status = s;
-        }
-      });
+      const float cublas_ms = MedianMs(
+          [&] {
+            const size_t c = turn++ % copies;
+            for (size_t i = 0; i < shape.n.size(); ++i) {
+              const int n = static_cast<int>(shape.n[i]);
+              const cublasStatus_t s =
+                  cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, static_cast<int>(shape.k),
+                               &alpha, weight(c, i), CUDA_R_16BF, static_cast<int>(shape.k), x,
+                               CUDA_R_16BF, static_cast<int>(shape.k), &beta, output(i), CUDA_R_32F,
+                               n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+              if (s != CUBLAS_STATUS_SUCCESS) status = s;
+            }
+          },
+          kRunsPerSample);
       if (status != CUBLAS_STATUS_SUCCESS) {
         std::fprintf(stderr, "cublasGemmEx (%s): %s\n", shape.name, cublasGetStatusString(status));
         return 1;
@@ -143,15 +152,51 @@ int DecodeProducts(cublasHandle_t handle) {
         args.ld[i] = shape.n[i];
       }
       bool fits = true;
-      const float ours_ms = MedianMs([&] {
-        const size_t c = turn++ % copies;
-        for (size_t i = 0; i < shape.n.size(); ++i) {
-          args.w[i] = reinterpret_cast<const uint16_t*>(weight(c, i));
-        }
-        fits = fits && SkinnyMatMulFits(args);
-        if (fits) LaunchSkinnyMatMul(args, nullptr);
-      });
-      if (!fits || !Ok(cudaGetLastError(), "LaunchSkinnyMatMul")) return 1;
+      const float ours_ms = MedianMs(
+          [&] {
+            const size_t c = turn++ % copies;
+            for (size_t i = 0; i < shape.n.size(); ++i) {
+              args.w[i] = reinterpret_cast<const uint16_t*>(weight(c, i));
+            }
+            fits = fits && SkinnyMatMulFits(args);
+            if (fits) LaunchSkinnyMatMul(args, nullptr);
+          },
+          kRunsPerSample);
+      if (!fits || !Ok(cudaGetLastError(), "LaunchSkinnyMatMul") ||
+          !Ok(cudaDeviceSynchronize(), "LaunchSkinnyMatMul")) {
+        return 1;
+      }
+      // The same product both ways, on copy 0: ours against cuBLAS's.
+      std::vector<float> ours(static_cast<size_t>(rows * rows_total));
+      std::vector<float> reference(ours.size());
+      for (size_t i = 0; i < shape.n.size(); ++i) {
+        args.w[i] = reinterpret_cast<const uint16_t*>(weight(0, i));
+      }
+      LaunchSkinnyMatMul(args, nullptr);
+      cudaMemcpy(ours.data(), out, ours.size() * 4, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < shape.n.size(); ++i) {
+        const int n = static_cast<int>(shape.n[i]);
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, static_cast<int>(shape.k), &alpha,
+                     weight(0, i), CUDA_R_16BF, static_cast<int>(shape.k), x, CUDA_R_16BF,
+                     static_cast<int>(shape.k), &beta, output(i), CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+      }
+      if (!Ok(cudaMemcpy(reference.data(), out, reference.size() * 4, cudaMemcpyDeviceToHost),
+              "cudaMemcpy")) {
+        return 1;
+      }
+      double diff = 0.0, norm = 0.0;
+      for (size_t j = 0; j < ours.size(); ++j) {
+        diff += (static_cast<double>(ours[j]) - reference[j]) * (ours[j] - reference[j]);
+        norm += static_cast<double>(reference[j]) * reference[j];
+      }
+      const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+      std::printf("product_%s_rows%d_error %.2e\n", shape.name, rows, error);
+      if (!(error <= 1e-3)) {
+        std::fprintf(stderr, "the few-row kernel differs from cuBLAS on %s, %d rows: %.2e\n",
+                     shape.name, rows, error);
+        return 1;
+      }
       const double gb = static_cast<double>(set_bytes) / 1e9;
       std::printf("product_%s_rows%d_cublas_gbs %.1f\nproduct_%s_rows%d_ours_gbs %.1f\n",
                   shape.name, rows, gb / (cublas_ms * 1e-3), shape.name, rows,

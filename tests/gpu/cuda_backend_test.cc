@@ -165,19 +165,22 @@ TEST_F(CudaOpsTest, MatMulAtModelShapes) {
 
 // Up to 8 rows go through our few-row kernel (skinny_matmul.h), every
 // weight in one launch; 9 rows, a width that is not a multiple of 8 or five
-// weights go to cuBLAS. Widths: 576 (72 chunks: the unrolled loop and its
-// remainder), 1536, 4100 (falls back).
+// weights go to cuBLAS. Widths: 576 (72 chunks of 8: only the kernel's
+// remainder loop), 2112 (264 chunks: two unrolled passes, then a tail that
+// only lanes 0-7 take), 4100 (falls back). Row counts that are not
+// multiples of 8 end a launch inside a block and put a weight's first row
+// mid-block; the bias is large enough that dropping it fails the check.
 TEST_F(CudaOpsTest, MatMulOfFewRowsOnBothSidesOfTheKernelsLimits) {
-  for (int64_t k : {576, 1536, 4100}) {
-    const std::vector<int64_t> outs_rows = {64, 8, 24, 200, 16};
-    std::vector<std::pair<Weight, Weight>> w;
+  for (int64_t k : {576, 2112, 4100}) {
+    const std::vector<int64_t> outs_rows = {61, 8, 24, 203, 16};
     const DType type = k % 32 == 0 ? DType::kQ8_0 : DType::kF16;  // Q8_0: 32-wide blocks
+    std::vector<std::pair<Weight, Weight>> w;
     for (int64_t n : outs_rows) {
       host_weights_.push_back(RandomWeights(type, n, k, rng_));
       w.push_back(UploadBoth(type, n, k, host_weights_.back().data()));
     }
-    host_floats_.push_back(Random(1, 200));
-    auto [bias_c, bias_g] = UploadBoth(DType::kF32, 1, 200, host_floats_.back().data());
+    host_floats_.push_back(Random(1, 203, 50.0f));
+    auto [bias_c, bias_g] = UploadBoth(DType::kF32, 1, 203, host_floats_.back().data());
     for (size_t weights : {size_t{4}, size_t{5}}) {
       for (int64_t rows = 1; rows <= 9; ++rows) {
         const Both x = Make(rows, k, Random(rows, k));
@@ -204,6 +207,31 @@ TEST_F(CudaOpsTest, MatMulOfFewRowsOnBothSidesOfTheKernelsLimits) {
         }
       }
     }
+  }
+}
+
+// A row's product does not depend on the rows beside it up to the kernel's
+// limit: each output's sum runs in one fixed order (skinny_matmul.h).
+TEST_F(CudaOpsTest, AFewRowProductGivesEachRowTheBitsItHasAlone) {
+  const int64_t k = 4096, n = 1536;
+  host_weights_.push_back(RandomWeights(DType::kQ4_0, n, k, rng_));
+  const Weight weight = UploadBoth(DType::kQ4_0, n, k, host_weights_.back().data()).second;
+  const std::vector<float> rows8 = Random(8, k);
+  const Both x8 = Make(8, k, rows8);
+  const Both out8 = Make(8, n);
+  const Weight* pg[] = {&weight};
+  const Matrix og8[] = {out8.gpu};
+  gpu_->MatMul(x8.gpu, pg, {}, og8);
+  const std::vector<float> together = Read(*gpu_, out8.gpu);
+  for (int64_t r : {0, 3, 7}) {
+    const Both x1 =
+        Make(1, k, std::vector<float>(rows8.begin() + r * k, rows8.begin() + (r + 1) * k));
+    const Both out1 = Make(1, n);
+    const Matrix og1[] = {out1.gpu};
+    gpu_->MatMul(x1.gpu, pg, {}, og1);
+    const std::vector<float> alone = Read(*gpu_, out1.gpu);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), together.begin() + r * n))
+        << "row " << r << ", seed " << seed_;
   }
 }
 

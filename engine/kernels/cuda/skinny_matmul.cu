@@ -1,5 +1,7 @@
 // The few-row matrix product (skinny_matmul.h).
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "engine/kernels/cuda/skinny_matmul.h"
 
@@ -75,7 +77,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int t = 0; t < kRows; ++t) acc[t] = 0.0f;
   // Lane `lane` takes chunks lane, lane + 32, ... in increasing order; the
-  // unrolled loop only issues kUnroll of its loads before using them.
+  // unrolled loop issues kUnroll of its loads before using them. Weights are
+  // read once: evict-first loads (__ldcs) keep them from displacing x.
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
     uint4 loaded[kUnroll];
@@ -143,8 +146,12 @@ void LaunchSkinnyMatMul(const SkinnyMatMulArgs& args, cudaStream_t stream) {
       return Launch<6>(k, total, stream);
     case 7:
       return Launch<7>(k, total, stream);
-    default:
+    case 8:
       return Launch<8>(k, total, stream);
+    default:
+      std::fprintf(stderr, "LaunchSkinnyMatMul: %d rows (SkinnyMatMulFits was not checked)\n",
+                   args.rows);
+      std::abort();
   }
 }
 

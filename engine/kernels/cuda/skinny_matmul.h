@@ -6,8 +6,8 @@
 // the read comes to the memory bandwidth, and how few launches a layer
 // needs. cuBLAS runs each weight as its own GEMM, sized for large products;
 // here one warp computes one output row for all the activation rows from
-// 16-byte loads of that weight row (read once, not kept in L1), and one
-// launch covers the rows of up to kMaxWeights matrices.
+// 16-byte evict-first loads of that weight row (read once), and one launch
+// covers the rows of up to kMaxWeights matrices.
 //
 // Numerics: bf16 x bf16 products summed in float32, as the cuBLAS path.
 // Each output's reduction order is fixed (a lane sums its 8-element chunks in
