@@ -25,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "bench/bench_device.h"
 #include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/random_model.h"
@@ -111,14 +112,8 @@ int Run() {
     batches.push_back(b);
   }
   if (batches.empty()) batches.push_back(1);
-  absl::StatusOr<kernels::DeviceChoice> device =
-      kernels::ChooseDevice(absl::GetFlag(FLAGS_device),
-                            kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath()));
-  if (!device.ok()) {
-    std::cerr << device.status() << "\n";
-    return 2;
-  }
-  std::cerr << device->reason << std::endl;
+  absl::StatusOr<kernels::DeviceChoice> device = ChooseBenchDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return 2;
   auto pool = std::make_shared<kernels::cpu::ComputePool>(
       std::max(1, absl::GetFlag(FLAGS_threads)), std::vector<int>{}, /*pin_callers=*/false);
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
@@ -130,8 +125,7 @@ int Run() {
   // The model after the backend: a missing device fails before a large
   // random model is built.
   const std::string path = absl::GetFlag(FLAGS_model);
-  auto file =
-      model::IsRandomModel(path) ? model::OpenRandomModel(path) : model::GgufFile::Open(path);
+  auto file = model::OpenModel(path);
   if (!file.ok()) {
     std::cerr << file.status() << "\n";
     return 1;

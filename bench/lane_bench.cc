@@ -28,6 +28,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/bench_device.h"
 #include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/random_model.h"
@@ -58,17 +59,10 @@ double Percentile(std::vector<double> v, double p) {
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 int Run() {
-  absl::StatusOr<kernels::DeviceChoice> device =
-      kernels::ChooseDevice(absl::GetFlag(FLAGS_device),
-                            kernels::cuda::ProbeCudaModule(kernels::cuda::DefaultCudaModulePath()));
-  if (!device.ok()) {
-    std::cerr << device.status() << "\n";
-    return 2;
-  }
-  std::cerr << device->reason << std::endl;
+  absl::StatusOr<kernels::DeviceChoice> device = ChooseBenchDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return 2;
   const std::string path = absl::GetFlag(FLAGS_model);
-  auto file =
-      model::IsRandomModel(path) ? model::OpenRandomModel(path) : model::GgufFile::Open(path);
+  auto file = model::OpenModel(path);
   if (!file.ok()) {
     std::cerr << file.status() << "\n";
     return 1;

@@ -158,9 +158,7 @@ absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregati
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
-  absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
-      model::IsRandomModel(options.model_path) ? model::OpenRandomModel(options.model_path)
-                                               : model::GgufFile::Open(options.model_path);
+  absl::StatusOr<std::unique_ptr<model::GgufFile>> file = model::OpenModel(options.model_path);
   if (!file.ok()) return file.status();
   m->file_ = std::shared_ptr<const model::GgufFile>(*std::move(file));
 

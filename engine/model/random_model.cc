@@ -151,6 +151,11 @@ const std::vector<RandomModelShape>& RandomModelShapes() {
 
 bool IsRandomModel(std::string_view model_flag) { return model_flag.starts_with(kPrefix); }
 
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModel(std::string_view model_flag) {
+  if (IsRandomModel(model_flag)) return OpenRandomModel(model_flag);
+  return GgufFile::Open(std::string(model_flag));
+}
+
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model_flag) {
   std::string_view spec = model_flag.substr(kPrefix.size());
   uint64_t seed = 0;

@@ -47,6 +47,10 @@ bool IsRandomModel(std::string_view model_flag);
 // unknown name.
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model_flag);
 
+// The model a --model value names: "random:..." builds one (OpenRandomModel),
+// anything else is a GGUF file's path (GgufFile::Open).
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModel(std::string_view model_flag);
+
 }  // namespace tandem::model
 
 #endif  // TANDEM_ENGINE_MODEL_RANDOM_MODEL_H_
