@@ -113,6 +113,8 @@ struct KvStorage {
 // (2i, 2i+1) otherwise (the layout GGUF uses for Llama, whose Q/K weights the
 // converter permuted).
 struct RopeSpec {
+  // [position][rotary_dims / 2][cos, sin] float32, uploaded as one row
+  // (a table, not a product operand: backends make no product copy of it).
   Weight table;
   int rotary_dims = 0;
   bool neox = false;
