@@ -648,6 +648,9 @@ int Main() {
   if (const int64_t left = service.open_calls(); left > 0) {
     spdlog::warn("drain timeout: cancelling {} call(s) with UNAVAILABLE", left);
   }
+  // From here gRPC's own shutdown may end a call that arrives meanwhile
+  // with CANCELLED instead of our UNAVAILABLE (grpc/grpc#41785).
+  spdlog::info("drained: shutting down the gRPC server");
   scheduler.Stop();
   (*grpc_server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   (*grpc_server)->Wait();

@@ -9,8 +9,10 @@ the instant its gRPC server shuts down (after the drain) is ended by gRPC's
 core with CANCELLED (or a reset stream, UNKNOWN "Stream removed") instead of
 UNAVAILABLE (grpc/grpc#41785, open). Through a proxy that opens a connection
 per call (nginx) that can happen to the one call each client has in flight at
-that instant; the test allows exactly that, before any token and within a
-second of the daemon's exit."""
+that instant; the test allows exactly that, before any token, between the
+daemon's log line that its gRPC server is shutting down and a second after
+its exit (the exit itself, tearing the model down, takes longer on a loaded
+machine: the window is read from the daemon, not assumed)."""
 import os
 import shutil
 import string
@@ -18,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from datetime import datetime
 
 import grpc
 import pytest
@@ -99,14 +102,24 @@ def chat(i, max_tokens=16):
 
 
 def call(stub, request):
-    """Runs one streaming call; returns (outcome, tokens received, when it ended)."""
+    """Runs one streaming call; returns (outcome, tokens received, when it
+    ended: wall-clock seconds, comparable with the daemon's log times)."""
     tokens = 0
     try:
         for message in stub.Generate(request, timeout=60):
             tokens += len(message.token_ids)
-        return "completed", tokens, time.monotonic()
+        return "completed", tokens, time.time()
     except grpc.RpcError as error:
-        return error.code().name, tokens, time.monotonic()
+        return error.code().name, tokens, time.time()
+
+
+def logged_at(log, message):
+    """The wall-clock time of the daemon's text log line ending in `message`
+    ("[YYYY-mm-dd HH:MM:SS.fff] [tandemd] [info] message", local time)."""
+    for line in log.splitlines():
+        if line.endswith("] " + message):
+            return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    raise AssertionError(f"the daemon never logged '{message}':\n{log}")
 
 
 def test_requests_spread_over_both_instances(cluster):
@@ -147,7 +160,7 @@ def test_stopping_one_instance_under_load(cluster):
     time.sleep(2.0)
     a.process.send_signal(15)  # SIGTERM: drain
     exited = []
-    watcher = threading.Thread(target=lambda: exited.append((a.process.wait(), time.monotonic())))
+    watcher = threading.Thread(target=lambda: exited.append((a.process.wait(), time.time())))
     watcher.start()
     time.sleep(4.0)
     stop.set()
@@ -157,6 +170,8 @@ def test_stopping_one_instance_under_load(cluster):
     watcher.join(timeout=60)
     assert exited and exited[0][0] == 0, a.read_log()
     exit_time = exited[0][1]
+    # The log's times are to the millisecond.
+    shutdown_time = logged_at(a.read_log(), "drained: shutting down the gRPC server") - 0.002
 
     completed = [o for o in outcomes if o[0] == "completed"]
     failed = [o for o in outcomes if o[0] != "completed"]
@@ -167,7 +182,9 @@ def test_stopping_one_instance_under_load(cluster):
         if outcome != "UNAVAILABLE":
             # gRPC's shutdown race (see the module's docstring), nothing else.
             assert outcome in ("CANCELLED", "UNKNOWN"), outcome
-            assert abs(ended - exit_time) < 1.0, f"{outcome} {ended - exit_time:+.2f} s from the exit"
+            assert shutdown_time <= ended < exit_time + 1.0, (
+                f"{outcome} {ended - shutdown_time:+.2f} s from the gRPC server's shutdown, "
+                f"{ended - exit_time:+.2f} s from the exit")
     assert len(raced) <= len(clients), raced
     for outcome, tokens, _ in completed:
         assert tokens == 16
