@@ -9,6 +9,7 @@
 #include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/random_model.h"
+#include "server/kv_memory_plan.h"
 
 namespace tandem::server {
 namespace {
@@ -246,6 +247,15 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   if (!prefill_backend.ok()) return prefill_backend.status();
   m->backend_name_ = (*prefill_backend)->name();
   m->backends_.push_back(StrCat("prefill: ", (*prefill_backend)->name()));
+  // A separate draft model: opened now, as its weights and pages (as many
+  // blocks as the model's) come out of the same memory.
+  std::shared_ptr<const model::GgufFile> draft_file;
+  if (!options.draft_model_path.empty()) {
+    absl::StatusOr<std::unique_ptr<model::GgufFile>> opened =
+        model::GgufFile::Open(options.draft_model_path);
+    if (!opened.ok()) return opened.status();
+    draft_file = *std::move(opened);
+  }
   // The KV cache's size: --kv_cache_bytes, or a fraction of the memory the
   // backend has free, less what the weights will take of it.
   int64_t kv_cache_bytes = options.kv_cache_bytes;
@@ -256,16 +266,16 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       return absl::Status(free.status().code(),
                           StrCat("--kv_cache_memory_fraction: ", free.status().message()));
     }
-    int64_t weights = 0;
-    for (const model::GgufTensor& t : m->file_->tensors()) {
-      weights += (*prefill_backend)->WeightBytes(t.dtype, t.Rows(), t.dims.empty() ? 0 : t.dims[0]);
-    }
-    kv_cache_bytes =
-        static_cast<int64_t>(options.kv_cache_memory_fraction *
-                             static_cast<double>(std::max<int64_t>(0, *free - weights)));
+    absl::StatusOr<KvMemoryPlan> plan = PlanKvMemory(
+        *m->file_, shape, draft_file.get(), **prefill_backend, options.decode_kv_cache_bytes);
+    if (!plan.ok()) return plan.status();
+    kv_cache_bytes = KvBlocksFromFreeMemory(options.kv_cache_memory_fraction, *free, *plan) *
+                     static_cast<int64_t>(shape.BytesPerBlock());
     sized_by =
         StrCat("--kv_cache_memory_fraction=", options.kv_cache_memory_fraction, " (",
-               kv_cache_bytes, " bytes of ", *free, " free, less ", weights, " for the weights)");
+               kv_cache_bytes, " bytes of ", *free, " free, less ", plan->fixed_bytes,
+               " for the weights", options.decode_kv_cache_bytes > 0 ? " and the decode KV" : "",
+               draft_file != nullptr ? ", with the draft model's pages" : "", ")");
   }
   // Block ids are 32-bit: more blocks than that is a flag error, not a
   // wrapped-around count.
@@ -361,7 +371,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       return absl::InvalidArgumentError(
           "--draft_model and --draft_layers each name a draft model: set one");
     }
-    absl::Status s = m->LoadDraftModel(options, prefill_pool, decode_pool);
+    absl::Status s = m->LoadDraftModel(options, draft_file, prefill_pool, decode_pool);
     if (!s.ok()) return s;
     decoding_draft = (m->decode_ != nullptr ? m->decode_.get()
                                             : static_cast<worker::ModelWorker*>(m->prefill_.get()))
@@ -376,13 +386,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
 }
 
 absl::Status ServingModel::LoadDraftModel(
-    const ServingModelOptions& options,
+    const ServingModelOptions& options, std::shared_ptr<const model::GgufFile> file,
     const std::shared_ptr<kernels::cpu::ComputePool>& prefill_pool,
     const std::shared_ptr<kernels::cpu::ComputePool>& decode_pool) {
   const std::string& path = options.draft_model_path;
-  absl::StatusOr<std::unique_ptr<model::GgufFile>> opened = model::GgufFile::Open(path);
-  if (!opened.ok()) return opened.status();
-  std::shared_ptr<const model::GgufFile> file(*std::move(opened));
   absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> tok =
       tokenizer::BpeTokenizer::FromGguf(*file);
   if (!tok.ok()) {

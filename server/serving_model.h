@@ -102,8 +102,10 @@ class ServingModel {
 
  private:
   ServingModel() = default;
-  // Loads options.draft_model_path for both workers (after they exist).
+  // Binds the draft model (options.draft_model_path, opened as `file`) for
+  // both workers (after they exist).
   absl::Status LoadDraftModel(const ServingModelOptions& options,
+                              std::shared_ptr<const model::GgufFile> file,
                               const std::shared_ptr<kernels::cpu::ComputePool>& prefill_pool,
                               const std::shared_ptr<kernels::cpu::ComputePool>& decode_pool);
 

@@ -267,6 +267,30 @@ class Backend {
     }
   }
 
+  // SampleRows(), also giving for each row r with share_tokens[r] >= 0 that
+  // token's NucleusShare under draws[r] (SampleRowWithShare, sample_row.h;
+  // rows with -1 get {0, 1}), so verifying drafts sampled from a
+  // distribution copies 16 bytes a drafted token, not rows of the
+  // vocabulary. Waits, like CopyToHost. REQUIRES share_tokens and shares of
+  // x.rows entries, share_tokens[r] < x.cols. The default samples on the host.
+  virtual void SampleRowsWithShares(const Matrix& x, std::span<const RowDraw> draws,
+                                    std::span<int32_t> tokens,
+                                    std::span<const int32_t> share_tokens,
+                                    std::span<NucleusShare> shares) {
+    std::vector<float> scratch;
+    const float* host = HostRows(x, scratch);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const auto i = static_cast<size_t>(r);
+      const std::span<const float> row(host + r * x.cols, static_cast<size_t>(x.cols));
+      if (share_tokens[i] < 0) {
+        tokens[i] = SampleRow(row, draws[i]);
+        shares[i] = NucleusShare{};
+      } else {
+        tokens[i] = SampleRowWithShare(row, draws[i], share_tokens[i], &shares[i]);
+      }
+    }
+  }
+
   // For each row r of x: the log-probability of tokens[r] under the row's
   // log-softmax, and the row's `top` most likely tokens (rank order: larger
   // logit, then lower id) with theirs, as LogprobsOf (sample_row.h) gives

@@ -144,17 +144,54 @@ Nucleus NucleusOf(std::span<const float> row, const RowDraw& draw) {
   return {work.ids, work.weights, work.mass};
 }
 
+namespace {
+
+// The draw from the nucleus in `work` (mass > 0).
+int32_t DrawFromCut(const Work& cut, double u) {
+  const uint64_t target = sa::DrawTarget(u, cut.mass);
+  uint64_t cumulative = 0;
+  for (size_t j = 0; j < cut.ids.size(); ++j) {
+    cumulative += cut.weights[j];
+    if (cumulative > target) return cut.ids[j];
+  }
+  return cut.ids.back();  // unreachable: target < mass
+}
+
+// The point mass of a greedy draw: all of it on the argmax.
+NucleusShare GreedyShare(int32_t argmax, int32_t token) {
+  return {argmax == token ? uint64_t{1} : uint64_t{0}, 1};
+}
+
+NucleusShare ShareInCut(const Work& cut, int32_t token) {
+  const auto it = std::lower_bound(cut.ids.begin(), cut.ids.end(), token);
+  const bool inside = it != cut.ids.end() && *it == token;
+  return {inside ? cut.weights[static_cast<size_t>(it - cut.ids.begin())] : 0, cut.mass};
+}
+
+}  // namespace
+
 int32_t SampleRow(std::span<const float> row, const RowDraw& draw) {
   if (draw.temperature <= 0.0f || row.size() == 1) return ArgMax(row);
   Cut(row, draw, work);
   if (work.mass == 0) return ArgMax(row);  // only NaN logits get here (unsupported)
-  const uint64_t target = sa::DrawTarget(draw.u, work.mass);
-  uint64_t cumulative = 0;
-  for (size_t j = 0; j < work.ids.size(); ++j) {
-    cumulative += work.weights[j];
-    if (cumulative > target) return work.ids[j];
+  return DrawFromCut(work, draw.u);
+}
+
+int32_t SampleRowWithShare(std::span<const float> row, const RowDraw& draw, int32_t token,
+                           NucleusShare* share) {
+  if (draw.temperature <= 0.0f || row.size() == 1) {
+    const int32_t argmax = ArgMax(row);
+    *share = GreedyShare(argmax, token);
+    return argmax;
   }
-  return work.ids.back();  // unreachable: target < mass
+  Cut(row, draw, work);
+  if (work.mass == 0) {  // only NaN logits get here (unsupported)
+    const int32_t argmax = ArgMax(row);
+    *share = GreedyShare(argmax, token);
+    return argmax;
+  }
+  *share = ShareInCut(work, token);
+  return DrawFromCut(work, draw.u);
 }
 
 RowLogprobs LogprobsOf(std::span<const float> row, int32_t token, int top) {

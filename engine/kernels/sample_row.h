@@ -40,6 +40,13 @@ Nucleus NucleusOf(std::span<const float> row, const RowDraw& draw);
 // logit).
 int32_t SampleRow(std::span<const float> row, const RowDraw& draw);
 
+// SampleRow(row, draw), also giving `token`'s share of the draw's
+// distribution: its nucleus weight and the nucleus mass for a sampled draw;
+// for a greedy one (or a row of one logit) the point mass on the argmax,
+// {1, 1} there and {0, 1} elsewhere. REQUIRES 0 <= token < row.size().
+int32_t SampleRowWithShare(std::span<const float> row, const RowDraw& draw, int32_t token,
+                           NucleusShare* share);
+
 // Log-probabilities under the row's log-softmax (the model's distribution,
 // before temperature and cuts), in double precision, rounded to float.
 struct RowLogprobs {

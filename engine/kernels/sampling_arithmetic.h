@@ -47,6 +47,17 @@ struct RowDraw {
 };
 static_assert(sizeof(RowDraw) == 24);
 
+// A token's part of the distribution a draw samples from (SampleRowWithShare
+// in sample_row.h): the token is drawn with probability weight / mass,
+// exactly (integers, so every backend gives the same pair). Verifying a
+// draft sampled from a distribution needs only this of the target's row at
+// each drafted token.
+struct NucleusShare {
+  uint64_t weight = 0;  // the token's weight in the nucleus; 0 outside it
+  uint64_t mass = 1;    // the nucleus' mass, > 0
+};
+static_assert(sizeof(NucleusShare) == 16);
+
 namespace sampling_arithmetic {
 
 // w_i is at most kWeightScale, so a vocabulary below 2^20 tokens keeps every

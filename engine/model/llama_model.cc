@@ -16,9 +16,13 @@ using kernels::Weight;
 
 // Host-side cos/sin table: [position][pair] -> (cos, sin) of position * theta_i,
 // theta_i = base^(-2i/rotary_dims) / factor_i, computed in double precision.
+int64_t RopeTableElements(const ModelConfig& config) {
+  return int64_t{config.context_length} * (config.rotary_dims / 2) * 2;
+}
+
 std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<float>& factors) {
   const int pairs = config.rotary_dims / 2;
-  std::vector<float> table(static_cast<size_t>(config.context_length) * pairs * 2);
+  std::vector<float> table(static_cast<size_t>(RopeTableElements(config)));
   for (int i = 0; i < pairs; ++i) {
     double theta = std::pow(static_cast<double>(config.rope_base),
                             -2.0 * i / static_cast<double>(config.rotary_dims));
@@ -49,6 +53,22 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(std::shared_ptr<con
     return absl::Status(s.code(), StrCat("model '", model->file_->path(), "': ", s.message()));
   }
   return model;
+}
+
+absl::StatusOr<int64_t> LlamaModel::WeightBytes(const GgufFile& file,
+                                                const kernels::Backend& backend,
+                                                const ModelOverrides& overrides) {
+  absl::StatusOr<ModelConfig> config = ReadModelConfig(file, overrides);
+  if (!config.ok()) return config.status();
+  // BindWeights uploads each of these tensors once (rope_freqs is read on
+  // the host), then the rotary table as one float32 row.
+  int64_t bytes = 0;
+  for (const GgufTensor& t : file.tensors()) {
+    const bool bound = t.name.starts_with("blk.") || t.name == "token_embd.weight" ||
+                       t.name == "output_norm.weight" || t.name == "output.weight";
+    if (bound) bytes += backend.WeightBytes(t.dtype, t.Rows(), t.dims.empty() ? 0 : t.dims[0]);
+  }
+  return bytes + backend.WeightBytes(DType::kF32, 1, RopeTableElements(*config));
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::shared_ptr<const GgufFile> file,
@@ -238,6 +258,7 @@ absl::Status LlamaModel::ForwardGreedy(std::span<const SequenceInput> sequences,
   absl::StatusOr<int64_t> rows = ComputeLogits(sequences, layers);
   if (!rows.ok()) return rows.status();
   tokens_out->resize(static_cast<size_t>(*rows));
+  picked_rows_ = *rows;
   if (*rows > 0) backend_->ArgMaxRows(logits_.FirstRows(*rows), *tokens_out);
   return absl::OkStatus();
 }
@@ -245,12 +266,24 @@ absl::Status LlamaModel::ForwardGreedy(std::span<const SequenceInput> sequences,
 absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
                                        std::span<const kernels::RowDraw> draws,
                                        std::vector<int32_t>* tokens_out, SampledLogprobs* logprobs,
-                                       int layers) {
+                                       RowShares* shares, int layers) {
   int64_t logit_rows = 0;
   for (const SequenceInput& s : sequences) logit_rows += s.logits;
   if (static_cast<int64_t>(draws.size()) != logit_rows) {
     return absl::InvalidArgumentError(
         StrCat(draws.size(), " draws for ", logit_rows, " rows of logits"));
+  }
+  if (shares != nullptr && static_cast<int64_t>(shares->tokens.size()) != logit_rows) {
+    return absl::InvalidArgumentError(
+        StrCat(shares->tokens.size(), " share tokens for ", logit_rows, " rows of logits"));
+  }
+  if (shares != nullptr) {
+    for (int32_t t : shares->tokens) {
+      if (t < -1 || t >= config_.vocab) {
+        return absl::InvalidArgumentError(
+            StrCat("share token ", t, " is outside the vocabulary of ", config_.vocab));
+      }
+    }
   }
   const int top = logprobs == nullptr ? 0 : logprobs->top;
   if (top < 0 || top > std::min<int>(kernels::Backend::kMaxLogprobs, config_.vocab)) {
@@ -262,7 +295,13 @@ absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
   tokens_out->resize(n);
   if (n == 0) return absl::OkStatus();
   const kernels::Matrix logits = logits_.FirstRows(*rows);
-  backend_->SampleRows(logits, draws, *tokens_out);
+  picked_rows_ = *rows;
+  if (shares != nullptr) {
+    shares->share.resize(n);
+    backend_->SampleRowsWithShares(logits, draws, *tokens_out, shares->tokens, shares->share);
+  } else {
+    backend_->SampleRows(logits, draws, *tokens_out);
+  }
   if (logprobs != nullptr) {
     logprobs->token.resize(n);
     logprobs->top_ids.resize(n * static_cast<size_t>(top));
@@ -273,8 +312,21 @@ absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::LastLogitsRow(int64_t row, std::vector<float>* out) {
+  if (row < 0 || row >= picked_rows_) {
+    return absl::InvalidArgumentError(
+        StrCat("logits row ", row, " of a picked step of ", picked_rows_, " rows"));
+  }
+  const kernels::Matrix one{logits_.data + row * logits_.cols, 1, logits_.cols};
+  out->resize(static_cast<size_t>(logits_.cols));
+  backend_->CopyToHost(one, out->data());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> LlamaModel::ComputeLogits(std::span<const SequenceInput> sequences,
                                                   int layers) {
+  picked_rows_ = 0;  // the logits change
+  ++forward_passes_;
   const ModelConfig& c = config_;
   if (layers < 0 || layers > c.layers) {
     return absl::InvalidArgumentError(

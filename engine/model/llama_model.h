@@ -38,6 +38,14 @@ class LlamaModel {
                                                             int kv_blocks, int block_size,
                                                             const ModelOverrides& overrides = {});
 
+  // The bytes of `backend`'s memory that Create() on `file` takes for its
+  // weights: Backend::WeightBytes of every upload it makes, the rotary table
+  // included and a tensor bound twice (tied embeddings) counted once; not
+  // the KV cache or activations. Sizes the KV cache from free memory before
+  // anything is loaded.
+  static absl::StatusOr<int64_t> WeightBytes(const GgufFile& file, const kernels::Backend& backend,
+                                             const ModelOverrides& overrides = {});
+
   // The same weights bound to `backend`, using `other`'s KV cache (its
   // backend's storage): a second worker on the same device. `other` must
   // outlive the new model's use of the cache.
@@ -76,10 +84,26 @@ class LlamaModel {
     std::vector<int32_t> top_ids;     // [rows][top]
     std::vector<float> top_logprobs;  // [rows][top]
   };
+  // With `shares`, also each row's share of its drawn distribution for one
+  // token (Backend::SampleRowsWithShares): what verifying a draft sampled
+  // from a distribution needs of the target's row at each drafted token.
+  struct RowShares {
+    std::vector<int32_t> tokens;               // set by the caller, one a row; -1: none
+    std::vector<kernels::NucleusShare> share;  // [rows]
+  };
   absl::Status ForwardSample(std::span<const SequenceInput> sequences,
                              std::span<const kernels::RowDraw> draws,
                              std::vector<int32_t>* tokens_out, SampledLogprobs* logprobs = nullptr,
-                             int layers = 0);
+                             RowShares* shares = nullptr, int layers = 0);
+  // Row `row` of the logits the last forward pass picked tokens from, if it
+  // was ForwardGreedy() or ForwardSample() (config().vocab floats to host
+  // memory): valid until the next forward pass, so a caller that picks on
+  // the device copies only the rows it needs whole. InvalidArgument for a
+  // row it did not compute.
+  absl::Status LastLogitsRow(int64_t row, std::vector<float>* out);
+  // Forward passes run so far (of any kind): tells a caller holding a row
+  // number for LastLogitsRow() whether another pass came in between.
+  int64_t forward_passes() const { return forward_passes_; }
 
   // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks
   // shared by forked sequences. InvalidArgument for a block id out of range.
@@ -141,6 +165,8 @@ class LlamaModel {
   int64_t capacity_logit_rows_ = 0;
   std::vector<std::unique_ptr<kernels::DeviceBuffer>> buffers_;
   kernels::Matrix x_, h_, q_, k_, v_, attn_, gate_, up_, selected_, logits_;
+  int64_t picked_rows_ = 0;  // rows of logits_ the last ForwardGreedy/Sample picked from
+  int64_t forward_passes_ = 0;
 };
 
 }  // namespace tandem::model

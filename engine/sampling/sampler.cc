@@ -81,10 +81,17 @@ step::TokenId DrawFrom(std::span<const float> probabilities, double u) {
 }
 
 bool AcceptDraft(std::span<const float> p, std::span<const float> q, step::TokenId x, double u) {
-  const double px = p[static_cast<size_t>(x)];
-  const double qx = q[static_cast<size_t>(x)];
+  return AcceptDraftAt(p[static_cast<size_t>(x)], q[static_cast<size_t>(x)], u);
+}
+
+bool AcceptDraftAt(float p_x, float q_x, double u) {
   // Accept with probability min(1, p/q); u < p/q without dividing by a tiny q.
-  return u * qx < px;
+  return u * static_cast<double>(q_x) < static_cast<double>(p_x);
+}
+
+float ShareProbability(const kernels::NucleusShare& share) {
+  // Probabilities(): weight / mass in double, rounded to float once.
+  return static_cast<float>(static_cast<double>(share.weight) / static_cast<double>(share.mass));
 }
 
 step::TokenId DrawResidual(std::span<const float> p, std::span<const float> q, double u) {

@@ -46,6 +46,11 @@ step::TokenId DrawFrom(std::span<const float> probabilities, double u);
 // drawn from the residual max(0, p - q), renormalised. Together they give a
 // token distributed exactly as p, whatever q is.
 bool AcceptDraft(std::span<const float> p, std::span<const float> q, step::TokenId x, double u);
+// AcceptDraft() given p(x) and q(x) alone.
+bool AcceptDraftAt(float p_x, float q_x, double u);
+// The probability Probabilities() gives a token from its NucleusShare of
+// the same row and params (sample_row.h), bit for bit.
+float ShareProbability(const kernels::NucleusShare& share);
 step::TokenId DrawResidual(std::span<const float> p, std::span<const float> q, double u);
 
 // The log-probability of `token` and the `top` most likely tokens (ties by

@@ -28,6 +28,8 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "engine/kernels/sampling_arithmetic.h"
 #include "engine/speculative/proposer.h"
 #include "engine/step/step_plan.h"
 
@@ -52,6 +54,18 @@ bool NeedsTargetDistribution(const Draft& draft, const step::SamplingParams& par
 // Sample() draws generated token draw_index + i (one per row, k + 1 in all).
 // The same tokens as Verify() on those rows.
 Verification VerifySampled(std::span<const TokenId> sampled, const Draft& draft);
+
+// Verify() for a draft that needs the target's distribution
+// (NeedsTargetDistribution), from what a device gives without copying rows
+// of the vocabulary: shares[i] = drafted token i's NucleusShare of row i
+// under `params` (i < k; Backend::SampleRowsWithShares), bonus = row k's
+// own sample (drawn as Sample() draws generated token draw_index + k), and
+// row_logits(i) = row i's logits, asked for at most once: at the first
+// rejection, for the residual draw. The same tokens as Verify() on the rows.
+Verification VerifyFromShares(std::span<const kernels::NucleusShare> shares, TokenId bonus,
+                              absl::FunctionRef<std::vector<float>(size_t row)> row_logits,
+                              const Draft& draft, const step::SamplingParams& params,
+                              uint64_t draw_index);
 
 // The uniform streams of speculative sampling, apart from the token stream
 // that Sample() uses, so that no draw is used twice.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/check.h"
 #include "common/strings.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
@@ -110,28 +111,38 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     in.logits = s.sample ? 1 + static_cast<int32_t>(draft.size()) : 0;
     inputs.push_back(in);
   }
-  // A step whose sampled sequences have no drafts sampled from a
-  // distribution needs only each row's token (and its logprobs, when asked):
+  // A step needs only each row's token (and its logprobs, when asked),
   // drawn where the logits are (Backend::SampleRows, exactly the sampler's
   // draw), so a GPU copies token ids, not rows of the vocabulary. Row i of a
   // sequence is drawn as its generated token draw_index + i, and drafts are
-  // verified against those samples (speculative::VerifySampled).
+  // verified against those samples (speculative::VerifySampled). Drafts
+  // sampled from a distribution also need, at each drafted token, its share
+  // of the target's distribution (Backend::SampleRowsWithShares), and the
+  // logits of the one row where a draft is rejected
+  // (speculative::VerifyFromShares). Only such drafts with logprobs asked
+  // for copy every row (their emitted tokens are not the rows' samples).
   bool tokens_only = true;
+  bool any_shares = false;
   std::vector<kernels::RowDraw> draws;
+  share_tokens_.tokens.clear();
   sampled_logprobs_.top = 0;
   for (size_t i = 0; i < plan.sequences.size() && tokens_only; ++i) {
     const step::SequenceStep& s = plan.sequences[i];
     if (!s.sample) continue;
-    if (speculative::NeedsTargetDistribution(drafts[i], s.sampling)) {
+    const bool from_shares = speculative::NeedsTargetDistribution(drafts[i], s.sampling);
+    if (from_shares && s.logprobs > 0) {
       tokens_only = false;
       break;
     }
+    any_shares = any_shares || from_shares;
     sampled_logprobs_.top =
         std::max(sampled_logprobs_.top,
                  std::min({s.logprobs, model_->config().vocab, kernels::Backend::kMaxLogprobs}));
-    for (size_t row = 0; row <= drafts[i].tokens.size(); ++row) {
+    const std::vector<int32_t>& draft = drafts[i].tokens;
+    for (size_t row = 0; row <= draft.size(); ++row) {
       draws.push_back(sampling::RowDrawOf(
           s.sampling, sampling::UniformDraw(s.sampling.seed, s.draw_index + row)));
+      share_tokens_.tokens.push_back(from_shares && row < draft.size() ? draft[row] : -1);
     }
   }
   if (tokens_only) {
@@ -139,7 +150,8 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
         std::any_of(plan.sequences.begin(), plan.sequences.end(),
                     [](const step::SequenceStep& s) { return s.sample && s.logprobs > 0; });
     result.status = model_->ForwardSample(inputs, draws, &sampled_tokens_,
-                                          any_logprobs ? &sampled_logprobs_ : nullptr);
+                                          any_logprobs ? &sampled_logprobs_ : nullptr,
+                                          any_shares ? &share_tokens_ : nullptr);
     if (!result.status.ok()) return result;
     const auto top = static_cast<size_t>(sampled_logprobs_.top);
     size_t row = 0;
@@ -150,8 +162,21 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
       if (s.sample) {
         const speculative::Draft& draft = drafts[i];
         const size_t rows = draft.tokens.size() + 1;
-        speculative::Verification v = speculative::VerifySampled(
-            std::span<const int32_t>(sampled_tokens_.data() + row, rows), draft);
+        speculative::Verification v;
+        if (speculative::NeedsTargetDistribution(draft, s.sampling)) {
+          auto row_logits = [&](size_t at) {
+            std::vector<float> logits;
+            const absl::Status got = model_->LastLogitsRow(static_cast<int64_t>(row + at), &logits);
+            TANDEM_CHECK(got.ok(), "the rejected row's logits are this step's");
+            return logits;
+          };
+          v = speculative::VerifyFromShares(
+              std::span<const kernels::NucleusShare>(share_tokens_.share.data() + row, rows - 1),
+              sampled_tokens_[row + rows - 1], row_logits, draft, s.sampling, s.draw_index);
+        } else {
+          v = speculative::VerifySampled(
+              std::span<const int32_t>(sampled_tokens_.data() + row, rows), draft);
+        }
         for (size_t t = 0; t < v.tokens.size() && s.logprobs > 0; ++t) {
           step::TokenLogprobs l;
           l.token = v.tokens[t];

@@ -75,6 +75,7 @@ class ModelWorker : public step::Worker {
   // A tokens-only step's sampled tokens and logprobs, one per logits row.
   std::vector<int32_t> sampled_tokens_;
   model::LlamaModel::SampledLogprobs sampled_logprobs_;
+  model::LlamaModel::RowShares share_tokens_;  // drafted tokens' shares of the target's rows
 };
 
 }  // namespace tandem::worker

@@ -492,6 +492,26 @@ TEST_F(CudaOpsTest, SampleRowsDrawsTheHostTokenExactly) {
         << "row " << r << ": temperature " << d.temperature << ", top_k " << d.top_k << ", top_p "
         << d.top_p << ", u " << d.u << ", seed " << seed_;
   }
+  // With shares (what verifying a draft model's sampled drafts copies): the
+  // same tokens, and each asked-for token's share exactly the host's, for
+  // the sampled token (inside the nucleus), the top token, one far down the
+  // ranks (often outside it) and none (-1).
+  std::vector<int32_t> share_tokens(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t choices[] = {cpu_tokens[static_cast<size_t>(r)], 3, 100000, -1};
+    share_tokens[static_cast<size_t>(r)] = choices[r % 4];
+  }
+  std::vector<NucleusShare> gpu_shares(static_cast<size_t>(rows)), cpu_shares(gpu_shares.size());
+  std::vector<int32_t> gpu_shared_tokens(gpu_tokens.size()), cpu_shared_tokens(gpu_tokens.size());
+  gpu_->SampleRowsWithShares(x.gpu, draws, gpu_shared_tokens, share_tokens, gpu_shares);
+  cpu_->SampleRowsWithShares(x.cpu, draws, cpu_shared_tokens, share_tokens, cpu_shares);
+  EXPECT_EQ(gpu_shared_tokens, cpu_tokens);
+  EXPECT_EQ(cpu_shared_tokens, cpu_tokens);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto i = static_cast<size_t>(r);
+    EXPECT_EQ(gpu_shares[i].weight, cpu_shares[i].weight) << "row " << r << ", seed " << seed_;
+    EXPECT_EQ(gpu_shares[i].mass, cpu_shares[i].mass) << "row " << r << ", seed " << seed_;
+  }
 }
 
 // Logprobs: the alternatives' ids exactly the host's (rank order, ties by

@@ -256,6 +256,24 @@ TEST(SampleRowTest, CpuBackendSamplesEachRowAsSampleRow) {
                         draws[r]))
         << "row " << r;
   }
+  // With shares: the same tokens, and each asked-for token's share as
+  // SampleRowWithShare gives it ({0, 1} where none is asked for).
+  const std::vector<int32_t> share_tokens = {5, -1, tokens[2], 2999, -1, tokens[5]};
+  std::vector<int32_t> shared_tokens(draws.size());
+  std::vector<NucleusShare> shares(draws.size(), NucleusShare{7, 7});
+  backend.SampleRowsWithShares(x, draws, shared_tokens, share_tokens, shares);
+  EXPECT_EQ(shared_tokens, tokens);
+  for (size_t r = 0; r < draws.size(); ++r) {
+    NucleusShare expected;
+    if (share_tokens[r] >= 0) {
+      SampleRowWithShare(std::span<const float>(host).subspan(r * static_cast<size_t>(cols), cols),
+                         draws[r], share_tokens[r], &expected);
+    }
+    EXPECT_EQ(shares[r].weight, expected.weight) << "row " << r;
+    EXPECT_EQ(shares[r].mass, expected.mass) << "row " << r;
+  }
+  EXPECT_EQ(shares[0].mass, 1u) << "a greedy row's share is its point mass";
+  EXPECT_GT(shares[2].weight, 0u) << "a sampled token is inside its nucleus";
   const int top = 3;
   const size_t k = top;
   std::vector<float> token_logprobs(draws.size()), top_logprobs(draws.size() * k);

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
+#include "engine/kernels/sample_row.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/verify.h"
@@ -129,6 +131,105 @@ TEST(VerifyTest, VerifyingFromEveryRowsSampleIsVerify) {
     }
   }
   EXPECT_EQ(compared, 2 * 20 * 21);
+}
+
+// A share of a row (what a device copies for a drafted token) gives the
+// probability Probabilities() gives the token, bit for bit, and the sample
+// SampleRow draws.
+TEST(VerifyTest, AShareIsTheTokensProbabilityOfTheWholeRow) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  std::vector<float> row(300);
+  int inside = 0, outside = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    for (float& l : row) l = normal(rng);
+    SamplingParams params;
+    params.temperature = trial % 5 == 0 ? 0.0f : 0.4f + 0.1f * static_cast<float>(trial % 9);
+    params.top_k = (trial % 3) * 20;
+    params.top_p = trial % 2 == 0 ? 1.0f : 0.75f;
+    const std::vector<float> p = sampling::Probabilities(row, params);
+    const kernels::RowDraw draw = sampling::RowDrawOf(params, 0.37);
+    for (TokenId token = 0; token < 300; token += 7) {
+      kernels::NucleusShare share;
+      const TokenId sampled = kernels::SampleRowWithShare(row, draw, token, &share);
+      EXPECT_EQ(sampled, kernels::SampleRow(row, draw));
+      ASSERT_GT(share.mass, 0u);
+      EXPECT_EQ(sampling::ShareProbability(share), p[static_cast<size_t>(token)])
+          << "trial " << trial << ", token " << token;
+      (share.weight > 0 ? inside : outside) += 1;
+    }
+  }
+  EXPECT_GT(inside, 100);
+  EXPECT_GT(outside, 100) << "tokens outside the cuts have share 0";
+}
+
+// Verifying a draft model's sampled draft from the drafted tokens' shares,
+// the bonus row's sample and the one rejected row gives exactly Verify()'s
+// tokens from every row, and reads no other row.
+TEST(VerifyTest, VerifyingFromSharesIsVerify) {
+  constexpr size_t kVocab = 40;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  int compared = 0, all_accepted = 0, rejected = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t k = 1 + static_cast<size_t>(trial % 5);
+    SamplingParams params;
+    params.temperature = 0.6f + 0.2f * static_cast<float>(trial % 4);
+    params.top_k = trial % 3 == 0 ? 12 : 0;
+    params.top_p = trial % 2 == 0 ? 1.0f : 0.9f;
+    params.seed = static_cast<uint64_t>(trial);
+    std::vector<float> logits((k + 1) * kVocab);
+    for (float& l : logits) l = normal(rng);
+    // The draft model's distributions: near the target's (so most drafts
+    // pass) or random; its tokens drawn from them.
+    Draft draft;
+    for (size_t i = 0; i < k; ++i) {
+      std::vector<float> q = sampling::Probabilities(
+          std::span<const float>(logits).subspan(i * kVocab, kVocab), params);
+      double total = 0.0;
+      for (float& x : q) {
+        x = trial % 2 == 0 ? x + 0.05f * uniform(rng) : uniform(rng);
+        total += x;
+      }
+      for (float& x : q) x = static_cast<float>(x / total);
+      draft.tokens.push_back(sampling::DrawFrom(
+          q, SpeculativeDraw(params.seed, DrawStream::kDraftSample, static_cast<uint64_t>(i))));
+      draft.probabilities.push_back(std::move(q));
+    }
+    ASSERT_TRUE(NeedsTargetDistribution(draft, params));
+    const uint64_t draw_index = 3 * static_cast<uint64_t>(trial);
+    std::vector<kernels::NucleusShare> shares(k);
+    for (size_t i = 0; i < k; ++i) {
+      kernels::SampleRowWithShare(std::span<const float>(logits).subspan(i * kVocab, kVocab),
+                                  sampling::RowDrawOf(params, 0.5), draft.tokens[i], &shares[i]);
+    }
+    const TokenId bonus = sampling::Sample(
+        std::span<const float>(logits).subspan(k * kVocab, kVocab), params, draw_index + k);
+    std::vector<size_t> rows_read;
+    auto row_logits = [&](size_t row) {
+      rows_read.push_back(row);
+      const auto first = logits.begin() + static_cast<long>(row * kVocab);
+      return std::vector<float>(first, first + static_cast<long>(kVocab));
+    };
+    const Verification expected =
+        Verify(logits, static_cast<int32_t>(kVocab), draft, params, draw_index);
+    const Verification got = VerifyFromShares(shares, bonus, row_logits, draft, params, draw_index);
+    EXPECT_EQ(got.tokens, expected.tokens) << "trial " << trial;
+    EXPECT_EQ(got.accepted, expected.accepted) << "trial " << trial;
+    if (static_cast<size_t>(expected.accepted) == k) {
+      ++all_accepted;
+      EXPECT_TRUE(rows_read.empty()) << "no row is needed when every draft passes";
+    } else {
+      ++rejected;
+      EXPECT_EQ(rows_read, std::vector<size_t>{static_cast<size_t>(expected.accepted)})
+          << "only the rejected row is read";
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 400);
+  EXPECT_GT(all_accepted, 40);
+  EXPECT_GT(rejected, 40);
 }
 
 TEST(VerifyTest, OnlySampledDraftsFromADistributionNeedTheTargetsDistribution) {

@@ -214,7 +214,7 @@ void CudaBackend::FollowDecodeLane() {
 }
 
 void CudaBackend::RecordEvent(cudaEvent_t event, const char* what) {
-  if (narrowed_ != nullptr && stream_ == narrowed_->stream()) {
+  if (OnPartition()) {
     if (absl::Status s = narrowed_->RecordEvent(event); !s.ok()) {
       CheckCuda(cudaErrorInvalidResourceHandle, std::string(s.message()).c_str());
     }
@@ -236,8 +236,7 @@ void CudaBackend::UseStream(cudaStream_t next) {
               "cublasSetWorkspace");
   // cuBLAS sizes its grids for the SMs it may use: the partition's, or (0)
   // the whole device's.
-  const bool narrow = narrowed_ != nullptr && stream_ == narrowed_->stream();
-  CheckCublas(cublasSetSmCountTarget(cublas_, narrow ? narrowed_->sms() : 0),
+  CheckCublas(cublasSetSmCountTarget(cublas_, OnPartition() ? narrowed_->sms() : 0),
               "cublasSetSmCountTarget");
   uploads_.set_stream(stream_);
 }
@@ -253,6 +252,7 @@ CudaBackend::~CudaBackend() {
   cublas_workspace_.reset();
   argmax_tokens_.reset();
   sampling_weights_.reset();
+  nucleus_shares_.reset();
   logprobs_.reset();
   for (cudaEvent_t event : {switch_event_, ahead_event_}) {
     if (event != nullptr) cudaEventDestroy(event);
@@ -400,6 +400,19 @@ void CudaBackend::ArgMaxRows(const Matrix& x, std::span<int32_t> out) {
 
 void CudaBackend::SampleRows(const Matrix& x, std::span<const RowDraw> draws,
                              std::span<int32_t> tokens) {
+  SampleOnDevice(x, draws, tokens, {}, {});
+}
+
+void CudaBackend::SampleRowsWithShares(const Matrix& x, std::span<const RowDraw> draws,
+                                       std::span<int32_t> tokens,
+                                       std::span<const int32_t> share_tokens,
+                                       std::span<NucleusShare> shares) {
+  SampleOnDevice(x, draws, tokens, share_tokens, shares);
+}
+
+void CudaBackend::SampleOnDevice(const Matrix& x, std::span<const RowDraw> draws,
+                                 std::span<int32_t> tokens, std::span<const int32_t> share_tokens,
+                                 std::span<NucleusShare> shares) {
   const auto rows = static_cast<size_t>(x.rows);
   const auto cols = static_cast<size_t>(x.cols);
   // Launches of at most this many rows share one weight scratch (8 bytes a
@@ -415,19 +428,40 @@ void CudaBackend::SampleRows(const Matrix& x, std::span<const RowDraw> draws,
                     sampling_weights_, std::min(rows, kRowsPerLaunch) * cols * sizeof(uint64_t)))
               : nullptr;
   static_assert(sizeof(RowDraw) % sizeof(int32_t) == 0 && alignof(RowDraw) <= 256);
-  const auto* device_draws = reinterpret_cast<const RowDraw*>(
-      uploads_.Upload(UploadArena::Kind::kDraws,
-                      std::span<const int32_t>(reinterpret_cast<const int32_t*>(draws.data()),
-                                               rows * sizeof(RowDraw) / sizeof(int32_t))));
+  const std::span<const int32_t> draw_words(reinterpret_cast<const int32_t*>(draws.data()),
+                                            rows * sizeof(RowDraw) / sizeof(int32_t));
+  const bool with_shares = !share_tokens.empty();
+  const RowDraw* device_draws = nullptr;
+  const int32_t* device_share_tokens = nullptr;
+  if (with_shares) {  // both copies must stay valid: one call
+    const auto [d, t] = uploads_.UploadPair(UploadArena::Kind::kDraws, draw_words,
+                                            UploadArena::Kind::kTokens, share_tokens);
+    device_draws = reinterpret_cast<const RowDraw*>(d);
+    device_share_tokens = t;
+  } else {
+    device_draws =
+        reinterpret_cast<const RowDraw*>(uploads_.Upload(UploadArena::Kind::kDraws, draw_words));
+  }
+  auto* device_shares =
+      with_shares
+          ? static_cast<NucleusShare*>(OutputScratch(nucleus_shares_, rows * sizeof(NucleusShare)))
+          : nullptr;
   for (size_t first = 0; first < rows; first += kRowsPerLaunch) {
     const size_t count = std::min(kRowsPerLaunch, rows - first);
     LaunchSampleRows(x.data + first * cols, static_cast<int64_t>(count), x.cols,
-                     device_draws + first, weights, device_tokens + first, stream_);
+                     device_draws + first, weights, device_tokens + first,
+                     with_shares ? device_share_tokens + first : nullptr,
+                     with_shares ? device_shares + first : nullptr, stream_);
     CheckLaunch("LaunchSampleRows");
   }
   CheckCuda(cudaMemcpyAsync(tokens.data(), device_tokens, rows * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync (tokens to host)");
+  if (with_shares) {
+    CheckCuda(cudaMemcpyAsync(shares.data(), device_shares, rows * sizeof(NucleusShare),
+                              cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync (nucleus shares to host)");
+  }
   CheckCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   uploads_.Reset();
 }

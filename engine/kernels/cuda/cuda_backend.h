@@ -101,6 +101,9 @@ class CudaBackend final : public Backend {
   void ArgMaxRows(const Matrix& x, std::span<int32_t> out) override;
   void SampleRows(const Matrix& x, std::span<const RowDraw> draws,
                   std::span<int32_t> tokens) override;
+  void SampleRowsWithShares(const Matrix& x, std::span<const RowDraw> draws,
+                            std::span<int32_t> tokens, std::span<const int32_t> share_tokens,
+                            std::span<NucleusShare> shares) override;
   void LogprobRows(const Matrix& x, std::span<const int32_t> tokens, int top,
                    std::span<float> token_logprobs, std::span<int32_t> top_ids,
                    std::span<float> top_logprobs) override;
@@ -131,8 +134,14 @@ class CudaBackend final : public Backend {
   // and issues into the narrowed partition while the decode lane is busy,
   // into the whole device otherwise.
   void FollowDecodeLane();
+  // SampleRows(), with shares where share_tokens is not empty.
+  void SampleOnDevice(const Matrix& x, std::span<const RowDraw> draws, std::span<int32_t> tokens,
+                      std::span<const int32_t> share_tokens, std::span<NucleusShare> shares);
   // Issues from now on into `next`, after everything issued so far.
   void UseStream(cudaStream_t next);
+  // Whether work is issued into the narrowed partition (its green context's
+  // stream) now, rather than into the whole device.
+  bool OnPartition() const { return narrowed_ != nullptr && stream_ == narrowed_->stream(); }
   // Records `event` after everything issued so far into stream_ (on the
   // partition through its green context: GreenPartition::RecordEvent).
   void RecordEvent(cudaEvent_t event, const char* what);
@@ -165,6 +174,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> cublas_workspace_;   // fixed, so cuBLAS can be captured
   std::unique_ptr<DeviceBuffer> argmax_tokens_;      // ArgMaxRows' and SampleRows' output
   std::unique_ptr<DeviceBuffer> sampling_weights_;   // SampleRows' scratch: 8 bytes a logit
+  std::unique_ptr<DeviceBuffer> nucleus_shares_;     // SampleRowsWithShares' shares
   std::unique_ptr<DeviceBuffer> logprobs_;           // LogprobRows' outputs
   int64_t scratch_generation_ = 0;                   // bumped when a scratch buffer moves
   Mode mode_ = Mode::kIssue;

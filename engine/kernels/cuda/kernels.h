@@ -68,10 +68,13 @@ void LaunchGatherRows(const float* x, int64_t cols, const int32_t* rows, int64_t
 void LaunchArgMaxRows(const float* x, int64_t rows, int64_t cols, int32_t* out,
                       cudaStream_t stream);
 // tokens[r] = kernels::SampleRow(row r, draws[r]) bit for bit (sample_row.h;
-// NaN logits unsupported). `weights` is [rows][cols] scratch.
+// NaN logits unsupported). `weights` is [rows][cols] scratch. With `shares`
+// (else null, as share_tokens), also shares[r] = share_tokens[r]'s share as
+// SampleRowWithShare gives it ({0, 1} where share_tokens[r] is -1).
 // REQUIRES cols <= sampling_arithmetic::kMaxVocabulary.
 void LaunchSampleRows(const float* x, int64_t rows, int64_t cols, const RowDraw* draws,
-                      uint64_t* weights, int32_t* tokens, cudaStream_t stream);
+                      uint64_t* weights, int32_t* tokens, const int32_t* share_tokens,
+                      NucleusShare* shares, cudaStream_t stream);
 // kernels::LogprobsOf(row r, tokens[r], top) per row (token_logprobs [rows],
 // top_ids and top_logprobs [rows][top]): ids exact, values summed in another
 // order. REQUIRES 0 <= top <= min(cols, kMaxDeviceLogprobs).

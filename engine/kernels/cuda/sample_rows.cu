@@ -14,7 +14,8 @@
 //      nucleus is every token ranked at or above it;
 //   5. the draw: each thread sums the nucleus weight of a contiguous slice
 //      of ids, a block-wide exclusive scan places the slices, and the thread
-//      whose slice holds DrawTarget(u, Z_N) walks it to the token.
+//      whose slice holds DrawTarget(u, Z_N) walks it to the token (and,
+//      where asked, thread 0 writes one token's nucleus weight with Z_N).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -143,20 +144,30 @@ __device__ uint64_t SelectRankKey(const float* row, const uint64_t* weights, int
   return prefix;
 }
 
+// With `shares`, also share_tokens[row]'s NucleusShare (SampleRowWithShare
+// in sample_row.h), written by thread 0 (-1: {0, 1}).
 __global__ void __launch_bounds__(kThreads)
     SampleRowsKernel(const float* x, int64_t cols, const RowDraw* draws, uint64_t* weight_rows,
-                     int32_t* tokens) {
+                     int32_t* tokens, const int32_t* share_tokens, NucleusShare* shares) {
   __shared__ uint64_t warp_sums[kWarps];
   __shared__ uint64_t buckets[256];
   __shared__ uint64_t shared_prefix, shared_remaining;
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   uint64_t* weights = weight_rows + static_cast<int64_t>(blockIdx.x) * cols;
   const RowDraw draw = draws[blockIdx.x];
+  const int32_t share_token = shares != nullptr ? share_tokens[blockIdx.x] : -1;
+  // The point mass of a greedy draw (or of a row without weights).
+  auto greedy_share = [&](int32_t argmax) {
+    if (shares != nullptr && threadIdx.x == 0) {
+      shares[blockIdx.x] = NucleusShare{share_token >= 0 && share_token == argmax ? 1u : 0u, 1};
+    }
+  };
 
   // 1. The largest logit, the lowest id among equal ones.
   const int32_t token = BlockArgMax(row, cols);
   if (draw.temperature <= 0.0f || cols == 1) {
     if (threadIdx.x == 0) tokens[blockIdx.x] = token;
+    greedy_share(token);
     return;
   }
   const float max = row[token];
@@ -182,6 +193,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t total = BlockSum(partial, warp_sums);  // also orders the weight writes
   if (total == 0) {  // only NaN logits get here (unsupported): SampleRow's rule
     if (threadIdx.x == 0) tokens[blockIdx.x] = token;
+    greedy_share(token);
     return;
   }
 
@@ -205,6 +217,10 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t slice_mass = 0;
   for (int64_t c = begin; c < end; ++c) slice_mass += nucleus_weight(c);
   const uint64_t nucleus_mass = BlockSum(slice_mass, warp_sums);
+  if (shares != nullptr && threadIdx.x == 0) {
+    shares[blockIdx.x] =
+        share_token >= 0 ? NucleusShare{nucleus_weight(share_token), nucleus_mass} : NucleusShare{};
+  }
   const uint64_t target = sa::DrawTarget(draw.u, nucleus_mass);
   uint64_t cumulative = BlockExclusiveScan(slice_mass, warp_sums);
   if (cumulative <= target && target < cumulative + slice_mass) {
@@ -282,10 +298,11 @@ void LaunchLogprobRows(const float* x, int64_t rows, int64_t cols, const int32_t
 }
 
 void LaunchSampleRows(const float* x, int64_t rows, int64_t cols, const RowDraw* draws,
-                      uint64_t* weights, int32_t* tokens, cudaStream_t stream) {
+                      uint64_t* weights, int32_t* tokens, const int32_t* share_tokens,
+                      NucleusShare* shares, cudaStream_t stream) {
   if (rows == 0) return;
-  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, draws, weights,
-                                                                         tokens);
+  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      x, cols, draws, weights, tokens, share_tokens, shares);
 }
 
 }  // namespace tandem::kernels::cuda
