@@ -38,22 +38,29 @@ absl::Status DraftModelProposer::Shadow(const step::StepPlan& plan) {
     if (drafts) first_round_row_[&s] = rows++;
   }
   if (inputs.empty()) return absl::OkStatus();
-  return model_->Forward(inputs, &shadow_logits_);
+  // Greedy picks where the logits are; sampled requests' rows are read by
+  // Propose() while this pass is still the model's latest.
+  absl::Status s = model_->ForwardGreedy(inputs, &shadow_argmax_);
+  shadow_pass_ = model_->forward_passes();
+  return s;
 }
 
 absl::Status DraftModelProposer::Propose(std::span<const DraftRequest> requests,
                                          std::vector<Draft>* drafts) {
-  const size_t vocab = static_cast<size_t>(model_->config().vocab);
-  std::vector<float> first_round(requests.size() * vocab);
+  if (!requests.empty() && model_->forward_passes() != shadow_pass_) {
+    return absl::InternalError(
+        "draft model: another pass ran between the shadow pass and drafting");
+  }
+  std::vector<size_t> rows(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     auto row = first_round_row_.find(requests[i].step);
     if (row == first_round_row_.end()) {
       return absl::InternalError("draft model: a drafting step was not shadowed");
     }
-    std::copy_n(shadow_logits_.begin() + static_cast<std::ptrdiff_t>(row->second * vocab), vocab,
-                first_round.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+    rows[i] = row->second;
   }
-  return DraftRounds(*model_, 0, requests, first_round, drafts, &logits_);
+  const FirstRound first_round{shadow_argmax_, rows};
+  return DraftRounds(*model_, 0, requests, &first_round, drafts);
 }
 
 absl::Status DraftModelProposer::CatchUp(const step::StepPlan& plan, std::span<const Draft> drafts,

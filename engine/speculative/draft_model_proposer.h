@@ -51,10 +51,12 @@ class DraftModelProposer final : public DraftProposer {
  private:
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<model::LlamaModel> model_;
-  // From Shadow(): the first-round logits row of each drafting step.
+  // From Shadow(): the first-round logits row of each drafting step, the
+  // rows' argmax, and the pass's number (LlamaModel::forward_passes).
   absl::flat_hash_map<const step::SequenceStep*, size_t> first_round_row_;
-  std::vector<float> shadow_logits_;
-  std::vector<float> logits_;
+  std::vector<TokenId> shadow_argmax_;
+  int64_t shadow_pass_ = -1;
+  std::vector<float> logits_;  // CatchUp()'s (no rows: logits = 0)
 };
 
 }  // namespace tandem::speculative

@@ -6,12 +6,13 @@
 namespace tandem::speculative {
 
 absl::Status DraftRounds(model::LlamaModel& model, int layers,
-                         std::span<const DraftRequest> requests, std::span<const float> first_round,
-                         std::vector<Draft>* drafts, std::vector<float>* logits) {
+                         std::span<const DraftRequest> requests, const FirstRound* first_round,
+                         std::vector<Draft>* drafts) {
   drafts->assign(requests.size(), Draft{});
-  const size_t vocab = static_cast<size_t>(model.config().vocab);
   std::vector<TokenId> next(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) next[i] = requests[i].step->tokens.back();
+  std::vector<TokenId> argmax;
+  std::vector<float> row;
   for (int32_t round = 0;; ++round) {
     std::vector<model::SequenceInput> inputs;
     std::vector<size_t> members;
@@ -27,26 +28,28 @@ absl::Status DraftRounds(model::LlamaModel& model, int layers,
       members.push_back(i);
     }
     if (inputs.empty()) return absl::OkStatus();
-    const bool given = round == 0 && !first_round.empty();
+    const bool given = round == 0 && first_round != nullptr;
     if (!given) {
-      if (absl::Status st = model.Forward(inputs, logits, layers); !st.ok()) return st;
+      if (absl::Status st = model.ForwardGreedy(inputs, &argmax, layers); !st.ok()) return st;
     }
     for (size_t m = 0; m < members.size(); ++m) {
       const size_t i = members[m];
       const step::SequenceStep& s = *requests[i].step;
-      const std::span<const float> row =
-          given ? first_round.subspan(i * vocab, vocab)
-                : std::span<const float>(logits->data() + m * vocab, vocab);
+      const size_t at = given ? first_round->rows[i] : m;  // the row in the last pass
       Draft& draft = (*drafts)[i];
       const uint64_t index = s.draw_index + static_cast<uint64_t>(round);
       TokenId token;
       if (s.sampling.temperature > 0.0f) {
+        if (absl::Status st = model.LastLogitsRow(static_cast<int64_t>(at), &row); !st.ok()) {
+          return st;
+        }
         std::vector<float> q = sampling::Probabilities(row, s.sampling);
         token = sampling::DrawFrom(
             q, SpeculativeDraw(s.sampling.seed, DrawStream::kDraftSample, index));
         draft.probabilities.push_back(std::move(q));
       } else {
-        token = sampling::Sample(row, s.sampling, index);
+        // Sample() of a greedy request: the argmax (lowest id among equals).
+        token = given ? first_round->argmax[at] : argmax[m];
       }
       draft.tokens.push_back(token);
       next[i] = token;

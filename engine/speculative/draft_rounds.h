@@ -2,8 +2,10 @@
 // sequence's newest token (the step's last token, then its own drafts) to a
 // draft model at the next position and drafts one more token, batched over
 // the sequences still drafting. Greedy requests get the draft's argmax (point
-// masses); sampling requests get tokens sampled from the draft's
-// distribution, which is returned for rejection sampling.
+// masses), picked where the logits are (LlamaModel::ForwardGreedy: a GPU
+// copies token ids); sampling requests get tokens sampled from the draft's
+// distribution, which is returned for rejection sampling, so only their
+// rows are copied whole (LlamaModel::LastLogitsRow).
 #ifndef TANDEM_ENGINE_SPECULATIVE_DRAFT_ROUNDS_H_
 #define TANDEM_ENGINE_SPECULATIVE_DRAFT_ROUNDS_H_
 
@@ -15,13 +17,19 @@
 
 namespace tandem::speculative {
 
-// `layers`: as LlamaModel::Forward (0: all). `first_round`: when not empty,
-// the draft's next-token logits after each request's last token, already
-// computed (one row of vocab floats per request, in order); round one then
-// runs no forward pass. `logits`: scratch.
+// Round one already computed by the draft model's last forward pass (a
+// ForwardGreedy(), which must be the model's latest pass): requests[i]'s row
+// in it is rows[i], whose argmax is argmax[rows[i]].
+struct FirstRound {
+  std::span<const TokenId> argmax;
+  std::span<const size_t> rows;
+};
+
+// `layers`: as LlamaModel::Forward (0: all). `first_round`: null, or round
+// one as above (then it runs no forward pass).
 absl::Status DraftRounds(model::LlamaModel& model, int layers,
-                         std::span<const DraftRequest> requests, std::span<const float> first_round,
-                         std::vector<Draft>* drafts, std::vector<float>* logits);
+                         std::span<const DraftRequest> requests, const FirstRound* first_round,
+                         std::vector<Draft>* drafts);
 
 }  // namespace tandem::speculative
 

@@ -13,7 +13,7 @@ SelfDraftProposer::SelfDraftProposer(model::LlamaModel* model, int layers)
 
 absl::Status SelfDraftProposer::Propose(std::span<const DraftRequest> requests,
                                         std::vector<Draft>* drafts) {
-  return DraftRounds(*model_, layers_, requests, {}, drafts, &logits_);
+  return DraftRounds(*model_, layers_, requests, nullptr, drafts);
 }
 
 }  // namespace tandem::speculative

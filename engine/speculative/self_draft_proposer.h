@@ -27,7 +27,6 @@ class SelfDraftProposer final : public DraftProposer {
  private:
   model::LlamaModel* model_;
   int layers_;
-  std::vector<float> logits_;
 };
 
 }  // namespace tandem::speculative
