@@ -14,12 +14,12 @@ using kernels::DType;
 using kernels::Matrix;
 using kernels::Weight;
 
-// Host-side cos/sin table: [position][pair] -> (cos, sin) of position * theta_i,
-// theta_i = base^(-2i/rotary_dims) / factor_i, computed in double precision.
 int64_t RopeTableElements(const ModelConfig& config) {
   return int64_t{config.context_length} * (config.rotary_dims / 2) * 2;
 }
 
+// Host-side cos/sin table: [position][pair] -> (cos, sin) of position * theta_i,
+// theta_i = base^(-2i/rotary_dims) / factor_i, computed in double precision.
 std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<float>& factors) {
   const int pairs = config.rotary_dims / 2;
   std::vector<float> table(static_cast<size_t>(RopeTableElements(config)));
@@ -39,9 +39,9 @@ std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<f
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(std::shared_ptr<const GgufFile> file,
-                                                             kernels::Backend* backend,
-                                                             const ModelOverrides& overrides) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(
+    std::shared_ptr<const GgufFile> file, kernels::Backend* backend,
+    const ModelOverrides& overrides, std::shared_ptr<const std::vector<float>> rope_table) {
   absl::StatusOr<ModelConfig> config = ReadModelConfig(*file, overrides);
   if (!config.ok()) return config.status();
   std::unique_ptr<LlamaModel> model(new LlamaModel());
@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(std::shared_ptr<con
   model->backend_ = backend;
   model->overrides_ = overrides;
   model->config_ = *std::move(config);
+  model->rope_table_host_ = std::move(rope_table);
   if (absl::Status s = model->BindWeights(); !s.ok()) {
     return absl::Status(s.code(), StrCat("model '", model->file_->path(), "': ", s.message()));
   }
@@ -81,21 +82,40 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::shared_ptr<c
   }
   absl::StatusOr<std::unique_ptr<LlamaModel>> model = Bind(std::move(file), backend, overrides);
   if (!model.ok()) return model.status();
-  (*model)->block_size_ = block_size;
-  (*model)->kv_blocks_ = kv_blocks;
+  if (absl::Status s = (*model)->CreateKvCache(kv_blocks, block_size); !s.ok()) return s;
+  return model;
+}
+
+absl::Status LlamaModel::CreateKvCache(int kv_blocks, int block_size) {
+  block_size_ = block_size;
+  kv_blocks_ = kv_blocks;
   kernels::KvCacheShape shape;
-  shape.layers = (*model)->config_.layers;
+  shape.layers = config_.layers;
   shape.blocks = kv_blocks;
   shape.block_size = block_size;
-  shape.kv_heads = (*model)->config_.kv_heads;
-  shape.head_dim = (*model)->config_.head_dim;
-  if (absl::Status s = backend->CreateKvCache(shape); !s.ok()) return s;
+  shape.kv_heads = config_.kv_heads;
+  shape.head_dim = config_.head_dim;
+  return backend_->CreateKvCache(shape);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateLike(const LlamaModel& other,
+                                                                   kernels::Backend* backend,
+                                                                   int kv_blocks) {
+  if (kv_blocks < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("the KV cache needs at least one block (got ", kv_blocks, ")"));
+  }
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      Bind(other.file_, backend, other.overrides_, other.rope_table_host_);
+  if (!model.ok()) return model.status();
+  if (absl::Status s = (*model)->CreateKvCache(kv_blocks, other.block_size_); !s.ok()) return s;
   return model;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateSharingKv(const LlamaModel& other,
                                                                         kernels::Backend* backend) {
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model = Bind(other.file_, backend, other.overrides_);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      Bind(other.file_, backend, other.overrides_, other.rope_table_host_);
   if (!model.ok()) return model.status();
   (*model)->block_size_ = other.block_size_;
   (*model)->kv_blocks_ = other.kv_blocks_;
@@ -189,11 +209,13 @@ absl::Status LlamaModel::BindWeights() {
     const auto* f = reinterpret_cast<const float*>(t->data);
     factors.assign(f, f + c.rotary_dims / 2);
   }
-  rope_table_host_ = BuildRopeTable(c, factors);
+  if (rope_table_host_ == nullptr) {
+    rope_table_host_ = std::make_shared<const std::vector<float>>(BuildRopeTable(c, factors));
+  }
   // One row (RopeSpec): a float32 matrix would also get a bf16 copy for
   // products on the GPU, unused here and ~33 MB at a 131k context.
   absl::StatusOr<Weight> table = backend_->UploadWeight(
-      DType::kF32, 1, static_cast<int64_t>(rope_table_host_.size()), rope_table_host_.data());
+      DType::kF32, 1, static_cast<int64_t>(rope_table_host_->size()), rope_table_host_->data());
   if (!table.ok()) return table.status();
   rope_.table = *table;
   rope_.rotary_dims = c.rotary_dims;
@@ -267,6 +289,7 @@ absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
                                        std::span<const kernels::RowDraw> draws,
                                        std::vector<int32_t>* tokens_out, SampledLogprobs* logprobs,
                                        RowShares* shares, int layers) {
+  picked_rows_ = 0;  // also after a refused call: the last pass's rows are not this one's
   int64_t logit_rows = 0;
   for (const SequenceInput& s : sequences) logit_rows += s.logits;
   if (static_cast<int64_t>(draws.size()) != logit_rows) {
@@ -317,9 +340,35 @@ absl::Status LlamaModel::LastLogitsRow(int64_t row, std::vector<float>* out) {
     return absl::InvalidArgumentError(
         StrCat("logits row ", row, " of a picked step of ", picked_rows_, " rows"));
   }
-  const kernels::Matrix one{logits_.data + row * logits_.cols, 1, logits_.cols};
-  out->resize(static_cast<size_t>(logits_.cols));
-  backend_->CopyToHost(one, out->data());
+  const auto one = static_cast<int32_t>(row);
+  return LastLogitsRows({&one, 1}, out);
+}
+
+absl::Status LlamaModel::LastLogitsRows(std::span<const int32_t> rows, std::vector<float>* out) {
+  for (int32_t row : rows) {
+    if (row < 0 || row >= picked_rows_) {
+      return absl::InvalidArgumentError(
+          StrCat("logits row ", row, " of a picked step of ", picked_rows_, " rows"));
+    }
+  }
+  const int64_t cols = logits_.cols;
+  out->resize(rows.size() * static_cast<size_t>(cols));
+  if (rows.size() <= 1) {
+    if (!rows.empty()) {
+      backend_->CopyToHost(Matrix{logits_.data + rows[0] * cols, 1, cols}, out->data());
+    }
+    return absl::OkStatus();
+  }
+  const size_t bytes = out->size() * sizeof(float);
+  if (gathered_ == nullptr || gathered_->bytes() < bytes) {
+    absl::StatusOr<std::unique_ptr<kernels::DeviceBuffer>> buffer = backend_->Allocate(bytes);
+    if (!buffer.ok()) return buffer.status();
+    gathered_ = *std::move(buffer);
+  }
+  const Matrix gathered{static_cast<float*>(gathered_->data()), static_cast<int64_t>(rows.size()),
+                        cols};
+  backend_->GatherRows(logits_.FirstRows(picked_rows_), rows, gathered);
+  backend_->CopyToHost(gathered, out->data());
   return absl::OkStatus();
 }
 

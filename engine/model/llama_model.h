@@ -51,6 +51,12 @@ class LlamaModel {
   // outlive the new model's use of the cache.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> CreateSharingKv(const LlamaModel& other,
                                                                      kernels::Backend* backend);
+  // The same weights bound to `backend` with a KV cache of its own of
+  // `kv_blocks` blocks (other's block size): a second worker whose pages
+  // move between the two.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> CreateLike(const LlamaModel& other,
+                                                                kernels::Backend* backend,
+                                                                int kv_blocks);
 
   const ModelConfig& config() const { return config_; }
   int block_size() const { return block_size_; }
@@ -101,6 +107,10 @@ class LlamaModel {
   // the device copies only the rows it needs whole. InvalidArgument for a
   // row it did not compute.
   absl::Status LastLogitsRow(int64_t row, std::vector<float>* out);
+  // LastLogitsRow() of several rows at once, one after another in `out`
+  // (rows.size() x config().vocab floats): a device gathers them and copies
+  // once.
+  absl::Status LastLogitsRows(std::span<const int32_t> rows, std::vector<float>* out);
   // Forward passes run so far (of any kind): tells a caller holding a row
   // number for LastLogitsRow() whether another pass came in between.
   int64_t forward_passes() const { return forward_passes_; }
@@ -127,9 +137,12 @@ class LlamaModel {
   };
 
   LlamaModel() = default;
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Bind(std::shared_ptr<const GgufFile> file,
-                                                          kernels::Backend* backend,
-                                                          const ModelOverrides& overrides);
+  // `rope_table`: another model's (same file and overrides), or null to build one.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Bind(
+      std::shared_ptr<const GgufFile> file, kernels::Backend* backend,
+      const ModelOverrides& overrides,
+      std::shared_ptr<const std::vector<float>> rope_table = nullptr);
+  absl::Status CreateKvCache(int kv_blocks, int block_size);
   absl::Status BindWeights();
   absl::Status EnsureCapacity(int64_t tokens, int64_t logit_rows);
   // Forward()'s body: computes the logits rows into logits_ and returns how
@@ -150,7 +163,10 @@ class LlamaModel {
 
   kernels::Weight token_embedding_, output_norm_, output_;
   std::vector<Layer> layers_;
-  std::vector<float> rope_table_host_;
+  // Shared by the models bound from one another (CreateSharingKv,
+  // CreateLike), so a backend that copies weights once per host address
+  // (the GPU's) keeps one device copy of it.
+  std::shared_ptr<const std::vector<float>> rope_table_host_;
   kernels::RopeSpec rope_;
 
   bool step_graphs_ = true;
@@ -166,6 +182,7 @@ class LlamaModel {
   std::vector<std::unique_ptr<kernels::DeviceBuffer>> buffers_;
   kernels::Matrix x_, h_, q_, k_, v_, attn_, gate_, up_, selected_, logits_;
   int64_t picked_rows_ = 0;  // rows of logits_ the last ForwardGreedy/Sample picked from
+  std::unique_ptr<kernels::DeviceBuffer> gathered_;  // LastLogitsRows' rows on the device
   int64_t forward_passes_ = 0;
 };
 

@@ -11,8 +11,9 @@ absl::Status DraftRounds(model::LlamaModel& model, int layers,
   drafts->assign(requests.size(), Draft{});
   std::vector<TokenId> next(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) next[i] = requests[i].step->tokens.back();
+  const size_t vocab = static_cast<size_t>(model.config().vocab);
   std::vector<TokenId> argmax;
-  std::vector<float> row;
+  std::vector<float> rows;
   for (int32_t round = 0;; ++round) {
     std::vector<model::SequenceInput> inputs;
     std::vector<size_t> members;
@@ -32,24 +33,35 @@ absl::Status DraftRounds(model::LlamaModel& model, int layers,
     if (!given) {
       if (absl::Status st = model.ForwardGreedy(inputs, &argmax, layers); !st.ok()) return st;
     }
+    // The row of each member in the last pass; sampled members' rows are
+    // copied whole, all at once.
+    auto row_of = [&](size_t m) { return given ? first_round->rows[members[m]] : m; };
+    std::vector<int32_t> sampled_rows;
+    for (size_t m = 0; m < members.size(); ++m) {
+      if (requests[members[m]].step->sampling.temperature > 0.0f) {
+        sampled_rows.push_back(static_cast<int32_t>(row_of(m)));
+      }
+    }
+    if (!sampled_rows.empty()) {
+      if (absl::Status st = model.LastLogitsRows(sampled_rows, &rows); !st.ok()) return st;
+    }
+    size_t next_sampled = 0;
     for (size_t m = 0; m < members.size(); ++m) {
       const size_t i = members[m];
       const step::SequenceStep& s = *requests[i].step;
-      const size_t at = given ? first_round->rows[i] : m;  // the row in the last pass
       Draft& draft = (*drafts)[i];
       const uint64_t index = s.draw_index + static_cast<uint64_t>(round);
       TokenId token;
       if (s.sampling.temperature > 0.0f) {
-        if (absl::Status st = model.LastLogitsRow(static_cast<int64_t>(at), &row); !st.ok()) {
-          return st;
-        }
+        const std::span<const float> row =
+            std::span<const float>(rows).subspan(next_sampled++ * vocab, vocab);
         std::vector<float> q = sampling::Probabilities(row, s.sampling);
         token = sampling::DrawFrom(
             q, SpeculativeDraw(s.sampling.seed, DrawStream::kDraftSample, index));
         draft.probabilities.push_back(std::move(q));
       } else {
         // Sample() of a greedy request: the argmax (lowest id among equals).
-        token = given ? first_round->argmax[at] : argmax[m];
+        token = given ? first_round->argmax[row_of(m)] : argmax[m];
       }
       draft.tokens.push_back(token);
       next[i] = token;

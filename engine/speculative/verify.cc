@@ -27,31 +27,40 @@ Verification VerifySampled(std::span<const TokenId> sampled, const Draft& draft)
   return out;
 }
 
-Verification VerifyFromShares(std::span<const kernels::NucleusShare> shares, TokenId bonus,
-                              absl::FunctionRef<std::vector<float>(size_t row)> row_logits,
-                              const Draft& draft, const step::SamplingParams& params,
-                              uint64_t draw_index) {
+size_t AcceptedFromShares(std::span<const kernels::NucleusShare> shares, const Draft& draft,
+                          const step::SamplingParams& params, uint64_t draw_index) {
   const size_t k = draft.tokens.size();
   TANDEM_CHECK(NeedsTargetDistribution(draft, params) && draft.probabilities.size() == k &&
                    shares.size() == k,
                "verification from shares needs a sampled draft and one share per token");
-  Verification out;
   for (size_t i = 0; i < k; ++i) {
-    const uint64_t index = draw_index + i;
     const TokenId drafted = draft.tokens[i];
     const float q_x = draft.probabilities[i][static_cast<size_t>(drafted)];
-    if (sampling::AcceptDraftAt(sampling::ShareProbability(shares[i]), q_x,
-                                SpeculativeDraw(params.seed, DrawStream::kAccept, index))) {
-      out.tokens.push_back(drafted);
-      ++out.accepted;
-      continue;
+    if (!sampling::AcceptDraftAt(
+            sampling::ShareProbability(shares[i]), q_x,
+            SpeculativeDraw(params.seed, DrawStream::kAccept, draw_index + i))) {
+      return i;
     }
-    const std::vector<float> p = sampling::Probabilities(row_logits(i), params);
-    out.tokens.push_back(sampling::DrawResidual(
-        p, draft.probabilities[i], SpeculativeDraw(params.seed, DrawStream::kResidual, index)));
+  }
+  return k;
+}
+
+Verification VerifyFromShares(std::span<const kernels::NucleusShare> shares, TokenId bonus,
+                              std::span<const float> rejected_row, const Draft& draft,
+                              const step::SamplingParams& params, uint64_t draw_index) {
+  const size_t accepted = AcceptedFromShares(shares, draft, params, draw_index);
+  Verification out;
+  out.tokens.assign(draft.tokens.begin(), draft.tokens.begin() + static_cast<long>(accepted));
+  out.accepted = static_cast<int32_t>(accepted);
+  if (accepted == draft.tokens.size()) {
+    out.tokens.push_back(bonus);  // every draft accepted
     return out;
   }
-  out.tokens.push_back(bonus);  // every draft accepted
+  TANDEM_CHECK(!rejected_row.empty(), "a rejected draft needs its row's logits");
+  const std::vector<float> p = sampling::Probabilities(rejected_row, params);
+  out.tokens.push_back(sampling::DrawResidual(
+      p, draft.probabilities[accepted],
+      SpeculativeDraw(params.seed, DrawStream::kResidual, draw_index + accepted)));
   return out;
 }
 

@@ -28,7 +28,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "engine/kernels/sampling_arithmetic.h"
 #include "engine/speculative/proposer.h"
 #include "engine/step/step_plan.h"
@@ -57,15 +56,21 @@ Verification VerifySampled(std::span<const TokenId> sampled, const Draft& draft)
 
 // Verify() for a draft that needs the target's distribution
 // (NeedsTargetDistribution), from what a device gives without copying rows
-// of the vocabulary: shares[i] = drafted token i's NucleusShare of row i
-// under `params` (i < k; Backend::SampleRowsWithShares), bonus = row k's
-// own sample (drawn as Sample() draws generated token draw_index + k), and
-// row_logits(i) = row i's logits, asked for at most once: at the first
-// rejection, for the residual draw. The same tokens as Verify() on the rows.
+// of the vocabulary, in two steps so that a batch fetches its rejected rows
+// at once:
+//  1. AcceptedFromShares(): how many drafts pass the acceptance test (k:
+//     all), from shares[i] = drafted token i's NucleusShare of row i under
+//     `params` (i < k; Backend::SampleRowsWithShares);
+//  2. VerifyFromShares(): the tokens, from the same shares, bonus = row k's
+//     own sample (drawn as Sample() draws generated token draw_index + k)
+//     and rejected_row = the logits of the row step 1 stopped at, for the
+//     residual draw (empty when every draft passed).
+// The same tokens as Verify() on every row.
+size_t AcceptedFromShares(std::span<const kernels::NucleusShare> shares, const Draft& draft,
+                          const step::SamplingParams& params, uint64_t draw_index);
 Verification VerifyFromShares(std::span<const kernels::NucleusShare> shares, TokenId bonus,
-                              absl::FunctionRef<std::vector<float>(size_t row)> row_logits,
-                              const Draft& draft, const step::SamplingParams& params,
-                              uint64_t draw_index);
+                              std::span<const float> rejected_row, const Draft& draft,
+                              const step::SamplingParams& params, uint64_t draw_index);
 
 // The uniform streams of speculative sampling, apart from the token stream
 // that Sample() uses, so that no draw is used twice.

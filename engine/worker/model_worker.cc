@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "common/check.h"
 #include "common/strings.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
@@ -118,9 +117,11 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
   // verified against those samples (speculative::VerifySampled). Drafts
   // sampled from a distribution also need, at each drafted token, its share
   // of the target's distribution (Backend::SampleRowsWithShares), and the
-  // logits of the one row where a draft is rejected
-  // (speculative::VerifyFromShares). Only such drafts with logprobs asked
-  // for copy every row (their emitted tokens are not the rows' samples).
+  // logits of the row where a draft is rejected, one a sequence, fetched
+  // for the whole step at once (speculative::VerifyFromShares). A step
+  // where a sequence with such drafts asks for logprobs copies every row
+  // and verifies every sequence on the host (speculative::Verify): those
+  // drafts' emitted tokens are not the rows' samples.
   bool tokens_only = true;
   bool any_shares = false;
   std::vector<kernels::RowDraw> draws;
@@ -154,6 +155,30 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
                                           any_shares ? &share_tokens_ : nullptr);
     if (!result.status.ok()) return result;
     const auto top = static_cast<size_t>(sampled_logprobs_.top);
+    // Drafts verified from shares: where each stops, and the rows of the
+    // rejected ones, copied at once.
+    const size_t vocab = static_cast<size_t>(model_->config().vocab);
+    std::vector<int32_t> rejected_rows;
+    std::vector<int64_t> rejected_at(plan.sequences.size(), -1);  // index in rejected_rows
+    for (size_t i = 0, row = 0; i < plan.sequences.size(); ++i) {
+      const step::SequenceStep& s = plan.sequences[i];
+      if (!s.sample) continue;
+      const size_t k = drafts[i].tokens.size();
+      if (speculative::NeedsTargetDistribution(drafts[i], s.sampling)) {
+        const size_t accepted = speculative::AcceptedFromShares(
+            std::span<const kernels::NucleusShare>(share_tokens_.share.data() + row, k), drafts[i],
+            s.sampling, s.draw_index);
+        if (accepted < k) {
+          rejected_at[i] = static_cast<int64_t>(rejected_rows.size());
+          rejected_rows.push_back(static_cast<int32_t>(row + accepted));
+        }
+      }
+      row += k + 1;
+    }
+    if (!rejected_rows.empty()) {
+      result.status = model_->LastLogitsRows(rejected_rows, &rejected_logits_);
+      if (!result.status.ok()) return result;
+    }
     size_t row = 0;
     for (size_t i = 0; i < plan.sequences.size(); ++i) {
       const step::SequenceStep& s = plan.sequences[i];
@@ -164,15 +189,13 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
         const size_t rows = draft.tokens.size() + 1;
         speculative::Verification v;
         if (speculative::NeedsTargetDistribution(draft, s.sampling)) {
-          auto row_logits = [&](size_t at) {
-            std::vector<float> logits;
-            const absl::Status got = model_->LastLogitsRow(static_cast<int64_t>(row + at), &logits);
-            TANDEM_CHECK(got.ok(), "the rejected row's logits are this step's");
-            return logits;
-          };
+          const std::span<const float> rejected =
+              rejected_at[i] < 0 ? std::span<const float>()
+                                 : std::span<const float>(rejected_logits_)
+                                       .subspan(static_cast<size_t>(rejected_at[i]) * vocab, vocab);
           v = speculative::VerifyFromShares(
               std::span<const kernels::NucleusShare>(share_tokens_.share.data() + row, rows - 1),
-              sampled_tokens_[row + rows - 1], row_logits, draft, s.sampling, s.draw_index);
+              sampled_tokens_[row + rows - 1], rejected, draft, s.sampling, s.draw_index);
         } else {
           v = speculative::VerifySampled(
               std::span<const int32_t>(sampled_tokens_.data() + row, rows), draft);

@@ -76,6 +76,7 @@ class ModelWorker : public step::Worker {
   std::vector<int32_t> sampled_tokens_;
   model::LlamaModel::SampledLogprobs sampled_logprobs_;
   model::LlamaModel::RowShares share_tokens_;  // drafted tokens' shares of the target's rows
+  std::vector<float> rejected_logits_;         // the rows where such drafts were rejected
 };
 
 }  // namespace tandem::worker

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/kernels/cpu/cpu_backend.h"
@@ -107,6 +108,50 @@ TEST(RandomModelTest, TheForwardPassRunsAndTheSeedFixesTheWeights) {
     spread = std::max(spread, std::abs(static_cast<double>(v)));
   }
   EXPECT_GT(spread, 0.0) << "the logits are all zero";
+}
+
+// After a pass that picks tokens where the logits are, the rows asked for
+// (in any order, repeated) are the rows Forward() gives; none from another
+// kind of pass, none out of range.
+TEST(RandomModelTest, TheLastPassesRowsAreForwardsRows) {
+  const std::shared_ptr<const GgufFile> file(Open("random:smollm2-135m@3"));
+  ASSERT_NE(file, nullptr);
+  kernels::cpu::CpuBackend backend(1);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(file, &backend, 8, 16);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> a = {72, 101, 108}, b = {44, 32}, table_a = {0}, table_b = {1};
+  const std::vector<SequenceInput> inputs = {{a, 0, table_a, 2}, {b, 0, table_b, 1}};
+  std::vector<float> all;
+  ASSERT_TRUE((*model)->Forward(inputs, &all).ok());
+  std::vector<float> rows;
+  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRow(0, &rows)))
+      << "Forward() picked nothing: its rows are not kept";
+  const std::vector<kernels::RowDraw> greedy(3);
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE((*model)->ForwardSample(inputs, greedy, &tokens).ok());
+  const size_t vocab = 49152;
+  const std::vector<int32_t> asked = {2, 0, 2};
+  ASSERT_TRUE((*model)->LastLogitsRows(asked, &rows).ok());
+  ASSERT_EQ(rows.size(), 3 * vocab);
+  for (size_t i = 0; i < asked.size(); ++i) {
+    EXPECT_TRUE(std::equal(rows.begin() + static_cast<long>(i * vocab),
+                           rows.begin() + static_cast<long>((i + 1) * vocab),
+                           all.begin() + static_cast<long>(asked[i] * vocab)))
+        << "asked row " << i;
+  }
+  ASSERT_TRUE((*model)->LastLogitsRow(1, &rows).ok());
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), all.begin() + static_cast<long>(vocab)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRow(3, &rows)));
+  const std::vector<int32_t> outside = {1, -1};
+  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRows(outside, &rows)));
+  // A refused pass leaves no rows behind.
+  const int64_t passes = (*model)->forward_passes();
+  EXPECT_FALSE((*model)->ForwardSample(inputs, std::span(greedy).first(2), &tokens).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRow(0, &rows)));
+  ASSERT_TRUE((*model)->ForwardGreedy(inputs, &tokens).ok());
+  EXPECT_EQ((*model)->forward_passes(), passes + 1);
+  ASSERT_TRUE((*model)->LastLogitsRow(0, &rows).ok()) << "ForwardGreedy keeps its rows too";
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), all.begin()));
 }
 
 TEST(RandomModelTest, UnknownNamesAndBadSeedsAreRefusedNamingWhatIsKnown) {

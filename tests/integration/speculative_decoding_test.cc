@@ -396,6 +396,33 @@ TEST_F(SpeculativeDecodingTest, LogprobsAfterRejectionsAreBitwiseThoseWithoutDra
   EXPECT_LT(log.accepted, log.drafted) << "no rejection happened: the test saw nothing";
 }
 
+// Sampled drafts (the self-draft at temperature > 0) are verified from the
+// drafted tokens' shares of the target's rows and the rejected row alone;
+// a request asking for logprobs is verified on the host from every row
+// (speculative::Verify). Seeded, the two give the same tokens. One request
+// at a time, so that both runs draft in the same steps.
+TEST_F(SpeculativeDecodingTest, SampledDraftsVerifiedFromSharesGiveTheTokensOfEveryRow) {
+  VerificationLog from_shares_log;
+  int compared = 0;
+  for (size_t i : {1u, 4u, 9u, 14u, 17u}) {
+    Request r = Sampled(ChatPrompt(Prompts()[i]), 24, 1.0f, 70 + i);
+    const Mode fixed{Proposer::kDraftModel, false, false};
+    const Output from_shares = Run(fixed, {r}, &from_shares_log)[0];
+    r.logprobs = 1;
+    const Output from_rows = Run(fixed, {r})[0];
+    ASSERT_EQ(from_shares.tokens.size(), 24u);
+    EXPECT_EQ(from_shares.tokens, from_rows.tokens) << "prompt " << i;
+    EXPECT_EQ(from_shares.info.usage.accepted_tokens, from_rows.info.usage.accepted_tokens);
+    EXPECT_EQ(from_rows.logprobs.size(), 24u) << "the second run took the logprobs path";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 5);
+  absl::MutexLock lock(&from_shares_log.mu);
+  EXPECT_GT(from_shares_log.accepted, 0) << "no draft passed: acceptance went untested";
+  EXPECT_LT(from_shares_log.accepted, from_shares_log.drafted)
+      << "no draft was rejected: the residual row went untested";
+}
+
 // The model level: a verification pass writes KV for drafted tokens that get
 // rejected; the next step, at the position after the accepted ones, gives
 // bitwise the logits of a sequence that never saw the rejected tokens.

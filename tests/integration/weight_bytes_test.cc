@@ -6,6 +6,7 @@
 // separate draft model's weights and pages.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <set>
 #include <tuple>
 
@@ -27,7 +28,16 @@ using kernels::Weight;
 // Computes nothing: these tests only load models.
 class UploadCountingBackend final : public kernels::Backend {
  public:
-  int64_t uploaded_bytes() const { return uploaded_bytes_; }
+  // What the process has on the device: shared by every backend made with
+  // the same ledger, as the CUDA backend's weight cache is by both lanes'.
+  struct Ledger {
+    std::set<std::tuple<const void*, DType, int64_t, int64_t>> uploads;
+    int64_t bytes = 0;
+  };
+  explicit UploadCountingBackend(std::shared_ptr<Ledger> ledger = std::make_shared<Ledger>())
+      : ledger_(std::move(ledger)) {}
+
+  int64_t uploaded_bytes() const { return ledger_->bytes; }
 
   std::string name() const override { return "upload counter"; }
   int64_t WeightBytes(DType dtype, int64_t rows, int64_t cols) const override {
@@ -37,8 +47,8 @@ class UploadCountingBackend final : public kernels::Backend {
   }
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                       const void* host_data) override {
-    if (uploads_.emplace(host_data, dtype, rows, cols).second) {
-      uploaded_bytes_ += WeightBytes(dtype, rows, cols);
+    if (ledger_->uploads.emplace(host_data, dtype, rows, cols).second) {
+      ledger_->bytes += WeightBytes(dtype, rows, cols);
     }
     return cpu_.UploadWeight(dtype, rows, cols, host_data);
   }
@@ -48,7 +58,11 @@ class UploadCountingBackend final : public kernels::Backend {
   absl::Status CreateKvCache(const kernels::KvCacheShape& shape) override {
     return cpu_.CreateKvCache(shape);
   }
-  absl::Status ShareKvCache(const Backend& other) override { return cpu_.ShareKvCache(other); }
+  absl::Status ShareKvCache(const Backend& other) override {
+    const auto* counting = dynamic_cast<const UploadCountingBackend*>(&other);
+    if (counting == nullptr) return absl::InvalidArgumentError("not an upload counter");
+    return cpu_.ShareKvCache(counting->cpu_);
+  }
   const kernels::KvCacheShape& kv_cache_shape() const override { return cpu_.kv_cache_shape(); }
   kernels::KvStorage kv_storage() const override { return cpu_.kv_storage(); }
   void CopyToHost(const Matrix&, float*) override { Unused(); }
@@ -76,8 +90,7 @@ class UploadCountingBackend final : public kernels::Backend {
   static void Unused() { ADD_FAILURE() << "a load-only test backend computed"; }
 
   kernels::cpu::CpuBackend cpu_{1};
-  std::set<std::tuple<const void*, DType, int64_t, int64_t>> uploads_;
-  int64_t uploaded_bytes_ = 0;
+  std::shared_ptr<Ledger> ledger_;
 };
 
 std::shared_ptr<const model::GgufFile> OpenModel(const std::string& flag) {
@@ -105,6 +118,35 @@ TEST(WeightBytesTest, AreTheBytesOfEveryUploadCreateMakesCountedOnce) {
     EXPECT_GT(*planned, 260'000'000);
     EXPECT_LT(*planned, 290'000'000);
   }
+}
+
+// The daemon's other lanes bind the same weights again (a decode worker
+// sharing the KV cache, or with pages of its own): on the device they add
+// nothing, the rotary table included.
+TEST(WeightBytesTest, ASecondLaneOfTheSameModelUploadsNothingNew) {
+  std::shared_ptr<const model::GgufFile> file = OpenModel("random:smollm2-135m");
+  ASSERT_NE(file, nullptr);
+  auto ledger = std::make_shared<UploadCountingBackend::Ledger>();
+  UploadCountingBackend prefill(ledger), decode(ledger), own_pages(ledger);
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> first =
+      model::LlamaModel::Create(file, &prefill, 4, 16);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int64_t one = ledger->bytes;
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> sharing =
+      model::LlamaModel::CreateSharingKv(**first, &decode);
+  ASSERT_TRUE(sharing.ok()) << sharing.status();
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> like =
+      model::LlamaModel::CreateLike(**first, &own_pages, 3);
+  ASSERT_TRUE(like.ok()) << like.status();
+  EXPECT_EQ(ledger->bytes, one);
+  EXPECT_EQ((*like)->kv_blocks(), 3);
+  EXPECT_EQ((*like)->block_size(), 16);
+  EXPECT_EQ(own_pages.kv_cache_shape().blocks, 3) << "pages of its own";
+  // A model loaded afresh from the file builds its own rotary table: the
+  // ledger sees it, so the test can tell a shared table from a rebuilt one.
+  UploadCountingBackend fresh(ledger);
+  ASSERT_TRUE(model::LlamaModel::Create(file, &fresh, 4, 16).ok());
+  EXPECT_EQ(ledger->bytes, one + fresh.WeightBytes(DType::kF32, 1, 8192 * 64));
 }
 
 TEST(KvMemoryPlanTest, ADraftModelsWeightsAndPagesComeOutOfTheSameMemory) {

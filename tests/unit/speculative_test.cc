@@ -164,14 +164,14 @@ TEST(VerifyTest, AShareIsTheTokensProbabilityOfTheWholeRow) {
 }
 
 // Verifying a draft model's sampled draft from the drafted tokens' shares,
-// the bonus row's sample and the one rejected row gives exactly Verify()'s
-// tokens from every row, and reads no other row.
+// the bonus row's sample and the one rejected row (where the shares alone
+// say the draft stops) gives exactly Verify()'s tokens from every row.
 TEST(VerifyTest, VerifyingFromSharesIsVerify) {
   constexpr size_t kVocab = 40;
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.5f);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  int compared = 0, all_accepted = 0, rejected = 0;
+  int compared = 0, all_accepted = 0, rejected_drafts = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const size_t k = 1 + static_cast<size_t>(trial % 5);
     SamplingParams params;
@@ -206,30 +206,23 @@ TEST(VerifyTest, VerifyingFromSharesIsVerify) {
     }
     const TokenId bonus = sampling::Sample(
         std::span<const float>(logits).subspan(k * kVocab, kVocab), params, draw_index + k);
-    std::vector<size_t> rows_read;
-    auto row_logits = [&](size_t row) {
-      rows_read.push_back(row);
-      const auto first = logits.begin() + static_cast<long>(row * kVocab);
-      return std::vector<float>(first, first + static_cast<long>(kVocab));
-    };
     const Verification expected =
         Verify(logits, static_cast<int32_t>(kVocab), draft, params, draw_index);
-    const Verification got = VerifyFromShares(shares, bonus, row_logits, draft, params, draw_index);
+    // Step 1 says where the draft stops; step 2 gets that row alone.
+    const size_t stop = AcceptedFromShares(shares, draft, params, draw_index);
+    EXPECT_EQ(stop, static_cast<size_t>(expected.accepted)) << "trial " << trial;
+    const std::span<const float> rejected =
+        stop == k ? std::span<const float>()
+                  : std::span<const float>(logits).subspan(stop * kVocab, kVocab);
+    const Verification got = VerifyFromShares(shares, bonus, rejected, draft, params, draw_index);
     EXPECT_EQ(got.tokens, expected.tokens) << "trial " << trial;
     EXPECT_EQ(got.accepted, expected.accepted) << "trial " << trial;
-    if (static_cast<size_t>(expected.accepted) == k) {
-      ++all_accepted;
-      EXPECT_TRUE(rows_read.empty()) << "no row is needed when every draft passes";
-    } else {
-      ++rejected;
-      EXPECT_EQ(rows_read, std::vector<size_t>{static_cast<size_t>(expected.accepted)})
-          << "only the rejected row is read";
-    }
+    (stop == k ? all_accepted : rejected_drafts) += 1;
     ++compared;
   }
   EXPECT_EQ(compared, 400);
   EXPECT_GT(all_accepted, 40);
-  EXPECT_GT(rejected, 40);
+  EXPECT_GT(rejected_drafts, 40);
 }
 
 TEST(VerifyTest, OnlySampledDraftsFromADistributionNeedTheTargetsDistribution) {
