@@ -16,4 +16,11 @@ export CCACHE_DIR="${CCACHE_DIR:-$TANDEM_CACHE/ccache}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$TANDEM_ROOT}"
 export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 
+# llama.cpp (the reference tests' and benchmarks' peer) is built for this
+# CPU, less its AMX kernels: -march=native turns them on on Sapphire Rapids
+# and later Xeons, where llama-cpp-python 0.3.36 segfaults in its first
+# evaluation (seen here; ggml-org/llama.cpp#20824 reports the same crash in
+# ggml_backend_amx_mul_mat). Explicit -mno- flags win over -march=native.
+TANDEM_LLAMA_CPP_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
 tandem_log() { printf '\033[1m[tandem]\033[0m %s\n' "$*" >&2; }
