@@ -157,11 +157,6 @@ int32_t DrawFromCut(const Work& cut, double u) {
   return cut.ids.back();  // unreachable: target < mass
 }
 
-// The point mass of a greedy draw: all of it on the argmax.
-NucleusShare GreedyShare(int32_t argmax, int32_t token) {
-  return {argmax == token ? uint64_t{1} : uint64_t{0}, 1};
-}
-
 NucleusShare ShareInCut(const Work& cut, int32_t token) {
   const auto it = std::lower_bound(cut.ids.begin(), cut.ids.end(), token);
   const bool inside = it != cut.ids.end() && *it == token;
@@ -179,19 +174,16 @@ int32_t SampleRow(std::span<const float> row, const RowDraw& draw) {
 
 int32_t SampleRowWithShare(std::span<const float> row, const RowDraw& draw, int32_t token,
                            NucleusShare* share) {
-  if (draw.temperature <= 0.0f || row.size() == 1) {
-    const int32_t argmax = ArgMax(row);
-    *share = GreedyShare(argmax, token);
-    return argmax;
+  if (draw.temperature > 0.0f && row.size() > 1) {
+    Cut(row, draw, work);
+    if (work.mass > 0) {  // 0: only NaN logits (unsupported), drawn as greedy
+      *share = ShareInCut(work, token);
+      return DrawFromCut(work, draw.u);
+    }
   }
-  Cut(row, draw, work);
-  if (work.mass == 0) {  // only NaN logits get here (unsupported)
-    const int32_t argmax = ArgMax(row);
-    *share = GreedyShare(argmax, token);
-    return argmax;
-  }
-  *share = ShareInCut(work, token);
-  return DrawFromCut(work, draw.u);
+  const int32_t argmax = ArgMax(row);
+  *share = sa::PointMassShare(argmax, token);
+  return argmax;
 }
 
 RowLogprobs LogprobsOf(std::span<const float> row, int32_t token, int top) {

@@ -163,6 +163,12 @@ TANDEM_HOST_DEVICE inline uint64_t Weight(float logit, float max, double inverse
   return static_cast<uint64_t>(static_cast<int64_t>(Mul(e, kWeightScale)));
 }
 
+// `token`'s share of a greedy draw's distribution, the point mass on the
+// argmax: {1, 1} there, {0, 1} elsewhere (also for token -1).
+TANDEM_HOST_DEVICE inline NucleusShare PointMassShare(int32_t argmax, int32_t token) {
+  return {token >= 0 && token == argmax ? uint64_t{1} : uint64_t{0}, 1};
+}
+
 // A 32-bit key that orders floats as `<` does (-0 equals +0; NaN lowest).
 // Branch-free: adding +0 turns -0 into +0 (IEEE round-to-nearest), and a
 // negative float's bits flip whole while a positive one's sign bit is set.

@@ -335,15 +335,6 @@ absl::Status LlamaModel::ForwardSample(std::span<const SequenceInput> sequences,
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::LastLogitsRow(int64_t row, std::vector<float>* out) {
-  if (row < 0 || row >= picked_rows_) {
-    return absl::InvalidArgumentError(
-        StrCat("logits row ", row, " of a picked step of ", picked_rows_, " rows"));
-  }
-  const auto one = static_cast<int32_t>(row);
-  return LastLogitsRows({&one, 1}, out);
-}
-
 absl::Status LlamaModel::LastLogitsRows(std::span<const int32_t> rows, std::vector<float>* out) {
   for (int32_t row : rows) {
     if (row < 0 || row >= picked_rows_) {

@@ -101,18 +101,15 @@ class LlamaModel {
                              std::span<const kernels::RowDraw> draws,
                              std::vector<int32_t>* tokens_out, SampledLogprobs* logprobs = nullptr,
                              RowShares* shares = nullptr, int layers = 0);
-  // Row `row` of the logits the last forward pass picked tokens from, if it
-  // was ForwardGreedy() or ForwardSample() (config().vocab floats to host
+  // Rows `rows` (any order, repeats allowed) of the logits the last forward
+  // pass picked tokens from, if it was ForwardGreedy() or ForwardSample(),
+  // one after another in `out` (rows.size() x config().vocab floats, host
   // memory): valid until the next forward pass, so a caller that picks on
-  // the device copies only the rows it needs whole. InvalidArgument for a
-  // row it did not compute.
-  absl::Status LastLogitsRow(int64_t row, std::vector<float>* out);
-  // LastLogitsRow() of several rows at once, one after another in `out`
-  // (rows.size() x config().vocab floats): a device gathers them and copies
-  // once.
+  // the device copies only the rows it needs whole (a device gathers them
+  // and copies once). InvalidArgument for a row it did not compute.
   absl::Status LastLogitsRows(std::span<const int32_t> rows, std::vector<float>* out);
   // Forward passes run so far (of any kind): tells a caller holding a row
-  // number for LastLogitsRow() whether another pass came in between.
+  // number for LastLogitsRows() whether another pass came in between.
   int64_t forward_passes() const { return forward_passes_; }
 
   // Copies KV blocks (every layer), pair by pair: copy-on-write of blocks

@@ -5,7 +5,7 @@
 // masses), picked where the logits are (LlamaModel::ForwardGreedy: a GPU
 // copies token ids); sampling requests get tokens sampled from the draft's
 // distribution, which is returned for rejection sampling, so only their
-// rows are copied whole (LlamaModel::LastLogitsRow).
+// rows are copied whole (LlamaModel::LastLogitsRows).
 #ifndef TANDEM_ENGINE_SPECULATIVE_DRAFT_ROUNDS_H_
 #define TANDEM_ENGINE_SPECULATIVE_DRAFT_ROUNDS_H_
 

@@ -124,7 +124,8 @@ TEST(RandomModelTest, TheLastPassesRowsAreForwardsRows) {
   std::vector<float> all;
   ASSERT_TRUE((*model)->Forward(inputs, &all).ok());
   std::vector<float> rows;
-  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRow(0, &rows)))
+  auto one_row = [&](int32_t row) { return (*model)->LastLogitsRows({&row, 1}, &rows); };
+  EXPECT_TRUE(absl::IsInvalidArgument(one_row(0)))
       << "Forward() picked nothing: its rows are not kept";
   const std::vector<kernels::RowDraw> greedy(3);
   std::vector<int32_t> tokens;
@@ -139,18 +140,18 @@ TEST(RandomModelTest, TheLastPassesRowsAreForwardsRows) {
                            all.begin() + static_cast<long>(asked[i] * vocab)))
         << "asked row " << i;
   }
-  ASSERT_TRUE((*model)->LastLogitsRow(1, &rows).ok());
+  ASSERT_TRUE(one_row(1).ok());
   EXPECT_TRUE(std::equal(rows.begin(), rows.end(), all.begin() + static_cast<long>(vocab)));
-  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRow(3, &rows)));
+  EXPECT_TRUE(absl::IsInvalidArgument(one_row(3)));
   const std::vector<int32_t> outside = {1, -1};
   EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRows(outside, &rows)));
   // A refused pass leaves no rows behind.
   const int64_t passes = (*model)->forward_passes();
   EXPECT_FALSE((*model)->ForwardSample(inputs, std::span(greedy).first(2), &tokens).ok());
-  EXPECT_TRUE(absl::IsInvalidArgument((*model)->LastLogitsRow(0, &rows)));
+  EXPECT_TRUE(absl::IsInvalidArgument(one_row(0)));
   ASSERT_TRUE((*model)->ForwardGreedy(inputs, &tokens).ok());
   EXPECT_EQ((*model)->forward_passes(), passes + 1);
-  ASSERT_TRUE((*model)->LastLogitsRow(0, &rows).ok()) << "ForwardGreedy keeps its rows too";
+  ASSERT_TRUE(one_row(0).ok()) << "ForwardGreedy keeps its rows too";
   EXPECT_TRUE(std::equal(rows.begin(), rows.end(), all.begin()));
 }
 

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
   // The point mass of a greedy draw (or of a row without weights).
   auto greedy_share = [&](int32_t argmax) {
     if (shares != nullptr && threadIdx.x == 0) {
-      shares[blockIdx.x] = NucleusShare{share_token >= 0 && share_token == argmax ? 1u : 0u, 1};
+      shares[blockIdx.x] = sa::PointMassShare(argmax, share_token);
     }
   };
 
