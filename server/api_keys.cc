@@ -1,5 +1,11 @@
 #include "server/api_keys.h"
 
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "common/strings.h"
+#include "server/flag_file.h"
+
 namespace tandem::server {
 namespace {
 
@@ -31,6 +37,23 @@ absl::Status ApiKeys::Check(std::string_view method_path,
   for (const std::string& k : keys_) valid |= ConstantTimeEquals(key, k);
   if (!valid) return absl::UnauthenticatedError("invalid API key");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFlagFile(path, "--api_keys_file");
+  if (!text.ok()) return text.status();
+  std::vector<std::string> keys;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const std::string key(absl::StripAsciiWhitespace(AbslView(line)));
+    if (key.empty() || key[0] == '#') continue;
+    keys.push_back(key);
+  }
+  if (keys.empty()) {
+    return absl::InvalidArgumentError(StrCat("--api_keys_file: '", path, "' holds no keys"));
+  }
+  return keys;
 }
 
 }  // namespace tandem::server

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tandem::server {
 
@@ -34,6 +35,11 @@ class ApiKeys {
  private:
   std::vector<std::string> keys_;
 };
+
+// Reads an API keys file (--api_keys_file): one key per line; blank lines
+// and lines starting with '#' are ignored. Errors for an unreadable or empty
+// file name the flag.
+absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path);
 
 }  // namespace tandem::server
 

@@ -3,43 +3,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <fstream>
 #include <optional>
-#include <sstream>
 
-#include "absl/strings/ascii.h"
 #include "common/strings.h"
+#include "server/flag_file.h"
 #include "server/grpc_auth.h"
 
 namespace tandem::server {
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view flag) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(StrCat(flag, ": cannot read '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path, "--api_keys_file");
-  if (!text.ok()) return text.status();
-  std::vector<std::string> keys;
-  std::istringstream lines(*text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const std::string key(absl::StripAsciiWhitespace(AbslView(line)));
-    if (key.empty() || key[0] == '#') continue;
-    keys.push_back(key);
-  }
-  if (keys.empty()) {
-    return absl::InvalidArgumentError(StrCat("--api_keys_file: '", path, "' holds no keys"));
-  }
-  return keys;
-}
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const GrpcServerOptions& options, const std::vector<grpc::Service*>& services) {
@@ -48,13 +18,13 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
       return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
     }
-    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert_file, "--tls_cert");
+    absl::StatusOr<std::string> cert = ReadFlagFile(options.tls_cert_file, "--tls_cert");
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadFile(options.tls_key_file, "--tls_key");
+    absl::StatusOr<std::string> key = ReadFlagFile(options.tls_key_file, "--tls_key");
     if (!key.ok()) return key.status();
     std::optional<std::string> ca;
     if (!options.tls_client_ca.empty()) {
-      absl::StatusOr<std::string> read = ReadFile(options.tls_client_ca, "--tls_client_ca");
+      absl::StatusOr<std::string> read = ReadFlagFile(options.tls_client_ca, "--tls_client_ca");
       if (!read.ok()) return read.status();
       ca = *std::move(read);
     }

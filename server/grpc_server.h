@@ -34,10 +34,6 @@ struct GrpcServerOptions {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
 
-// Reads an API keys file: one key per line; blank lines and lines starting
-// with '#' are ignored. Errors for an unreadable or empty file.
-absl::StatusOr<std::vector<std::string>> ReadApiKeys(const std::string& path);
-
 }  // namespace tandem::server
 
 #endif  // TANDEM_SERVER_GRPC_SERVER_H_

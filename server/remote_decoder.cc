@@ -5,12 +5,10 @@
 
 #include <algorithm>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/strings.h"
 #include "common/thread_name.h"
+#include "server/peer_list.h"
 #include "server/response_stream.h"
 #include "spdlog/spdlog.h"
 
@@ -22,36 +20,7 @@ scheduler::FinishReason FinishReasonFromProto(v1::FinishReason reason) {
                                           : scheduler::FinishReason::kLength;
 }
 
-// host and port of "host:port" or "[v6]:port".
-bool SplitHostPort(const std::string& entry, std::string* host, std::string* port) {
-  const size_t colon = entry.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == entry.size()) return false;
-  *host = entry.substr(0, colon);
-  *port = entry.substr(colon + 1);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  int value = 0;
-  return absl::SimpleAtoi(AbslView(*port), &value) && value > 0 && value < 65536;
-}
-
 }  // namespace
-
-absl::StatusOr<std::vector<std::string>> ParsePeerList(const std::string& flag) {
-  std::vector<std::string> peers;
-  for (absl::string_view part : absl::StrSplit(AbslView(flag), ',', absl::SkipWhitespace())) {
-    std::string entry(absl::StripAsciiWhitespace(part));
-    if (absl::StartsWith(entry, "dns:///")) entry = entry.substr(7);
-    std::string host, port;
-    if (!SplitHostPort(entry, &host, &port)) {
-      return absl::InvalidArgumentError(
-          StrCat("--decode_peers: '", entry, "' is not host:port (a name or an address)"));
-    }
-    peers.push_back(entry);
-  }
-  if (peers.empty()) return absl::InvalidArgumentError("--decode_peers: no peer given");
-  return peers;
-}
 
 // One handoff's Decode call. The scheduler's lease answer may come after the
 // call broke: a hold keeps the call from ending until the answer has been

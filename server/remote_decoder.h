@@ -48,10 +48,6 @@ struct RemoteDecoderOptions {
   int max_message_bytes = 64 << 20;
 };
 
-// Splits --decode_peers ("a:1,b:2") into host:port entries; errors name the
-// bad entry.
-absl::StatusOr<std::vector<std::string>> ParsePeerList(const std::string& flag);
-
 class RemoteDecoder final : public scheduler::RemoteDecodeLink {
  public:
   // Every pointer must outlive this object.

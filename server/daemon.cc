@@ -1,0 +1,356 @@
+#include "server/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/strings.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "scheduler/fault_injection.h"
+#include "scheduler/scheduler.h"
+#include "server/generation_service.h"
+#include "server/grpc_server.h"
+#include "server/kv_endpoint.h"
+#include "server/lane_kv_mover.h"
+#include "server/peer_service.h"
+#include "server/remote_decoder.h"
+#include "server/scheduler_collector.h"
+#include "server/server_metrics.h"
+#include "server/serving_model.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::server {
+
+// Everything a running daemon holds, in the order it is built: members are
+// destroyed in reverse, so what uses a part goes before it.
+struct Daemon::Parts {
+  DaemonOptions options;
+  std::unique_ptr<ServingModel> model;
+  std::unique_ptr<scheduler::FaultInjectingWorker> faulty;  // --inject_fault
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<ServerMetrics> metrics;
+  std::unique_ptr<scheduler::Scheduler> scheduler;
+  std::unique_ptr<LaneKvMover> lane_mover;  // a decode worker with KV of its own
+  std::unique_ptr<KvEndpoint> kv_endpoint;  // a prefill or decode daemon
+  std::unique_ptr<GenerationService> service;
+  std::unique_ptr<PeerService> peer_service;  // a decode daemon
+  std::shared_ptr<SchedulerCollector> scheduler_collector;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<RemoteDecoder> remote_decoder;  // a prefill daemon
+};
+
+namespace {
+
+// A start-up failure that is not a flag's value (tandemd exits 1).
+absl::Status Failed(std::string message) { return absl::UnavailableError(std::move(message)); }
+
+// Runs one token through the workers so that weights are paged in and
+// buffers allocated before the first request.
+absl::Status WarmUp(ServingModel& model) {
+  step::StepPlan plan;
+  step::SequenceStep step;
+  step.sequence_id = 0;
+  step.tokens = {0};
+  step.block_table = {0};
+  step.sample = true;
+  plan.sequences.push_back(step);
+  if (absl::Status s = model.prefill_worker()->Execute(plan).status; !s.ok()) return s;
+  if (model.decode_worker() == nullptr) return absl::OkStatus();
+  return model.decode_worker()->Execute(plan).status;
+}
+
+absl::StatusOr<std::unique_ptr<ServingModel>> LoadModel(const DaemonOptions& options) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<ServingModel>> model = ServingModel::Load(options.model);
+  if (!model.ok()) return Failed(StrCat("cannot load the model: ", model.status().ToString()));
+  if (absl::Status s = WarmUp(**model); !s.ok()) {
+    return Failed(StrCat("warm-up failed: ", s.ToString()));
+  }
+  const model::ModelConfig& config = (*model)->config();
+  spdlog::info(
+      "model '{}' ({}, {} layers, vocab {}, context {}) on {}; chat template {}; {} KV blocks of "
+      "{} tokens ({} MiB); ready in {:.2f}s",
+      config.name, config.architecture, config.layers, config.vocab, (*model)->context_length(),
+      (*model)->backend_name(), (*model)->chat_template().family_name(), (*model)->kv_blocks(),
+      (*model)->block_size(), options.model.kv_cache_bytes >> 20,
+      absl::ToDoubleSeconds(absl::Now() - start));
+  for (const std::string& warning : (*model)->warnings()) spdlog::warn("{}", warning);
+  return model;
+}
+
+// The scheduler's options: the flags' part completed with what the model
+// measured and holds.
+scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
+                                                const ServingModel& model) {
+  scheduler::SchedulerOptions sched = options.scheduler;
+  sched.block_size = model.block_size();
+  sched.kv_blocks = model.kv_blocks();
+  sched.decode_kv_blocks = model.decode_kv_blocks();
+  sched.context_length = model.context_length();
+  sched.speculation.cost = model.step_cost();
+  const scheduler::StepCostModel& c = sched.speculation.cost;
+  const ServingModelOptions& m = options.model;
+  spdlog::info(
+      "speculative decoding: {} (up to {} drafted tokens, {}); step cost {:.2f} ms + {:.2f} "
+      "ms/token + {:.2f} ms (+ {:.2f} ms per extra row) per 1,000 context tokens of a "
+      "sequence{}",
+      options.speculative, sched.speculation.max_draft,
+      sched.speculation.adaptive ? "adaptive" : "fixed", c.fixed, c.per_token, 1000 * c.per_context,
+      1000 * c.per_context_extra,
+      m.draft_layers > 0 || !m.draft_model_path.empty()
+          ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence ({})", c.draft_fixed,
+                        c.draft_per_token,
+                        m.draft_model_path.empty()
+                            ? fmt::format("the first {} layers", m.draft_layers)
+                            : m.draft_model_path)
+          : std::string());
+  return sched;
+}
+
+// --disagg_output_threshold=auto: measured on this machine, before the
+// scheduler starts.
+absl::StatusOr<std::optional<int32_t>> MeasureThreshold(ServingModel& model, int32_t chunk_tokens,
+                                                        scheduler::DisaggregationCosts& costs) {
+  absl::StatusOr<scheduler::DisaggregationCosts> measured =
+      model.MeasureDisaggregationCosts(chunk_tokens);
+  if (!measured.ok()) {
+    return Failed(StrCat("--disagg_output_threshold=auto: ", measured.status().ToString()));
+  }
+  costs = *measured;
+  const std::optional<int32_t> threshold = scheduler::AutoOutputThreshold(costs);
+  spdlog::info(
+      "disaggregation threshold auto: decode pass {:.2f} ms, {}-token chunk step {:.2f} ms, "
+      "with a decode token {:.2f} ms -> {}",
+      costs.decode_pass, chunk_tokens, costs.chunk_step, costs.chunk_with_decode,
+      threshold.has_value() ? fmt::format("{} tokens", *threshold) : std::string("off"));
+  return threshold;
+}
+
+GrpcServerOptions GrpcOptionsFor(const ListenOptions& listen, ServerMetrics* metrics) {
+  GrpcServerOptions grpc;
+  grpc.listen = listen.grpc;
+  grpc.tls_cert_file = listen.tls_cert_file;
+  grpc.tls_key_file = listen.tls_key_file;
+  grpc.tls_client_ca = listen.tls_client_ca;
+  grpc.max_message_bytes = listen.max_message_bytes;
+  grpc.max_concurrent_streams = listen.max_concurrent_streams;
+  grpc.api_keys = listen.api_keys;
+  grpc.on_unauthenticated = [metrics] { metrics->OnUnauthenticated(); };
+  return grpc;
+}
+
+}  // namespace
+
+Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+Daemon::~Daemon() = default;
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  auto parts = std::make_unique<Parts>();
+  Parts& p = *parts;
+  p.options = options;
+  const Role role = options.role;
+  spdlog::info("device: {} ({})", kernels::DeviceName(options.device.device),
+               options.device.reason);
+  if (options.listen.api_keys != nullptr) {
+    spdlog::info("API keys: {} accepted (from {})", options.listen.api_keys->size(),
+                 options.listen.api_keys_file);
+  }
+
+  absl::StatusOr<std::unique_ptr<ServingModel>> model = LoadModel(options);
+  if (!model.ok()) return model.status();
+  p.model = *std::move(model);
+
+  scheduler::SchedulerOptions sched = SchedulerOptionsFor(options, *p.model);
+  std::optional<int32_t> threshold = options.output_threshold;
+  scheduler::DisaggregationCosts disagg_costs;
+  if (options.auto_threshold) {
+    absl::StatusOr<std::optional<int32_t>> measured =
+        MeasureThreshold(*p.model, sched.max_batched_tokens, disagg_costs);
+    if (!measured.ok()) return measured.status();
+    threshold = *measured;
+  }
+  sched.disaggregation.output_threshold = role == Role::kDecode ? std::nullopt : threshold;
+
+  step::Worker* prefill_worker = p.model->prefill_worker();
+  step::Worker* decode_worker = p.model->decode_worker();
+  PeerServiceOptions peer_options;
+  if (options.fault.has_value()) {
+    const scheduler::FaultSpec& fault = *options.fault;
+    if (fault.lane == "kv_transfer") {
+      peer_options.fail_transfer = fault.step;
+      spdlog::warn("--inject_fault: KV transfer {} will fail (testing only)", fault.step);
+    } else {
+      step::Worker*& target = fault.lane == "decode" ? decode_worker : prefill_worker;
+      p.faulty = std::make_unique<scheduler::FaultInjectingWorker>(target, fault);
+      target = p.faulty.get();
+      spdlog::warn("--inject_fault: a fault will be injected in the {} worker (testing only)",
+                   fault.lane);
+    }
+  }
+
+  p.registry = std::make_shared<prometheus::Registry>();
+  p.metrics = std::make_unique<ServerMetrics>(*p.registry);
+  ServerMetrics* metrics = p.metrics.get();
+  p.scheduler = std::make_unique<scheduler::Scheduler>(
+      sched, options.max_queued_requests, prefill_worker, decode_worker,
+      [metrics](const scheduler::StepStats& step) { metrics->OnStep(step); }, options.pacing);
+  // Handing off locally (a decode worker here) or to decode daemons.
+  const bool hands_off =
+      threshold.has_value() && (p.model->decode_worker() != nullptr || role == Role::kPrefill);
+  spdlog::info("role {}; disaggregation: {}", RoleName(role),
+               hands_off
+                   ? fmt::format("at {} output tokens{}{}", *threshold,
+                                 sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "",
+                                 role == Role::kPrefill ? ", to the decode peers" : "")
+                   : std::string("off"));
+
+  // Two workers with KV storages of their own: handoffs move pages.
+  const std::string& transport = options.pool.kv_transport;
+  if (p.model->decode_kv_blocks() > 0) {
+    absl::StatusOr<std::unique_ptr<LaneKvMover>> mover =
+        LaneKvMover::Create(p.model->kv_backend(), *p.model->decode_backend(), transport, metrics);
+    if (!mover.ok()) {
+      return Failed(StrCat("--decode_kv_cache_bytes: cannot start the KV transport: ",
+                           mover.status().ToString()));
+    }
+    p.lane_mover = *std::move(mover);
+    p.lane_mover->SetScheduler(p.scheduler.get());
+    p.scheduler->SetBlockMover(p.lane_mover.get());
+    spdlog::info("decode worker: KV storage of its own ({} blocks); handoffs move pages over {}",
+                 p.model->decode_kv_blocks(), transport);
+  }
+
+  // Several daemons: the KV transport, and the link to the decode peers.
+  if (role != Role::kUnified) {
+    absl::StatusOr<KvEndpoint> endpoint = StartKvEndpoint(p.model->kv_backend(), transport);
+    if (!endpoint.ok()) {
+      return Failed(StrCat("cannot start the KV transport: ", endpoint.status().ToString()));
+    }
+    p.kv_endpoint = std::make_unique<KvEndpoint>(*std::move(endpoint));
+    spdlog::info("KV transport: {} over {} ({} MiB of KV pages registered)",
+                 p.kv_endpoint->agent->backend(), transport,
+                 (static_cast<int64_t>(p.kv_endpoint->shape.blocks) *
+                  static_cast<int64_t>(p.kv_endpoint->shape.BytesPerBlock())) >>
+                     20);
+  }
+
+  ServiceOptions service_options;
+  service_options.defaults = options.requests.defaults;
+  service_options.max_prompt_tokens = options.requests.max_prompt_tokens;
+  service_options.default_deadline = options.requests.default_deadline;
+  service_options.slow_reader_timeout = options.requests.slow_reader_timeout;
+  service_options.accepts_prompts = role != Role::kDecode;
+  service_options.model_info = p.model->Info();
+  service_options.model_info.set_disagg_output_threshold(hands_off ? *threshold : -1);
+  service_options.model_info.set_disagg_output_threshold_auto(options.auto_threshold);
+  service_options.model_info.set_speculative(options.speculative);
+  p.service = std::make_unique<GenerationService>(p.model.get(), p.scheduler.get(), metrics,
+                                                  service_options);
+  GenerationService* service = p.service.get();
+  if (role == Role::kDecode) {
+    p.peer_service = std::make_unique<PeerService>(
+        p.scheduler.get(), p.kv_endpoint.get(), metrics, service->open_calls_counter(),
+        [service] { return service->accepting(); }, peer_options);
+  }
+
+  p.scheduler_collector = std::make_shared<SchedulerCollector>(
+      p.scheduler.get(), p.model->block_size(), hands_off ? *threshold : -1,
+      options.auto_threshold ? std::optional(disagg_costs) : std::nullopt,
+      [service] { return service->open_calls(); });
+  if (const std::string& address = options.listen.metrics; !address.empty()) {
+    try {
+      p.exposer = std::make_unique<prometheus::Exposer>(address);
+      p.exposer->RegisterCollectable(p.registry);
+      p.exposer->RegisterCollectable(p.scheduler_collector);
+    } catch (const std::exception& e) {
+      return Failed(StrCat("cannot serve metrics on ", address, ": ", e.what()));
+    }
+  }
+
+  std::vector<grpc::Service*> services = {service};
+  if (p.peer_service != nullptr) services.push_back(p.peer_service.get());
+  absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
+      StartGrpcServer(GrpcOptionsFor(options.listen, metrics), services);
+  // Whatever went wrong, the listen address or the TLS files were refused.
+  if (!grpc_server.ok()) return absl::InvalidArgumentError(grpc_server.status().ToString());
+  p.grpc_server = *std::move(grpc_server);
+
+  // A prefill daemon finds its peers before it serves (one round of name
+  // resolution and GetLoad).
+  if (role == Role::kPrefill) {
+    RemoteDecoderOptions remote;
+    remote.peers = options.pool.decode_peers;
+    remote.load_interval = options.pool.peer_load_interval;
+    remote.api_key =
+        options.listen.api_keys != nullptr ? options.listen.api_keys->first() : std::string();
+    remote.max_message_bytes = options.listen.max_message_bytes;
+    p.remote_decoder = std::make_unique<RemoteDecoder>(std::move(remote), p.scheduler.get(),
+                                                       p.kv_endpoint.get(), metrics);
+    p.scheduler->SetRemoteDecodeLink(p.remote_decoder.get());
+    spdlog::info("decode peers: {} ready of {}", p.remote_decoder->ready_peers(),
+                 absl::StrJoin(options.pool.decode_peers, ","));
+  }
+
+  p.grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("serving tandem.v1.Generation on {}{}; metrics on {}", options.listen.grpc,
+               options.listen.tls_cert_file.empty() ? "" : " (TLS)",
+               options.listen.metrics.empty() ? "(off)" : options.listen.metrics);
+  return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
+}
+
+void Daemon::ServeUntil(absl::Notification& shutdown) {
+  grpc::HealthCheckServiceInterface* health = parts_->grpc_server->GetHealthCheckService();
+  const absl::Duration stall_timeout = parts_->options.stall_timeout;
+  bool stalled = false;
+  while (!shutdown.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    const scheduler::SchedulerLoad load = parts_->scheduler->Load();
+    const bool now_stalled = scheduler::Stalled(load, absl::Now(), stall_timeout);
+    if (now_stalled == stalled) continue;
+    stalled = now_stalled;
+    health->SetServingStatus(!stalled);
+    if (stalled) {
+      spdlog::error("the scheduler has completed no step for {}: reporting NOT_SERVING",
+                    absl::FormatDuration(stall_timeout));
+    } else {
+      spdlog::info("the scheduler is making progress again: reporting SERVING");
+    }
+  }
+}
+
+void Daemon::Drain() {
+  Parts& p = *parts_;
+  p.grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  p.service->StopAccepting();
+  const absl::Duration drain = p.options.drain_timeout;
+  spdlog::info("draining {} open call(s) for up to {}", p.service->open_calls(),
+               absl::FormatDuration(drain));
+  const absl::Time drain_deadline = absl::Now() + drain;
+  while (p.service->open_calls() > 0 && absl::Now() < drain_deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (const int64_t left = p.service->open_calls(); left > 0) {
+    spdlog::warn("drain timeout: cancelling {} call(s) with UNAVAILABLE", left);
+  }
+  // From here gRPC's own shutdown may end a call that arrives meanwhile
+  // with CANCELLED instead of our UNAVAILABLE (grpc/grpc#41785).
+  spdlog::info("drained: shutting down the gRPC server");
+  p.scheduler->Stop();
+  p.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  p.grpc_server->Wait();
+  spdlog::info("stopped");
+}
+
+int StartupExitCode(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace tandem::server

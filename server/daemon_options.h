@@ -1,0 +1,109 @@
+// Everything tandemd is told on its command line, read and checked in one
+// place before anything starts. A daemon is then assembled from it
+// (server/daemon.h), so a new front end, role or policy adds a field here and
+// a few lines there.
+//
+// The flags themselves (ABSL_FLAG) are defined in daemon_options.cc; only
+// DaemonOptionsFromFlags reads them.
+#ifndef TANDEM_SERVER_DAEMON_OPTIONS_H_
+#define TANDEM_SERVER_DAEMON_OPTIONS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/kernels/backend_factory.h"
+#include "engine/kernels/cuda/cuda_loader.h"
+#include "scheduler/decode_pacer.h"
+#include "scheduler/fault_injection.h"
+#include "scheduler/scheduler_core.h"
+#include "server/api_keys.h"
+#include "server/request_builder.h"
+#include "server/serving_model.h"
+
+namespace tandem::server {
+
+// What this daemon does in a pool of daemons (--role).
+enum class Role {
+  kUnified,  // prefill and decode here
+  kPrefill,  // hands requests that reach the threshold to decode daemons
+  kDecode,   // takes requests over from prefill daemons; no prompts from clients
+};
+std::string_view RoleName(Role role);
+
+// How the daemon listens and whom it lets in.
+struct ListenOptions {
+  std::string grpc;     // --listen, host:port
+  std::string metrics;  // --metrics_listen; empty: no metrics endpoint
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca;
+  int max_message_bytes = 64 << 20;
+  int max_concurrent_streams = 100;  // per client connection
+  // Read from --api_keys_file at start-up; null: every call is let in.
+  std::shared_ptr<const ApiKeys> api_keys;
+  std::string api_keys_file;
+};
+
+// What the front end applies to every request.
+struct RequestPolicy {
+  RequestDefaults defaults;                                // --max_tokens_default, --default_*
+  int32_t max_prompt_tokens = 0;                           // 0: the context length minus one
+  absl::Duration default_deadline = absl::Minutes(10);     // zero: none
+  absl::Duration slow_reader_timeout = absl::Seconds(60);  // zero: never
+};
+
+// Prefill and decode daemons (--role other than unified).
+struct PoolOptions {
+  std::vector<std::string> decode_peers;  // --role=prefill: host:port each
+  std::string kv_transport = "tcp";       // UCX transports, as UCX_TLS takes them
+  absl::Duration peer_load_interval = absl::Milliseconds(200);
+};
+
+struct DaemonOptions {
+  Role role = Role::kUnified;
+  kernels::DeviceChoice device;  // what --device resolved to, and why
+  // The model and its workers. model.decode_worker is set from the role and
+  // the threshold: a local decode worker exists only on a unified daemon
+  // whose threshold is not off.
+  ServingModelOptions model;
+  // --disagg_output_threshold: a token count, nullopt for off, or (when
+  // auto_threshold) measured at start-up.
+  std::optional<int32_t> output_threshold;
+  bool auto_threshold = false;
+  // The scheduler's settings that come from flags; those that come from the
+  // loaded model (block counts, context length, step costs) and the
+  // threshold are filled in at start-up.
+  scheduler::SchedulerOptions scheduler;
+  int max_queued_requests = 256;
+  // Decode pacing on the shared compute (zero when decode has reserved
+  // threads of its own: nothing to pace).
+  scheduler::DecodePacingOptions pacing;
+  std::string speculative = "ngram";  // off, ngram or draft, as given
+  RequestPolicy requests;
+  ListenOptions listen;
+  PoolOptions pool;
+  std::optional<scheduler::FaultSpec> fault;  // --inject_fault (testing only)
+  absl::Duration drain_timeout = absl::Seconds(30);
+  absl::Duration stall_timeout = absl::Seconds(60);
+};
+
+// Reads every flag of tandemd and checks it: INVALID_ARGUMENT whose message
+// names the flag (and its value) on the first that is wrong. `cuda` is what
+// probing the CUDA module found (kernels::cuda::ProbeCudaModule), which
+// --device is resolved against. Reads --api_keys_file.
+absl::StatusOr<DaemonOptions> DaemonOptionsFromFlags(
+    const absl::StatusOr<kernels::cuda::CudaProbe>& cuda);
+
+// --log_format, read before everything else so that errors are logged in
+// the format asked for.
+std::string LogFormatFlag();
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_DAEMON_OPTIONS_H_
