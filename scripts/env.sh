@@ -2,13 +2,15 @@
 # TANDEM_CACHE      downloads, the Python virtual environment (default ~/.cache/tandem)
 # TANDEM_MODEL_DIR  where the default model is cached (default models/ in the checkout)
 # TANDEM_BUILD_DIR  the CMake build directory (default build/ in the checkout)
+# TANDEM_JOBS       parallel compile jobs and ctest jobs (default: the CPUs here)
 TANDEM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TANDEM_CACHE="${TANDEM_CACHE:-$HOME/.cache/tandem}"
 TANDEM_MODEL_DIR="${TANDEM_MODEL_DIR:-$TANDEM_ROOT/models}"
 TANDEM_BUILD_DIR="${TANDEM_BUILD_DIR:-$TANDEM_ROOT/build}"
 TANDEM_VENV="$TANDEM_CACHE/venv"
 TANDEM_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-export TANDEM_CACHE TANDEM_MODEL_DIR TANDEM_BUILD_DIR
+TANDEM_JOBS="${TANDEM_JOBS:-$(nproc)}"
+export TANDEM_CACHE TANDEM_MODEL_DIR TANDEM_BUILD_DIR TANDEM_JOBS
 # ccache keeps rebuilds of a fresh clone fast, wherever it is cloned: paths
 # under the checkout are hashed relative to it (BASEDIR), and the working
 # directory is left out of the hash of -g builds (NOHASHDIR).
