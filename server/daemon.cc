@@ -135,19 +135,6 @@ absl::StatusOr<std::optional<int32_t>> MeasureThreshold(ServingModel& model, int
   return threshold;
 }
 
-GrpcServerOptions GrpcOptionsFor(const ListenOptions& listen, ServerMetrics* metrics) {
-  GrpcServerOptions grpc;
-  grpc.listen = listen.grpc;
-  grpc.tls_cert_file = listen.tls_cert_file;
-  grpc.tls_key_file = listen.tls_key_file;
-  grpc.tls_client_ca = listen.tls_client_ca;
-  grpc.max_message_bytes = listen.max_message_bytes;
-  grpc.max_concurrent_streams = listen.max_concurrent_streams;
-  grpc.api_keys = listen.api_keys;
-  grpc.on_unauthenticated = [metrics] { metrics->OnUnauthenticated(); };
-  return grpc;
-}
-
 }  // namespace
 
 Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
@@ -160,8 +147,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   const Role role = options.role;
   spdlog::info("device: {} ({})", kernels::DeviceName(options.device.device),
                options.device.reason);
-  if (options.listen.api_keys != nullptr) {
-    spdlog::info("API keys: {} accepted (from {})", options.listen.api_keys->size(),
+  if (options.listen.grpc.api_keys != nullptr) {
+    spdlog::info("API keys: {} accepted (from {})", options.listen.grpc.api_keys->size(),
                  options.listen.api_keys_file);
   }
 
@@ -278,8 +265,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   std::vector<grpc::Service*> services = {service};
   if (p.peer_service != nullptr) services.push_back(p.peer_service.get());
+  GrpcServerOptions grpc_options = options.listen.grpc;
+  grpc_options.on_unauthenticated = [metrics] { metrics->OnUnauthenticated(); };
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
-      StartGrpcServer(GrpcOptionsFor(options.listen, metrics), services);
+      StartGrpcServer(grpc_options, services);
   // Whatever went wrong, the listen address or the TLS files were refused.
   if (!grpc_server.ok()) return absl::InvalidArgumentError(grpc_server.status().ToString());
   p.grpc_server = *std::move(grpc_server);
@@ -290,9 +279,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     RemoteDecoderOptions remote;
     remote.peers = options.pool.decode_peers;
     remote.load_interval = options.pool.peer_load_interval;
-    remote.api_key =
-        options.listen.api_keys != nullptr ? options.listen.api_keys->first() : std::string();
-    remote.max_message_bytes = options.listen.max_message_bytes;
+    remote.api_key = options.listen.grpc.api_keys != nullptr ? options.listen.grpc.api_keys->first()
+                                                             : std::string();
+    remote.max_message_bytes = options.listen.grpc.max_message_bytes;
     p.remote_decoder = std::make_unique<RemoteDecoder>(std::move(remote), p.scheduler.get(),
                                                        p.kv_endpoint.get(), metrics);
     p.scheduler->SetRemoteDecodeLink(p.remote_decoder.get());
@@ -301,8 +290,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   p.grpc_server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("serving tandem.v1.Generation on {}{}; metrics on {}", options.listen.grpc,
-               options.listen.tls_cert_file.empty() ? "" : " (TLS)",
+  spdlog::info("serving tandem.v1.Generation on {}{}; metrics on {}", options.listen.grpc.listen,
+               options.listen.grpc.tls_cert_file.empty() ? "" : " (TLS)",
                options.listen.metrics.empty() ? "(off)" : options.listen.metrics);
   return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
 }

@@ -353,25 +353,26 @@ absl::Status ReadRequestPolicy(DaemonOptions& options) {
 // Addresses, TLS and API keys.
 absl::Status ReadListen(DaemonOptions& options) {
   ListenOptions& listen = options.listen;
-  listen.grpc = absl::GetFlag(FLAGS_listen);
+  GrpcServerOptions& grpc = listen.grpc;
+  grpc.listen = absl::GetFlag(FLAGS_listen);
   listen.metrics = absl::GetFlag(FLAGS_metrics_listen);
-  listen.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-  listen.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  listen.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  listen.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  if (listen.max_message_bytes < 1) {
+  grpc.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  grpc.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  grpc.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  grpc.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (grpc.max_message_bytes < 1) {
     return FlagError(
-        StrCat("--max_message_bytes=", listen.max_message_bytes, ": must be at least 1"));
+        StrCat("--max_message_bytes=", grpc.max_message_bytes, ": must be at least 1"));
   }
-  listen.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  if (listen.max_concurrent_streams < 1) {
+  grpc.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (grpc.max_concurrent_streams < 1) {
     return FlagError("--max_concurrent_streams must be at least 1");
   }
   listen.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   if (!listen.api_keys_file.empty()) {
     absl::StatusOr<std::vector<std::string>> keys = ReadApiKeys(listen.api_keys_file);
     if (!keys.ok()) return FlagError(std::string(keys.status().message()));
-    listen.api_keys = std::make_shared<const ApiKeys>(*std::move(keys));
+    grpc.api_keys = std::make_shared<const ApiKeys>(*std::move(keys));
   }
   return absl::OkStatus();
 }

@@ -22,7 +22,7 @@
 #include "scheduler/decode_pacer.h"
 #include "scheduler/fault_injection.h"
 #include "scheduler/scheduler_core.h"
-#include "server/api_keys.h"
+#include "server/grpc_server_options.h"
 #include "server/request_builder.h"
 #include "server/serving_model.h"
 
@@ -38,15 +38,11 @@ std::string_view RoleName(Role role);
 
 // How the daemon listens and whom it lets in.
 struct ListenOptions {
-  std::string grpc;     // --listen, host:port
+  // --listen, TLS, message and stream limits, API keys (read from
+  // --api_keys_file at start-up; null: every call is let in).
+  // grpc.on_unauthenticated is the daemon's to set.
+  GrpcServerOptions grpc;
   std::string metrics;  // --metrics_listen; empty: no metrics endpoint
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  std::string tls_client_ca;
-  int max_message_bytes = 64 << 20;
-  int max_concurrent_streams = 100;  // per client connection
-  // Read from --api_keys_file at start-up; null: every call is let in.
-  std::shared_ptr<const ApiKeys> api_keys;
   std::string api_keys_file;
 };
 

@@ -6,28 +6,13 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <functional>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/api_keys.h"
+#include "server/grpc_server_options.h"
 
 namespace tandem::server {
-
-struct GrpcServerOptions {
-  std::string listen;         // host:port
-  std::string tls_cert_file;  // PEM; with tls_key_file enables TLS
-  std::string tls_key_file;   // PEM
-  std::string tls_client_ca;  // PEM; when set, clients must present a certificate it signed
-  int max_message_bytes = 64 << 20;
-  int max_concurrent_streams = 100;  // per client connection (HTTP/2 SETTINGS)
-  // When set, every call but health checks needs one of these keys
-  // (server/grpc_auth.h); `on_unauthenticated` runs for each refused call.
-  std::shared_ptr<const ApiKeys> api_keys;
-  std::function<void()> on_unauthenticated;
-};
 
 // Starts the server with `service` registered (plus health and reflection).
 // Errors name the file or address that is wrong.

@@ -70,9 +70,9 @@ TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerAtThirtyTwo
   EXPECT_EQ(options->max_queued_requests, 256);
   EXPECT_EQ(options->requests.defaults.max_tokens, 2048);
   EXPECT_EQ(options->requests.default_deadline, absl::Minutes(10));
-  EXPECT_EQ(options->listen.grpc, "127.0.0.1:50051");
+  EXPECT_EQ(options->listen.grpc.listen, "127.0.0.1:50051");
   EXPECT_EQ(options->listen.metrics, "127.0.0.1:9400");
-  EXPECT_EQ(options->listen.api_keys, nullptr);
+  EXPECT_EQ(options->listen.grpc.api_keys, nullptr);
   EXPECT_FALSE(options->fault.has_value());
   EXPECT_EQ(options->drain_timeout, absl::Seconds(30));
 }
@@ -145,9 +145,9 @@ TEST(DaemonOptionsTest, TheApiKeysFileIsReadSkippingCommentsAndBlankLines) {
   const std::string keys = TempFile("keys", "# the pool's keys\n\n  first-key  \nsecond-key\n");
   absl::StatusOr<DaemonOptions> options = OptionsWith({{"api_keys_file", keys}});
   ASSERT_TRUE(options.ok()) << options.status();
-  ASSERT_NE(options->listen.api_keys, nullptr);
-  EXPECT_EQ(options->listen.api_keys->size(), 2u);
-  EXPECT_EQ(options->listen.api_keys->first(), "first-key");
+  ASSERT_NE(options->listen.grpc.api_keys, nullptr);
+  EXPECT_EQ(options->listen.grpc.api_keys->size(), 2u);
+  EXPECT_EQ(options->listen.grpc.api_keys->first(), "first-key");
   EXPECT_EQ(options->listen.api_keys_file, keys);
 }
 
