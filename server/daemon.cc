@@ -30,8 +30,15 @@
 namespace tandem::server {
 
 // Everything a running daemon holds, in the order it is built: members are
-// destroyed in reverse, so what uses a part goes before it.
+// destroyed in reverse. The scheduler calls into parts built after it (the
+// lane mover, the remote decoder) from its threads, so it is stopped before
+// any member goes, on every path (a drain stops it first anyway; a Start that
+// fails half way does not).
 struct Daemon::Parts {
+  ~Parts() {
+    if (scheduler != nullptr) scheduler->Stop();
+  }
+
   DaemonOptions options;
   std::unique_ptr<ServingModel> model;
   std::unique_ptr<scheduler::FaultInjectingWorker> faulty;  // --inject_fault

@@ -163,8 +163,8 @@ absl::Status FlagError(std::string message) {
   return absl::InvalidArgumentError(std::move(message));
 }
 
-// The message of `status` as a flag error, prefixed with `prefix` when the
-// message does not name the flag itself.
+// The message of `status` as a flag error, after `prefix` (the flag the
+// message came from, where the message itself does not say).
 absl::Status Prefixed(std::string_view prefix, const absl::Status& status) {
   return FlagError(StrCat(prefix, status.message()));
 }
@@ -290,7 +290,8 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
         StrCat("--speculative='", options.speculative, "': expected off, ngram or draft"));
   }
   speculation.max_draft = absl::GetFlag(FLAGS_spec_max_draft);
-  if (speculation.max_draft < 0) return FlagError("--spec_max_draft must be >= 0");
+  if (speculation.max_draft < 0)
+    return FlagError(StrCat("--spec_max_draft must be >= 0 (got ", speculation.max_draft, ")"));
   speculation.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   return absl::OkStatus();
 }
@@ -308,10 +309,13 @@ absl::Status ReadScheduling(DaemonOptions& options) {
   sched.priority_aging = absl::GetFlag(FLAGS_priority_aging);
   sched.remote_decode = options.role == Role::kPrefill;
   sched.kv_lease = absl::GetFlag(FLAGS_kv_lease);
-  if (sched.kv_lease <= absl::ZeroDuration()) return FlagError("--kv_lease must be > 0");
+  if (sched.kv_lease <= absl::ZeroDuration())
+    return FlagError(
+        StrCat("--kv_lease must be > 0 (got ", absl::FormatDuration(sched.kv_lease), ")"));
   sched.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens);
   if (sched.max_queued_tokens < 0) {
-    return FlagError("--max_queued_tokens must be >= 0 (0: no limit)");
+    return FlagError(StrCat("--max_queued_tokens must be >= 0 (0: no limit; got ",
+                            sched.max_queued_tokens, ")"));
   }
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   if (options.max_queued_requests < 1) {
@@ -337,7 +341,9 @@ absl::Status ReadRequestPolicy(DaemonOptions& options) {
   if (absl::Status s = ValidateDefaults(policy.defaults); !s.ok())
     return FlagError(std::string(s.message()));
   policy.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
-  if (policy.max_prompt_tokens < 0) return FlagError("--max_prompt_tokens must be >= 0");
+  if (policy.max_prompt_tokens < 0)
+    return FlagError(
+        StrCat("--max_prompt_tokens must be >= 0 (got ", policy.max_prompt_tokens, ")"));
   policy.default_deadline = absl::GetFlag(FLAGS_default_deadline);
   policy.slow_reader_timeout = absl::GetFlag(FLAGS_slow_reader_timeout);
   for (const auto& [flag, value] :
@@ -366,7 +372,8 @@ absl::Status ReadListen(DaemonOptions& options) {
   }
   grpc.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   if (grpc.max_concurrent_streams < 1) {
-    return FlagError("--max_concurrent_streams must be at least 1");
+    return FlagError(StrCat("--max_concurrent_streams must be at least 1 (got ",
+                            grpc.max_concurrent_streams, ")"));
   }
   listen.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   if (!listen.api_keys_file.empty()) {

@@ -1,7 +1,11 @@
-// Everything tandemd is told on its command line, read and checked in one
-// place before anything starts. A daemon is then assembled from it
-// (server/daemon.h), so a new front end, role or policy adds a field here and
-// a few lines there.
+// Everything tandemd is told on its command line, read in one place and
+// checked there before anything starts, as far as a value can be judged
+// without the model file or the network: what depends on the model (the
+// n-gram lengths, --draft_layers against its layer count, --draft_model,
+// --chat_template, the KV cache holding a full context) is checked when it
+// loads, and the listen address and TLS files when the gRPC server starts.
+// A daemon is then assembled from the options (server/daemon.h), so a new
+// front end, role or policy adds a field here and a few lines there.
 //
 // The flags themselves (ABSL_FLAG) are defined in daemon_options.cc; only
 // DaemonOptionsFromFlags reads them.
@@ -89,8 +93,9 @@ struct DaemonOptions {
   absl::Duration stall_timeout = absl::Seconds(60);
 };
 
-// Reads every flag of tandemd and checks it: INVALID_ARGUMENT whose message
-// names the flag (and its value) on the first that is wrong. `cuda` is what
+// Reads every flag of tandemd and checks those it can judge (above):
+// INVALID_ARGUMENT whose message names the flag and its value on the first
+// that is wrong. `cuda` is what
 // probing the CUDA module found (kernels::cuda::ProbeCudaModule), which
 // --device is resolved against. Reads --api_keys_file.
 absl::StatusOr<DaemonOptions> DaemonOptionsFromFlags(

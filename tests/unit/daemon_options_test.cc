@@ -1,6 +1,6 @@
-// DaemonOptionsFromFlags: every flag value tandemd refuses is refused here,
-// before anything starts, with INVALID_ARGUMENT naming the flag; accepted
-// values become the options the daemon is assembled from. Flags are set as
+// DaemonOptionsFromFlags: every flag value it can judge without the model
+// file is refused here, before anything starts, with INVALID_ARGUMENT naming
+// the flag; accepted values land in the fields the daemon is assembled from. Flags are set as
 // the command line would set them (by name, from text), with a FlagSaver per
 // test restoring the defaults.
 #include "server/daemon_options.h"
@@ -75,6 +75,132 @@ TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerAtThirtyTwo
   EXPECT_EQ(options->listen.grpc.api_keys, nullptr);
   EXPECT_FALSE(options->fault.has_value());
   EXPECT_EQ(options->drain_timeout, absl::Seconds(30));
+}
+
+// Every flag set to a value unlike its default and unlike the others of its
+// kind: each lands in its own field (a swap of two reads fails here).
+TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
+  absl::FlagSaver saver;
+  const std::string keys = TempFile("keys_all", "only-key\n");
+  absl::StatusOr<DaemonOptions> o = OptionsWith({
+      {"model", "/m/model.gguf"},
+      {"listen", "127.0.0.1:1111"},
+      {"metrics_listen", "127.0.0.1:2222"},
+      {"device", "cpu"},
+      {"cuda_graphs", "false"},
+      {"cuda_decode_sms", "7"},
+      {"threads", "3"},
+      {"pin_threads", "false"},
+      {"decode_step_interval", "17ms"},
+      {"prefill_min_share", "0.25"},
+      {"disagg_output_threshold", "48"},
+      {"disagg_on_max_tokens", "true"},
+      {"priority_aging", "11s"},
+      {"cpu_matmul", "f32"},
+      {"kv_cache_bytes", "123456789"},
+      {"decode_kv_cache_bytes", "98765432"},
+      {"kv_cache_memory_fraction", "0.125"},
+      {"prefix_caching", "false"},
+      {"block_size", "32"},
+      {"context_length", "1024"},
+      {"max_batched_tokens", "96"},
+      {"max_running", "12"},
+      {"max_queued_requests", "34"},
+      {"max_queued_tokens", "5678"},
+      {"max_prompt_tokens", "900"},
+      {"max_concurrent_streams", "9"},
+      {"default_deadline", "3m"},
+      {"slow_reader_timeout", "45s"},
+      {"max_tokens_default", "77"},
+      {"default_temperature", "0.5"},
+      {"default_top_p", "0.75"},
+      {"default_top_k", "13"},
+      {"chat_template", "llama3"},
+      {"drain_timeout", "19s"},
+      {"stall_timeout", "23s"},
+      {"tls_cert", "/tls/cert.pem"},
+      {"tls_key", "/tls/key.pem"},
+      {"tls_client_ca", "/tls/ca.pem"},
+      {"api_keys_file", keys},
+      {"max_message_bytes", "1048576"},
+      {"speculative", "off"},
+      {"spec_max_draft", "6"},
+      {"spec_adaptive", "false"},
+      {"ngram_min", "2"},
+      {"ngram_max", "5"},
+      {"draft_model", "/m/draft.gguf"},
+      {"draft_layers", "3"},
+      {"inject_fault", "prefill:throw@4"},
+      {"kv_transport", "rc,cuda_copy"},
+      {"kv_lease", "7s"},
+      {"peer_load_interval", "350ms"},
+      {"log_format", "json"},
+  });
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device.device, kernels::Device::kCpu);
+  const ServingModelOptions& m = o->model;
+  EXPECT_EQ(m.model_path, "/m/model.gguf");
+  EXPECT_EQ(m.device, kernels::Device::kCpu);
+  EXPECT_FALSE(m.step_graphs);
+  EXPECT_EQ(m.cuda_decode_sms, 7);
+  EXPECT_EQ(m.threads, 3);
+  EXPECT_EQ(m.decode_reserved_threads, 0);
+  EXPECT_FALSE(m.pin_threads);
+  EXPECT_TRUE(m.decode_worker);
+  EXPECT_EQ(m.matmul_mode, kernels::cpu::MatMulMode::kF32);
+  EXPECT_EQ(m.kv_cache_bytes, 123456789);
+  EXPECT_EQ(m.decode_kv_cache_bytes, 98765432);
+  EXPECT_EQ(m.kv_cache_memory_fraction, 0.125);
+  EXPECT_EQ(m.block_size, 32);
+  EXPECT_EQ(m.context_length, 1024);
+  EXPECT_EQ(m.chat_template, "llama3");
+  EXPECT_EQ(m.ngram_min, 2);
+  EXPECT_EQ(m.ngram_max, 5);
+  EXPECT_EQ(m.draft_model_path, "/m/draft.gguf");
+  EXPECT_EQ(m.draft_layers, 3);
+  EXPECT_EQ(o->output_threshold, 48);
+  const scheduler::SchedulerOptions& sched = o->scheduler;
+  EXPECT_TRUE(sched.disaggregation.use_max_tokens);
+  EXPECT_EQ(sched.priority_aging, absl::Seconds(11));
+  EXPECT_FALSE(sched.prefix_caching);
+  EXPECT_EQ(sched.max_batched_tokens, 96);
+  EXPECT_EQ(sched.max_running, 12);
+  EXPECT_EQ(sched.max_queued_tokens, 5678);
+  EXPECT_EQ(sched.kv_lease, absl::Seconds(7));
+  EXPECT_EQ(sched.speculation.proposer, step::Proposer::kNone);
+  EXPECT_EQ(sched.speculation.max_draft, 6);
+  EXPECT_FALSE(sched.speculation.adaptive);
+  EXPECT_EQ(o->speculative, "off");
+  EXPECT_EQ(o->max_queued_requests, 34);
+  EXPECT_EQ(o->pacing.interval, absl::Milliseconds(17));
+  EXPECT_EQ(o->pacing.prefill_min_share, 0.25);
+  const RequestPolicy& r = o->requests;
+  EXPECT_EQ(r.max_prompt_tokens, 900);
+  EXPECT_EQ(r.default_deadline, absl::Minutes(3));
+  EXPECT_EQ(r.slow_reader_timeout, absl::Seconds(45));
+  EXPECT_EQ(r.defaults.max_tokens, 77);
+  EXPECT_EQ(r.defaults.temperature, 0.5f);
+  EXPECT_EQ(r.defaults.top_p, 0.75f);
+  EXPECT_EQ(r.defaults.top_k, 13);
+  const GrpcServerOptions& g = o->listen.grpc;
+  EXPECT_EQ(g.listen, "127.0.0.1:1111");
+  EXPECT_EQ(o->listen.metrics, "127.0.0.1:2222");
+  EXPECT_EQ(g.max_concurrent_streams, 9);
+  EXPECT_EQ(g.tls_cert_file, "/tls/cert.pem");
+  EXPECT_EQ(g.tls_key_file, "/tls/key.pem");
+  EXPECT_EQ(g.tls_client_ca, "/tls/ca.pem");
+  EXPECT_EQ(g.max_message_bytes, 1048576);
+  ASSERT_NE(g.api_keys, nullptr);
+  EXPECT_EQ(g.api_keys->first(), "only-key");
+  EXPECT_EQ(o->drain_timeout, absl::Seconds(19));
+  EXPECT_EQ(o->stall_timeout, absl::Seconds(23));
+  ASSERT_TRUE(o->fault.has_value());
+  EXPECT_EQ(o->fault->lane, "prefill");
+  EXPECT_EQ(o->fault->kind, scheduler::FaultSpec::Kind::kThrow);
+  EXPECT_EQ(o->fault->step, 4);
+  EXPECT_EQ(o->pool.kv_transport, "rc,cuda_copy");
+  EXPECT_EQ(o->pool.peer_load_interval, absl::Milliseconds(350));
+  EXPECT_EQ(LogFormatFlag(), "json");
 }
 
 TEST(DaemonOptionsTest, TheRoleDecidesWhereDecodingHappens) {
@@ -190,22 +316,22 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"speculative", "bogus"}}, "--speculative='bogus': expected off, ngram or draft"},
       {{{"speculative", "draft"}},
        "--speculative=draft needs a draft model: set --draft_model or --draft_layers"},
-      {{{"spec_max_draft", "-1"}}, "--spec_max_draft must be >= 0"},
+      {{{"spec_max_draft", "-1"}}, "--spec_max_draft must be >= 0 (got -1)"},
       {{{"max_batched_tokens", "0"}}, "--max_batched_tokens=0: must be at least 1"},
       {{{"max_running", "0"}}, "--max_running=0: must be at least 1"},
       {{{"max_queued_requests", "0"}}, "--max_queued_requests=0: must be at least 1"},
-      {{{"kv_lease", "0s"}}, "--kv_lease must be > 0"},
-      {{{"max_queued_tokens", "-1"}}, "--max_queued_tokens must be >= 0"},
+      {{{"kv_lease", "0s"}}, "--kv_lease must be > 0 (got 0)"},
+      {{{"max_queued_tokens", "-1"}}, "--max_queued_tokens must be >= 0 (0: no limit; got -1)"},
       {{{"decode_step_interval", "-1ms"}}, "--decode_step_interval=-1ms: must be >= 0"},
       {{{"prefill_min_share", "1"}}, "--prefill_min_share=1: must be in [0, 1)"},
       {{{"default_temperature", "-1"}}, "--default_temperature=-1: must be a finite number >= 0"},
       {{{"default_top_p", "0"}}, "--default_top_p=0: must be in (0, 1]"},
       {{{"default_top_k", "-2"}}, "--default_top_k=-2: must be >= 0"},
       {{{"max_tokens_default", "0"}}, "--max_tokens_default=0: must be >= 1"},
-      {{{"max_prompt_tokens", "-1"}}, "--max_prompt_tokens must be >= 0"},
+      {{{"max_prompt_tokens", "-1"}}, "--max_prompt_tokens must be >= 0 (got -1)"},
       {{{"default_deadline", "-1s"}}, "--default_deadline must be >= 0 (got -1s)"},
       {{{"slow_reader_timeout", "-2s"}}, "--slow_reader_timeout must be >= 0 (got -2s)"},
-      {{{"max_concurrent_streams", "0"}}, "--max_concurrent_streams must be at least 1"},
+      {{{"max_concurrent_streams", "0"}}, "--max_concurrent_streams must be at least 1 (got 0)"},
       {{{"max_message_bytes", "0"}}, "--max_message_bytes=0: must be at least 1"},
       {{{"api_keys_file", "/nonexistent/keys"}},
        "--api_keys_file: cannot read '/nonexistent/keys'"},
@@ -224,6 +350,7 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"priority_aging", "-1s"}}, "--priority_aging=-1s: must be >= 0"},
   };
   for (const BadFlags& c : cases) {
+    SCOPED_TRACE(c.message);
     absl::FlagSaver saver;
     absl::StatusOr<DaemonOptions> options = OptionsWith(c.flags);
     ASSERT_FALSE(options.ok()) << c.message;
