@@ -12,33 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/shape.h"
+#include "common/free_port.h"
 
 namespace tandem::bench {
-namespace {
-
-// A port the kernel just handed out (free now; the daemon binds it next).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
-}  // namespace
 
 absl::Status DaemonProcess::Start(const std::string& tandemd, const std::string& model,
                                   const std::vector<std::string>& flags,
                                   const std::string& log_path, double timeout_s) {
-  port_ = FreePort();
-  metrics_port_ = FreePort();
+  port_ = FreeLoopbackPort();
+  metrics_port_ = FreeLoopbackPort();
   std::vector<std::string> args = {tandemd, "--model=" + model,
                                    absl::StrCat("--listen=127.0.0.1:", port_),
                                    absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)};

@@ -373,7 +373,7 @@ TEST(ApiLifecycleTest, DrainingRefusesNewCallsAndCancelsStragglersWithUnavailabl
 }
 
 TEST(ApiLifecycleTest, ApiKeysGuardEveryRpcButHealth) {
-  const std::string keys = ::testing::TempDir() + "/keys_" + std::to_string(FreePort());
+  const std::string keys = ::testing::TempDir() + "/keys_" + std::to_string(FreeLoopbackPort());
   std::ofstream(keys) << "# operators' keys\nsecret-key-1\n\n  secret-key-2  \n";
   Daemon daemon({"--api_keys_file=" + keys});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();  // health needs no key
@@ -414,7 +414,7 @@ TEST(ApiLifecycleTest, ApiKeysGuardEveryRpcButHealth) {
 
 // Makes a CA, a server certificate for 127.0.0.1 and a client certificate.
 std::string MakeCertificates() {
-  const std::string dir = ::testing::TempDir() + "/tls_" + std::to_string(FreePort());
+  const std::string dir = ::testing::TempDir() + "/tls_" + std::to_string(FreeLoopbackPort());
   const std::string script =
       "set -e; mkdir -p " + dir + "; cd " + dir +
       "; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key "

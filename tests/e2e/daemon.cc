@@ -27,19 +27,6 @@ std::string PathFromEnv(const char* name, const char* fallback) {
   return value != nullptr ? value : fallback;
 }
 
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 std::optional<double> MetricValue(const std::string& text, const std::string& name) {
   std::istringstream lines(text);
   std::string line;
@@ -90,8 +77,8 @@ std::optional<std::string> HttpGet(int port, const std::string& path) {
 Daemon::Daemon(std::vector<std::string> extra) {
   const std::string binary = PathFromEnv("TANDEM_DAEMON", paths::kDaemon);
   const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
-  port_ = FreePort();
-  metrics_port_ = FreePort();
+  port_ = FreeLoopbackPort();
+  metrics_port_ = FreeLoopbackPort();
   log_path_ = ::testing::TempDir() + "/tandemd_" + std::to_string(::getpid()) + "_" +
               std::to_string(port_) + ".log";
   std::vector<std::string> args = {binary, "--listen=" + address(),

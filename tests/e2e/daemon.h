@@ -13,15 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "common/free_port.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 namespace tandem::testing {
 
 // $NAME if set, else `fallback` (the paths CMake configured).
 std::string PathFromEnv(const char* name, const char* fallback);
-
-// A port that was free a moment ago (bound to 0 and released).
-int FreePort();
 
 // The value of an unlabelled sample `name` in Prometheus text, or nullopt.
 std::optional<double> MetricValue(const std::string& text, const std::string& name);

@@ -297,8 +297,9 @@ TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) 
   EXPECT_FALSE(load.accepts_prompts());
 
   // A prefill daemon whose only peer does not answer serves everything itself.
-  Daemon alone(With({"--role=prefill", absl::StrCat("--decode_peers=127.0.0.1:", FreePort()),
-                     "--disagg_output_threshold=8"}));
+  Daemon alone(
+      With({"--role=prefill", absl::StrCat("--decode_peers=127.0.0.1:", FreeLoopbackPort()),
+            "--disagg_output_threshold=8"}));
   ASSERT_TRUE(alone.WaitServing()) << alone.Log();
   auto alone_stub = alone.Stub();
   const Generation g = Generate(*alone_stub, Request(0, 40));

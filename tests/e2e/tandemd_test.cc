@@ -439,7 +439,7 @@ TEST(TandemdLifecycleTest, SigtermWithEightStreamsInFlightFinishesAllAndExitsZer
 
 TEST(TandemdLifecycleTest, ACorruptModelFileIsAClearStartupError) {
   const std::string path =
-      ::testing::TempDir() + "/corrupt_" + std::to_string(FreePort()) + ".gguf";
+      ::testing::TempDir() + "/corrupt_" + std::to_string(FreeLoopbackPort()) + ".gguf";
   {
     std::ifstream in(PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel), std::ios::binary);
     std::vector<char> head(10 << 20);  // the metadata, and part of the tensors

@@ -2,6 +2,7 @@
 and gRPC stubs generated from the repository's .proto files at test time
 (by grpcio-tools, as any client in any language would generate them)."""
 import os
+import random
 import re
 import signal
 import socket
@@ -34,9 +35,26 @@ def generated_stubs():
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of 127.0.0.1 that is free now, drawn from below the ephemeral
+    range (where outgoing connections take their source ports, so a client of
+    a test running beside this one cannot take it before the daemon binds it),
+    as common/free_port.h does for the C++ tests."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = []
+    if ephemeral_low - 10000 >= 1000:
+        candidates = [random.randrange(10000, ephemeral_low) for _ in range(200)]
+    for port in candidates + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port on 127.0.0.1")
 
 
 class Daemon:

@@ -1,0 +1,66 @@
+// A TCP port on 127.0.0.1 for a daemon that a test or `tandem bench` starts.
+//
+// The port is free when returned and the daemon binds it a moment later, so
+// nothing else may take it in between. A port the kernel picks for a bind to
+// port 0 comes from the ephemeral range, which is also where every outgoing
+// connection's source port comes from: with tests running side by side
+// (clients opening connections by the hundred), one of them took such a port
+// before the daemon could bind it. So the port is drawn at random from below
+// the ephemeral range instead, where the kernel hands out nothing by itself,
+// and checked by binding it.
+#ifndef TANDEM_COMMON_FREE_PORT_H_
+#define TANDEM_COMMON_FREE_PORT_H_
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+namespace tandem {
+
+namespace free_port_internal {
+
+// Whether 127.0.0.1:`port` can be bound now (0: the kernel picks; `port` is
+// then set to what it picked).
+inline bool Bindable(int& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof(addr);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (bound) port = ntohs(addr.sin_port);
+  ::close(fd);
+  return bound;
+}
+
+}  // namespace free_port_internal
+
+// A port of 127.0.0.1 that is free now, below the ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range) and not below 10000; where that
+// range leaves no room, one the kernel picks. 0 if none could be found.
+inline int FreeLoopbackPort() {
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  constexpr int kLowest = 10000;
+  if (ephemeral_low - kLowest >= 1000) {
+    std::random_device seed;
+    std::mt19937 random(seed());
+    std::uniform_int_distribution<int> pick(kLowest, ephemeral_low - 1);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      int port = pick(random);
+      if (free_port_internal::Bindable(port)) return port;
+    }
+  }
+  int port = 0;
+  return free_port_internal::Bindable(port) ? port : 0;
+}
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_FREE_PORT_H_
