@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
@@ -11,6 +12,9 @@
 
 namespace tandem::client {
 namespace {
+
+// Below this share of requests meeting a budget, the report says so.
+constexpr double kAttainmentTarget = 0.9;
 
 // Splits `name{a="1",le="2"}` into its labels, with `le` taken out.
 bool SplitBucket(const std::string& key, const std::string& name, std::string* labels, double* le) {
@@ -160,6 +164,42 @@ std::string ShapeReport(const Metrics& m, double now_unix_seconds) {
   out << absl::StrFormat("  paths: colocated %.0f (%.0f%%), disaggregated %.0f (%.0f%%)\n",
                          colocated, 100 * colocated / requests, disaggregated,
                          100 * disaggregated / requests);
+  // Attainment of the requests' latency budgets (those that ended by
+  // themselves): the share that met each.
+  std::optional<double> attained[2];
+  const char* slos[2] = {"ttft", "tpot"};
+  for (int i = 0; i < 2; ++i) {
+    const double met =
+        m.Get(absl::StrFormat("tandem_slo_attainment_total{met=\"true\",slo=\"%s\"}", slos[i]));
+    const double missed =
+        m.Get(absl::StrFormat("tandem_slo_attainment_total{met=\"false\",slo=\"%s\"}", slos[i]));
+    if (met + missed > 0) attained[i] = met / (met + missed);
+  }
+  if (attained[0] || attained[1]) {
+    out << "  SLO attainment:";
+    for (int i = 0; i < 2; ++i) {
+      if (attained[i])
+        out << absl::StrFormat(" %s %.0f%%", i == 0 ? "TTFT" : "TPOT", 100 * *attained[i]);
+    }
+    out << "\n";
+  }
+
+  if (m.Get("tandem_policy_info{policy=\"slo\"}", 0) == 1) {
+    out << "Policy: slo (paths, decode pacing and prompt steps from the latency budgets). ";
+    const bool ttft_short = attained[0] && *attained[0] < kAttainmentTarget;
+    const bool tpot_short = attained[1] && *attained[1] < kAttainmentTarget;
+    if (ttft_short) {
+      out << "TTFT budgets are missed: prompts wait for compute at this load. Add daemons, or "
+             "set --admission=slo so a load balancer retries refused requests elsewhere. ";
+    }
+    if (tpot_short) {
+      out << "TPOT budgets are missed: the streams' tokens cannot all come in time beside the "
+             "prompts; fewer streams per daemon (--max_running) or a looser --slo_tpot. ";
+    }
+    if (!ttft_short && !tpot_short) out << "The budgets are kept.";
+    out << "\n";
+    return out.str();
+  }
 
   out << "Disaggregation: ";
   if (threshold < 0) {

@@ -15,11 +15,12 @@ std::optional<int32_t> AutoOutputThreshold(const DisaggregationCosts& costs) {
 }
 
 DisaggregationPolicy::DisaggregationPolicy(DisaggregationOptions options, bool enabled)
-    : options_(options), enabled_(enabled && options.output_threshold.has_value()) {}
+    : options_(options),
+      enabled_(enabled && (options.output_threshold.has_value() || options.slo)) {}
 
 AdmissionDecision DisaggregationPolicy::Admit(const Request& request) const {
   AdmissionDecision d;
-  if (!enabled_) return d;  // kDisaggregationOff
+  if (!enabled_ || !options_.output_threshold.has_value()) return d;  // kDisaggregationOff
   const int32_t threshold = *options_.output_threshold;
   if (request.max_tokens < threshold) {
     d.reason = PathReason::kBelowThreshold;
@@ -50,7 +51,8 @@ AdmissionDecision DisaggregationPolicy::Admit(const Request& request) const {
 }
 
 bool DisaggregationPolicy::ReachedThreshold(int32_t generated) const {
-  return enabled_ && generated >= *options_.output_threshold;
+  return enabled_ && options_.output_threshold.has_value() &&
+         generated >= *options_.output_threshold;
 }
 
 void DisaggregationPolicy::Record(const Request& request, int32_t generated) {

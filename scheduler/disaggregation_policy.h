@@ -26,6 +26,8 @@ namespace tandem::scheduler {
 struct DisaggregationOptions {
   std::optional<int32_t> output_threshold;  // nullopt: off
   bool use_max_tokens = false;              // treat max_tokens as the expected length
+  // The SLO policy chooses paths (SchedulerCore): enabled without a threshold.
+  bool slo = false;
 };
 
 // The decision taken at admission.
@@ -78,6 +80,10 @@ class DisaggregationPolicy {
 
   // Learns from a finished request (by stop or length).
   void Record(const Request& request, int32_t generated);
+  // The learned output length of a workload tag, once known.
+  std::optional<int32_t> EstimateOutput(const std::string& workload) const {
+    return estimator_.Estimate(workload);
+  }
 
  private:
   DisaggregationOptions options_;

@@ -42,6 +42,8 @@ std::string_view PathReasonName(PathReason reason) {
       return "workload_estimate";
     case PathReason::kMaxTokens:
       return "max_tokens";
+    case PathReason::kSloHeadroom:
+      return "slo_headroom";
   }
   return "unknown";
 }

@@ -54,7 +54,20 @@ enum class PathReason : uint8_t {
   kExpectedOutputHint,  // disaggregated after prefill: the client's expected_output_tokens
   kWorkloadEstimate,    // disaggregated after prefill: its workload's learned output length
   kMaxTokens,           // disaggregated after prefill: max_tokens (the operator opted in)
+  kSloHeadroom,         // either path: the SLO policy predicted more headroom on it
 };
+
+// A request's latency budget (its SLOs): time to first token, and the mean
+// time per output token after the first (TPOT; what `tandem bench` calls the
+// mean inter-token latency). Zero: not set (the daemon's --slo_ttft and
+// --slo_tpot apply).
+struct LatencyBudget {
+  absl::Duration ttft;
+  absl::Duration tpot;
+};
+// The largest budget a request or a flag may give (a bound on how long an
+// earliest-deadline-first queue may pass a request over).
+inline absl::Duration MaxLatencyBudget() { return absl::Hours(1); }
 
 // Where a request was when it ended. The interesting case is a request that
 // did not end by itself (cancelled, deadline, error): which stage it left.
@@ -106,6 +119,7 @@ struct FinishInfo {
   Path path = Path::kColocated;
   PathReason path_reason = PathReason::kDisaggregationOff;
   Stage stage = Stage::kDecode;  // where it was when it ended
+  LatencyBudget slo;             // the budget it was scheduled by
 };
 
 // Receives one request's output. Called only on the scheduler thread, in
@@ -151,6 +165,8 @@ struct Request {
   // Opt out of speculative decoding (the output is the same either way;
   // this trades the speed-up for steadier per-token timing).
   bool disable_speculation = false;
+  // Its SLOs; unset fields take the daemon's (SchedulerOptions::slo).
+  LatencyBudget slo;
   std::shared_ptr<RequestSink> sink;
 };
 

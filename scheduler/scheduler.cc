@@ -1,5 +1,8 @@
 #include "scheduler/scheduler.h"
 
+#include <cmath>
+
+#include "absl/strings/str_format.h"
 #include "common/strings.h"
 #include "common/thread_name.h"
 
@@ -37,12 +40,15 @@ bool Stalled(const SchedulerLoad& load, absl::Time now, absl::Duration timeout) 
 }
 
 Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
-                     step::Worker* decode, StepObserver observer, DecodePacingOptions pacing)
+                     step::Worker* decode, StepObserver observer, DispatchOptions dispatch,
+                     bool admission_by_slo)
     : max_queued_(max_queued),
       max_queued_tokens_(options.max_queued_tokens),
+      admission_by_slo_(admission_by_slo),
+      default_slo_(options.slo),
       observer_(std::move(observer)),
       core_(WithLanes(std::move(options), decode != nullptr)),
-      pacer_(pacing) {
+      dispatcher_(dispatch, &core_) {
   step::Worker* workers[kLanes] = {prefill, decode};
   for (int lane = 0; lane < kLanes; ++lane) {
     if (workers[lane] == nullptr) continue;
@@ -80,6 +86,22 @@ absl::StatusOr<uint64_t> Scheduler::Submit(Request request) {
         StrCat("the request queue is full (", queued_tokens_, " prompt tokens waiting; this ",
                prompt, "-token prompt would pass --max_queued_tokens=", max_queued_tokens_, ")"));
   }
+  if (admission_by_slo_ && load_.prompt_tokens_per_ms > 0) {
+    // Refused before any compute is spent: the prompts ahead of it and its
+    // own at the rate prompts are computed now.
+    const double predicted_ms =
+        static_cast<double>(queued_tokens_ + load_.running_prompt_tokens + prompt) /
+        load_.prompt_tokens_per_ms;
+    const absl::Duration budget =
+        request.slo.ttft > absl::ZeroDuration() ? request.slo.ttft : default_slo_.ttft;
+    if (predicted_ms > absl::ToDoubleMilliseconds(budget)) {
+      return absl::ResourceExhaustedError(
+          StrCat("the predicted time to first token is ", static_cast<int64_t>(predicted_ms),
+                 " ms, over the request's budget of ", absl::ToInt64Milliseconds(budget),
+                 " ms (--admission=slo; ", queued_tokens_ + load_.running_prompt_tokens,
+                 " prompt tokens are ahead of it)"));
+    }
+  }
   const uint64_t id = next_id_++;
   ++queued_;
   queued_tokens_ += prompt;
@@ -101,6 +123,35 @@ void Scheduler::Post(std::function<void()> action) {
 }
 
 void Scheduler::SetRemoteDecodeLink(RemoteDecodeLink* link) { remote_link_ = link; }
+
+void Scheduler::CalibrateStepTime(StepTimeCoefficients prior) {
+  Post([this, prior] { core_.mutable_time_model().Reset(prior); });
+}
+
+void Scheduler::SetPeerLoad(int32_t decoding, std::optional<double> least_slack_ms) {
+  Post([this, decoding, least_slack_ms] { core_.SetPeerLoad(decoding, least_slack_ms); });
+}
+
+Scheduler::PolicyReport Scheduler::ReportPolicy() {
+  SchedulerLoad load;
+  PathLoad path;
+  {
+    absl::MutexLock lock(&mu_);
+    load = load_;
+    path = path_load_;
+  }
+  // A model with the published coefficients predicts as the scheduler's does.
+  const StepTimeModel model(load.step_time);
+  PolicyReport report;
+  report.step_time =
+      absl::StrFormat("t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read (error %.1f%%)",
+                      load.step_time.fixed, load.step_time.per_token, load.step_time.per_kilo_read,
+                      100.0 * load.step_time_error);
+  path.colocated_decodes = 0;  // a lone stream: the prompts stay as they are
+  path.lane_decodes = 0;
+  report.crossover_tokens = DisaggregationCrossover(model, path, default_slo_, 256);
+  return report;
+}
 
 void Scheduler::SetBlockMover(BlockMover* mover) { block_mover_ = mover; }
 
@@ -226,21 +277,26 @@ void Scheduler::Loop() {
     }
     for (Completion& c : completions) {
       LaneState& lane = lanes_[static_cast<size_t>(c.lane)];
+      const absl::Time done = absl::Now();
+      const absl::Duration compute =
+          (done - lane.started) - c.result.start_delay - c.result.yielded;
+      dispatcher_.OnEnd(c.lane, lane.plan, c.result, done, compute);
       if (observer_) {
-        StepStats stats{c.lane,
-                        lane.plan.TokenCount(),
-                        static_cast<int32_t>(lane.plan.sequences.size()),
-                        absl::Now() - lane.started,
-                        c.result.start_delay,
-                        c.result.yielded,
-                        {}};
+        StepStats stats;
+        stats.lane = c.lane;
+        stats.tokens = lane.plan.TokenCount();
+        stats.sequences = static_cast<int32_t>(lane.plan.sequences.size());
+        stats.duration = done - lane.started;
+        stats.start_delay = c.result.start_delay;
+        stats.yielded = c.result.yielded;
+        stats.predicted = absl::Microseconds(static_cast<int64_t>(lane.predicted_ms * 1000.0));
+        stats.compute = compute;
         for (const step::SequenceResult& r : c.result.sequences) {
           if (r.drafted > 0) stats.verifications.push_back({r.proposer, r.drafted, r.accepted});
         }
         observer_(stats);
       }
       core_.Update(c.lane, lane.plan, c.result);
-      if (c.lane == Lane::kDecode) pacer_.OnEnd(absl::Now());
       lane.busy = false;
       lane.plan = {};
     }
@@ -273,16 +329,13 @@ void Scheduler::Loop() {
       LaneState& lane = lanes_[static_cast<size_t>(i)];
       if (lane.thread == nullptr || lane.busy) continue;
       const absl::Time now = absl::Now();
-      // A decode step waits for its turn while a prefill step runs (the
+      // A decode step may wait for its turn while a prefill step runs (the
       // prefill lane is dispatched first, so "busy" includes its next step).
-      if (static_cast<Lane>(i) == Lane::kDecode &&
-          !pacer_.MayStart(now, lanes_[static_cast<size_t>(Lane::kPrefill)].busy)) {
-        if (core_.running(Lane::kDecode) > 0) held_decode_until = pacer_.NextStart();
-        continue;
-      }
-      step::StepPlan plan = core_.Schedule(static_cast<Lane>(i));
+      step::StepPlan plan = dispatcher_.Next(static_cast<Lane>(i), now,
+                                             lanes_[static_cast<size_t>(Lane::kPrefill)].busy);
+      if (static_cast<Lane>(i) == Lane::kDecode) held_decode_until = dispatcher_.NextWake();
       if (plan.sequences.empty()) continue;
-      if (static_cast<Lane>(i) == Lane::kDecode) pacer_.OnStart(now);
+      lane.predicted_ms = core_.time_model().PredictMs(StepShape::Of(plan));
       lane.plan = std::move(plan);
       lane.busy = true;
       lane.started = now;
@@ -313,6 +366,17 @@ void Scheduler::PublishLoad() {
   load_.handoffs = core_.handoffs();
   load_.kv = core_.kv_stats();
   load_.has_work = core_.HasWork();
+  const absl::Time now = absl::Now();
+  const double slack = std::min(core_.LeastSlackMs(Lane::kPrefill, now, false, true),
+                                core_.LeastSlackMs(Lane::kDecode, now, false, true));
+  load_.least_slack_ms = std::isinf(slack) ? std::nullopt : std::optional<double>(slack);
+  load_.running_prompt_tokens = core_.running_prompt_tokens();
+  const StepTimeModel& model = core_.time_model();
+  const int32_t chunk = core_.max_batched_tokens();
+  load_.prompt_tokens_per_ms = chunk / model.PredictMs(MixedShape(0, 0, chunk));
+  load_.step_time = model.coefficients();
+  load_.step_time_error = model.recent_error();
+  path_load_ = core_.PathLoadNow();
 }
 
 void Scheduler::DeliverHeldFinishes() {

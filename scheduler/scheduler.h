@@ -4,7 +4,8 @@
 // it on its own thread (WorkerThread), and its results come back through the
 // inbox. So the prefill and decode workers run concurrently, one step in
 // flight each. On shared compute the decode lane's steps go first; while the
-// prefill lane is busy they are paced (scheduler/decode_pacer.h).
+// prefill lane is busy they are held back to their streams' slack, and
+// prompt steps are sized to it (scheduler/step_dispatcher.h).
 //
 // Thread safety: Submit(), Cancel() and Load() may be called from any thread.
 // RequestSinks are called on the scheduler thread only.
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,8 +25,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/step/step_plan.h"
-#include "scheduler/decode_pacer.h"
 #include "scheduler/scheduler_core.h"
+#include "scheduler/step_dispatcher.h"
 #include "scheduler/worker_thread.h"
 
 namespace tandem::scheduler {
@@ -41,6 +44,15 @@ struct SchedulerLoad {
   // request is waiting or running.
   absl::Time last_step_done = absl::InfinitePast();
   bool has_work = false;
+  // The SLO policy's view: the least TPOT slack of the streams decoding
+  // here, in ms (nullopt: none), the prompt tokens admitted and not yet
+  // computed, the rate a prompt is computed at now (tokens per ms, from the
+  // step-time model: full chunks), and the model itself.
+  std::optional<double> least_slack_ms;
+  int64_t running_prompt_tokens = 0;
+  double prompt_tokens_per_ms = 0;
+  StepTimeCoefficients step_time;
+  double step_time_error = 0;  // its mean relative error on recent steps
 };
 
 // Whether the scheduler looks stuck: requests are pending but no step has
@@ -59,6 +71,10 @@ struct StepStats {
   // how long it yielded it to the other lane.
   absl::Duration start_delay;
   absl::Duration yielded;
+  // What the step-time model predicted for it at dispatch, and the compute
+  // it had (duration less start_delay and yielded).
+  absl::Duration predicted;
+  absl::Duration compute;
   // Speculative decoding: one entry per sequence that verified drafts.
   struct Verification {
     step::Proposer proposer = step::Proposer::kNone;
@@ -94,13 +110,14 @@ class Scheduler {
  public:
   // Workers must outlive the scheduler; `decode` may be null (no decode
   // worker: everything runs colocated on `prefill`). `max_queued` bounds
-  // requests that are submitted but not yet running. `pacing`: how decode
-  // steps are held back while a prefill step runs on shared compute
-  // (scheduler/decode_pacer.h; {0, 0} holds nothing back, for workers that
-  // share no compute).
+  // requests that are submitted but not yet running. `dispatch`: how decode
+  // steps are held back while a prefill step runs on shared compute and how
+  // large prompt steps are (scheduler/step_dispatcher.h). With
+  // `admission_by_slo` (--admission=slo) a request whose predicted TTFT
+  // passes its budget is refused at once (ResourceExhausted).
   Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker* prefill,
             step::Worker* decode = nullptr, StepObserver observer = nullptr,
-            DecodePacingOptions pacing = {});
+            DispatchOptions dispatch = {}, bool admission_by_slo = false);
   ~Scheduler();  // Stop()s
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -119,6 +136,23 @@ class Scheduler {
   void Stop();
 
   SchedulerLoad Load() const;
+
+  // The fitted step-time formula and its recent error (for logs and
+  // GetModelInfo), and the output length from which a lone stream would be
+  // disaggregated at the load now (nullopt: none would). Any thread; waits
+  // for the scheduler thread.
+  struct PolicyReport {
+    std::string step_time;
+    std::optional<int32_t> crossover_tokens;
+  };
+  PolicyReport ReportPolicy();
+  // Starts the step-time model from a start-up measurement (it then learns
+  // from the steps that run). Any thread; takes effect before requests
+  // submitted after it.
+  void CalibrateStepTime(StepTimeCoefficients prior);
+  // Remote decode under the SLO policy: the decode peers' load
+  // (SchedulerCore::SetPeerLoad); any thread.
+  void SetPeerLoad(int32_t decoding, std::optional<double> least_slack_ms);
 
   // --- remote decode, a prefill daemon (SchedulerCore's file comment) ---
   // REQUIRES: called before the first Submit(), with options.remote_decode.
@@ -171,6 +205,7 @@ class Scheduler {
     bool busy = false;
     step::StepPlan plan;  // the step in flight
     absl::Time started;
+    double predicted_ms = 0;  // the step-time model's prediction at dispatch
   };
   void Loop();
   bool AnyBusy() const;
@@ -181,9 +216,11 @@ class Scheduler {
 
   const int32_t max_queued_;
   const int64_t max_queued_tokens_;
+  const bool admission_by_slo_;
+  const LatencyBudget default_slo_;
   StepObserver observer_;
   SchedulerCore core_;                   // scheduler thread only
-  DecodePacer pacer_;                    // scheduler thread only
+  StepDispatcher dispatcher_;            // scheduler thread only
   std::array<LaneState, kLanes> lanes_;  // scheduler thread only (threads set at construction)
   // Finished requests whose sinks hear of it after the next PublishLoad().
   std::vector<std::pair<std::shared_ptr<RequestSink>, FinishInfo>> held_finishes_;  // ditto
@@ -196,6 +233,7 @@ class Scheduler {
   int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // in the inbox or waiting in the core
   int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
   SchedulerLoad load_ ABSL_GUARDED_BY(mu_);
+  PathLoad path_load_ ABSL_GUARDED_BY(mu_);  // for ReportPolicy
   RemoteDecodeLink* remote_link_ = nullptr;  // set before the first request
   BlockMover* block_mover_ = nullptr;        // ditto
   std::thread thread_;

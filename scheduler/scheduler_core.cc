@@ -1,6 +1,7 @@
 #include "scheduler/scheduler_core.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "absl/container/flat_hash_set.h"
@@ -11,10 +12,23 @@ namespace tandem::scheduler {
 
 std::string_view LaneName(Lane lane) { return lane == Lane::kPrefill ? "prefill" : "decode"; }
 
+namespace {
+
+// Arrivals the prompt arrival rate is measured over.
+constexpr size_t kArrivalWindow = 32;
+
+DisaggregationOptions PolicyOptions(const SchedulerOptions& options) {
+  DisaggregationOptions d = options.disaggregation;
+  d.slo = options.slo_policy;
+  return d;
+}
+
+}  // namespace
+
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
       kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching),
-      policy_(options_.disaggregation, options_.decode_lane || options_.remote_decode) {
+      policy_(PolicyOptions(options_), options_.decode_lane || options_.remote_decode) {
   if (options_.decode_kv_blocks > 0) {
     decode_kv_.emplace(options_.decode_kv_blocks, options_.block_size, options_.prefix_caching);
   }
@@ -53,11 +67,22 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   seq->id = sequence_id;
   seq->tokens = request.prompt;
   seq->request = std::move(request);
-  seq->decision = policy_.Admit(seq->request);
+  if (seq->request.slo.ttft <= absl::ZeroDuration()) seq->request.slo.ttft = options_.slo.ttft;
+  if (seq->request.slo.tpot <= absl::ZeroDuration()) seq->request.slo.tpot = options_.slo.tpot;
+  if (options_.slo_policy) {
+    // Weighed when it decodes (SloPrefersDecodeLane), with the load of then.
+    seq->decision.may_hand_off_later = policy_.enabled();
+    seq->decision.reason =
+        policy_.enabled() ? PathReason::kSloHeadroom : PathReason::kDisaggregationOff;
+  } else {
+    seq->decision = policy_.Admit(seq->request);
+  }
   if (!seq->request.disable_speculation) seq->proposer = options_.speculation.proposer;
   const absl::Time now = options_.clock();
   seq->timeline.arrival =
       seq->request.received == absl::InfinitePast() ? now : std::min(seq->request.received, now);
+  recent_arrivals_.emplace_back(now, static_cast<int64_t>(seq->tokens.size()));
+  if (recent_arrivals_.size() > kArrivalWindow) recent_arrivals_.pop_front();
   waiting_.push_back(std::move(seq));
 }
 
@@ -174,14 +199,23 @@ step::SequenceStep SchedulerCore::MakeStep(const Sequence& seq, int32_t count) c
   return step;
 }
 
-step::StepPlan SchedulerCore::Schedule(Lane lane) {
+step::StepPlan SchedulerCore::Schedule(Lane lane, int32_t token_budget) {
   step::StepPlan plan;
   if (lane == Lane::kDecode && !options_.decode_lane) return plan;
   const absl::Time now = options_.clock();
-  int32_t budget = options_.max_batched_tokens;
+  const int32_t step_budget = token_budget > 0 ? std::min(token_budget, options_.max_batched_tokens)
+                                               : options_.max_batched_tokens;
+  int32_t budget = step_budget;
   absl::flat_hash_set<uint64_t> planned;
   absl::flat_hash_set<uint64_t> preempted;
   RunningList& list = running_of(lane);
+  if (options_.slo_policy) {
+    // Prompts already running get their chunks in TTFT-deadline order too
+    // (a short chat admitted behind a long document goes first).
+    list.sort([](const SequencePtr& a, const SequencePtr& b) {
+      return a->timeline.arrival + a->request.slo.ttft < b->timeline.arrival + b->request.slo.ttft;
+    });
+  }
   // Prompt work this lane could run now: drafts would take its budget.
   bool prompt_work = Admits(lane) && !waiting_.empty();
   for (const SequencePtr& s : list) {
@@ -203,7 +237,7 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
         // A long prompt takes at most half a step while requests wait, so a
         // short request arriving behind it is admitted in the next step
         // instead of after the whole prompt.
-        count = std::min(count, std::max(options_.block_size, options_.max_batched_tokens / 2));
+        count = std::min(count, std::max(options_.block_size, step_budget / 2));
       }
       kvcache::KvCacheManager& kv = Kv(lane);
       bool fits = kv.Reserve(seq.id, seq.computed + count);
@@ -243,10 +277,18 @@ step::StepPlan SchedulerCore::Schedule(Lane lane) {
   if (Admits(lane)) {
     while (budget > 0 && !waiting_.empty() &&
            running(Lane::kPrefill) + running(Lane::kDecode) < options_.max_running) {
+      // Within a priority: arrival order, or under the SLO policy the
+      // earliest TTFT deadline (arrival + its TTFT budget). Budgets are
+      // bounded (kMaxLatencyBudget), so a request is passed only by those
+      // that arrive before its own deadline: it cannot starve.
+      auto order = [&](const Sequence& seq) {
+        return options_.slo_policy ? seq.timeline.arrival + seq.request.slo.ttft
+                                   : seq.timeline.arrival;
+      };
       auto best = waiting_.begin();
       for (auto it = std::next(waiting_.begin()); it != waiting_.end(); ++it) {
         const int64_t p = EffectivePriority(**it, now), q = EffectivePriority(**best, now);
-        if (p > q || (p == q && (*it)->timeline.arrival < (*best)->timeline.arrival)) best = it;
+        if (p > q || (p == q && order(**it) < order(**best))) best = it;
       }
       Sequence& seq = **best;
       if (preempted.contains(seq.id)) break;  // no thrashing within one step
@@ -325,7 +367,9 @@ void SchedulerCore::MaybeHandOff(Sequence& seq) {
   const bool decoding = seq.computed == static_cast<int32_t>(seq.tokens.size()) - 1;
   if (!decoding) return;
   const bool now_due = seq.handed_off || seq.decision.hand_off_after_prefill ||
-                       (seq.decision.may_hand_off_later && policy_.ReachedThreshold(seq.generated));
+                       (seq.decision.may_hand_off_later &&
+                        (options_.slo_policy ? SloPrefersDecodeLane(seq).value_or(false)
+                                             : policy_.ReachedThreshold(seq.generated)));
   if (!now_due || seq.move_failed) return;
   if (decode_kv_ && !options_.remote_decode) {
     // Its pages must move first; a full decode pool keeps it here for now
@@ -338,7 +382,9 @@ void SchedulerCore::MaybeHandOff(Sequence& seq) {
   }
   if (!seq.handed_off) {
     seq.handed_off = true;
-    if (seq.decision.may_hand_off_later) seq.decision.reason = PathReason::kThresholdReached;
+    if (seq.decision.may_hand_off_later && !options_.slo_policy) {
+      seq.decision.reason = PathReason::kThresholdReached;
+    }
     seq.timeline.handoff_start = options_.clock();
     ++handoffs_;
   }
@@ -390,6 +436,7 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     }
     if (!s.sample) continue;
     seq->tokens.push_back(r.sampled.back());
+    seq->last_token = options_.clock();
     // Hand the tokens to the sink in order, until one ends the request.
     const int32_t length_before =
         static_cast<int32_t>(seq->tokens.size() - r.sampled.size());  // before this step's tokens
@@ -415,6 +462,7 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
       Finish(Take(seq->id), *ended, absl::OkStatus());
     } else {
       MaybeHandOff(*seq);
+      MaybeReturn(*seq);
     }
   }
 }
@@ -498,7 +546,9 @@ bool SchedulerCore::StartMove(RunningList::iterator it) {
   const absl::Time now = options_.clock();
   if (!seq.handed_off) {
     seq.handed_off = true;
-    if (seq.decision.may_hand_off_later) seq.decision.reason = PathReason::kThresholdReached;
+    if (seq.decision.may_hand_off_later && !options_.slo_policy) {
+      seq.decision.reason = PathReason::kThresholdReached;
+    }
     seq.timeline.handoff_start = now;
     ++handoffs_;
   }
@@ -624,6 +674,7 @@ void SchedulerCore::OnRemoteTokens(uint64_t sequence_id, std::span<const TokenId
     if (seq->timeline.first_token == absl::InfinitePast()) {
       seq->timeline.first_token = options_.clock();
     }
+    seq->last_token = options_.clock();
     const auto& stops = seq->request.stop_token_ids;
     const bool is_stop_token = std::find(stops.begin(), stops.end(), token) != stops.end();
     const step::TokenLogprobs* lp = t < logprobs.size() ? &logprobs[t] : nullptr;
@@ -701,6 +752,8 @@ absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
   seq->request = std::move(imported.request);
   seq->generated = imported.generated;
   seq->computed = length - 1;
+  if (seq->request.slo.ttft <= absl::ZeroDuration()) seq->request.slo.ttft = options_.slo.ttft;
+  if (seq->request.slo.tpot <= absl::ZeroDuration()) seq->request.slo.tpot = options_.slo.tpot;
   seq->cached_prompt_tokens = 0;
   if (!seq->request.disable_speculation) seq->proposer = options_.speculation.proposer;
   // Pages are written by the transfer: plain new blocks (no prefix match),
@@ -716,6 +769,7 @@ absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
   seq->timeline.scheduled = now;
   seq->timeline.handoff_start = now;
   seq->timeline.kv_transfer_start = now;
+  seq->last_token = now;  // its next token is due a TPOT budget from here
   seq->queued = false;
   seq->in_flight = true;  // until CompleteImport: the transfer writes its blocks
   seq->handed_off = true;
@@ -782,15 +836,201 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
   info.timeline = seq->timeline;
   // (A request that came back from a failed remote handoff before any
   // pages moved was decoded here, colocated.)
-  info.path = seq->remote_path                         ? Path::kRemote
-              : seq->handed_off && !seq->remote_failed ? Path::kDisaggregated
-                                                       : Path::kColocated;
+  info.path = seq->remote_path ? Path::kRemote
+              : (seq->handed_off || seq->ever_handed_off) && !seq->remote_failed
+                  ? Path::kDisaggregated
+                  : Path::kColocated;
   // The decode daemon stops too (it may not know yet: a stop string, a
   // cancellation or a deadline here).
   if (seq->remote) remote_aborts_.push_back(seq->id);
   info.path_reason = seq->decision.reason;
   info.stage = StageOf(*seq);
+  info.slo = seq->request.slo;
   seq->request.sink->OnFinish(info);
+}
+
+// --- the SLO policy ---
+
+absl::Time SchedulerCore::TokenDeadline(const Sequence& seq, bool relaxed) const {
+  if (relaxed) {
+    if (seq.timeline.first_token != absl::InfinitePast() && seq.generated > 0) {
+      return seq.timeline.first_token + seq.request.slo.tpot * seq.generated;
+    }
+    return seq.last_token == absl::InfinitePast() ? absl::InfinitePast()
+                                                  : seq.last_token + seq.request.slo.tpot;
+  }
+  const absl::Duration paced = seq.request.slo.tpot * kSloMargin;
+  absl::Time deadline = seq.last_token == absl::InfinitePast()
+                            ? absl::InfinitePast()
+                            : seq.last_token + paced * options_.slo_max_gap;
+  if (seq.timeline.first_token != absl::InfinitePast() && seq.generated > 0) {
+    deadline = std::min(deadline, seq.timeline.first_token + paced * seq.generated);
+  }
+  return deadline;
+}
+
+double SchedulerCore::LeastTpotMs(Lane lane) const {
+  double least = std::numeric_limits<double>::infinity();
+  for (const SequencePtr& s : running_[static_cast<size_t>(lane)]) {
+    if (s->in_flight || !Decoding(*s)) continue;
+    least = std::min(least, absl::ToDoubleMilliseconds(s->request.slo.tpot));
+  }
+  return least;
+}
+
+double SchedulerCore::LeastSlackMs(Lane lane, absl::Time now, bool relaxed,
+                                   bool in_flight_too) const {
+  absl::Time least = absl::InfiniteFuture();
+  for (const SequencePtr& s : running_[static_cast<size_t>(lane)]) {
+    if ((s->in_flight && !in_flight_too) || !Decoding(*s)) continue;
+    least = std::min(least, TokenDeadline(*s, relaxed));
+  }
+  if (least == absl::InfiniteFuture()) return std::numeric_limits<double>::infinity();
+  if (least == absl::InfinitePast()) return 0.0;
+  return absl::ToDoubleMilliseconds(least - now);
+}
+
+StepShape SchedulerCore::DecodeStepShape(Lane lane) const {
+  StepShape shape;
+  for (const SequencePtr& s : running_[static_cast<size_t>(lane)]) {
+    if (!s->in_flight && Decoding(*s)) shape.AddRows(s->computed, 1);
+  }
+  return shape;
+}
+
+int64_t SchedulerCore::running_prompt_tokens() const {
+  int64_t tokens = 0;
+  for (const RunningList& list : running_) {
+    for (const SequencePtr& s : list) {
+      if (!Decoding(*s)) tokens += static_cast<int64_t>(s->tokens.size()) - s->computed;
+    }
+  }
+  return tokens;
+}
+
+PathLoad SchedulerCore::PathLoadNow() const {
+  PathLoad load;
+  double context = 0;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    for (const SequencePtr& s : running_[static_cast<size_t>(lane)]) {
+      if (!Decoding(*s)) continue;
+      (lane == 0 ? load.colocated_decodes : load.lane_decodes) += 1;
+      context += static_cast<double>(s->tokens.size());
+    }
+  }
+  const int32_t decoding = load.colocated_decodes + load.lane_decodes;
+  load.mean_context = decoding > 0 ? context / decoding : 0.0;
+  if (options_.remote_decode) load.lane_decodes = std::max(peer_decoding_, remote());
+  load.prompt_backlog = waiting_tokens() + running_prompt_tokens();
+  auto tightest = [&](const Sequence& s) {
+    const double budget = absl::ToDoubleMilliseconds(s.request.slo.ttft);
+    load.queue_ttft_ms = load.queue_ttft_ms > 0 ? std::min(load.queue_ttft_ms, budget) : budget;
+  };
+  for (const SequencePtr& s : waiting_) {
+    if (s->generated == 0) tightest(*s);
+  }
+  for (const RunningList& list : running_) {
+    for (const SequencePtr& s : list) {
+      if (s->generated == 0) tightest(*s);
+    }
+  }
+  if (recent_arrivals_.size() >= kArrivalWindow / 8) {
+    // The tokens after the first arrival, over the time since it.
+    const absl::Time now = options_.clock();
+    int64_t tokens = 0;
+    for (size_t i = 1; i < recent_arrivals_.size(); ++i) tokens += recent_arrivals_[i].second;
+    const double span = absl::ToDoubleMilliseconds(now - recent_arrivals_.front().first);
+    if (span > 0) load.prompt_arrivals_per_ms = static_cast<double>(tokens) / span;
+  }
+  load.max_chunk = options_.max_batched_tokens;
+  load.min_chunk = std::min(options_.min_prompt_chunk, options_.max_batched_tokens);
+  return load;
+}
+
+std::optional<SchedulerCore::PromptPressure> SchedulerCore::EarliestPrompt(absl::Time now) const {
+  std::optional<absl::Time> earliest;
+  auto visit = [&](const Sequence& s) {
+    if (s.generated > 0) return;
+    const absl::Time due = s.timeline.arrival + s.request.slo.ttft;
+    if (!earliest || due < *earliest) earliest = due;
+  };
+  for (const SequencePtr& s : waiting_) visit(*s);
+  for (const RunningList& list : running_) {
+    for (const SequencePtr& s : list) visit(*s);
+  }
+  if (!earliest) return std::nullopt;
+  PromptPressure pressure;
+  pressure.deadline_ms = absl::ToDoubleMilliseconds(*earliest - now);
+  auto count = [&](const Sequence& s) {
+    if (s.generated == 0 && s.timeline.arrival + s.request.slo.ttft <= *earliest) {
+      pressure.tokens += static_cast<int64_t>(s.tokens.size()) - s.computed;
+    }
+  };
+  for (const SequencePtr& s : waiting_) count(*s);
+  for (const RunningList& list : running_) {
+    for (const SequencePtr& s : list) count(*s);
+  }
+  return pressure;
+}
+
+void SchedulerCore::SetPeerLoad(int32_t decoding, std::optional<double> least_slack_ms) {
+  peer_decoding_ = std::max(0, decoding);
+  peer_slack_ms_ = least_slack_ms;
+}
+
+std::optional<bool> SchedulerCore::SloPrefersDecodeLane(Sequence& seq) {
+  if (seq.generated < seq.next_path_check) return std::nullopt;
+  // Checked at 1, 2, 4, 8 tokens, then every quarter of its length (at
+  // least 8 tokens apart): early enough to move a stream that is missing
+  // its budget, often enough to give compute back when prompts need it.
+  seq.next_path_check = seq.generated < 8 ? std::max(2, seq.generated * 2)
+                                          : seq.generated + std::max(8, seq.generated / 4);
+  // The output still to come: the client's hint, its workload's learned
+  // length, or, knowing nothing, as much as it has produced so far (a
+  // stream that has run long tends to run on).
+  int32_t expected = seq.request.expected_output_tokens;
+  if (expected <= 0) expected = policy_.EstimateOutput(seq.request.workload).value_or(0);
+  int32_t remaining = expected > seq.generated ? expected - seq.generated : seq.generated;
+  remaining = std::min(remaining, seq.request.max_tokens - seq.generated);
+  if (remaining <= 1) return std::nullopt;
+  PathLoad load = PathLoadNow();
+  // The load without this stream: the forecasts add it to either path.
+  int32_t& here = seq.lane == Lane::kPrefill ? load.colocated_decodes : load.lane_decodes;
+  here = std::max(0, here - 1);
+  const int64_t context = static_cast<int64_t>(seq.tokens.size());
+  if (seq.lane == Lane::kPrefill && options_.remote_decode && peer_slack_ms_.has_value()) {
+    // The peers' streams have less slack than a step with one more would
+    // take: a handoff now would break their budgets, or this one's.
+    const double step =
+        time_model_.PredictMs(DecodeShape(load.lane_decodes + 1, static_cast<double>(context)));
+    if (*peer_slack_ms_ < step) return false;
+  }
+  StreamSoFar so_far;
+  if (seq.timeline.first_token != absl::InfinitePast() && seq.last_token != absl::InfinitePast()) {
+    so_far.tokens = seq.generated;
+    so_far.elapsed_ms = absl::ToDoubleMilliseconds(seq.last_token - seq.timeline.first_token);
+  }
+  return ChoosePath(time_model_, load, seq.request.slo, 0, context, remaining, so_far).disaggregate;
+}
+
+void SchedulerCore::MaybeReturn(Sequence& seq) {
+  // Only within one KV pool, on this daemon, for a stream the policy moved.
+  if (!options_.slo_policy || seq.lane != Lane::kDecode || decode_kv_ || seq.remote_path ||
+      !Decoding(seq)) {
+    return;
+  }
+  if (SloPrefersDecodeLane(seq).value_or(true)) return;
+  RunningList& from = running_of(Lane::kDecode);
+  for (auto it = from.begin(); it != from.end(); ++it) {
+    if (it->get() != &seq) continue;
+    seq.lane = Lane::kPrefill;
+    seq.handed_off = false;  // free to move again at a later check
+    seq.ever_handed_off = true;
+    ++returns_;
+    running_of(Lane::kPrefill).push_back(std::move(*it));
+    from.erase(it);
+    return;
+  }
 }
 
 }  // namespace tandem::scheduler

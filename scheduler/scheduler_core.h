@@ -58,8 +58,10 @@
 #ifndef TANDEM_SCHEDULER_SCHEDULER_CORE_H_
 #define TANDEM_SCHEDULER_SCHEDULER_CORE_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
@@ -75,7 +77,9 @@
 #include "kvcache/kv_cache_manager.h"
 #include "scheduler/disaggregation_policy.h"
 #include "scheduler/request.h"
+#include "scheduler/slo_path.h"
 #include "scheduler/speculation_policy.h"
+#include "scheduler/step_time_model.h"
 
 namespace tandem::scheduler {
 
@@ -108,6 +112,21 @@ struct SchedulerOptions {
   // How long a prefill daemon holds an offered request's blocks for the
   // decode daemon to read them.
   absl::Duration kv_lease = absl::Seconds(30);
+  // The SLO policy (--policy=slo; scheduler/step_dispatcher.h): waiting
+  // prompts in order of their TTFT deadlines, and the path of each request
+  // chosen by predicted headroom (scheduler/slo_path.h) instead of by
+  // disaggregation.output_threshold.
+  bool slo_policy = false;
+  // The budget of requests that bring none (--slo_ttft, --slo_tpot).
+  LatencyBudget slo = {absl::Seconds(1), absl::Milliseconds(100)};
+  // The least prompt chunk a prefill step takes while prompts wait, however
+  // little slack the colocated streams have: prompts cannot starve.
+  int32_t min_prompt_chunk = 32;
+  // The longest a stream on time waits for its next token, in paced TPOT
+  // budgets (kSloMargin * tpot): the lead a stream builds while the machine
+  // is idle is spent on prompts later, but never as one stall longer than
+  // this (the inter-token tail stays bounded).
+  double slo_max_gap = 2.0;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
@@ -160,9 +179,52 @@ class SchedulerCore {
   void ExpireDeadlines(absl::Time now);
   absl::Time NextDeadline() const;
 
-  // The lane's next step; empty when it has nothing to run. The plan's
+  // The lane's next step, of at most `token_budget` tokens (0:
+  // max_batched_tokens); empty when it has nothing to run. The plan's
   // sequences are in flight until Update(lane, ...).
-  step::StepPlan Schedule(Lane lane);
+  step::StepPlan Schedule(Lane lane, int32_t token_budget = 0);
+
+  // --- the SLO policy's view (scheduler/step_dispatcher.h) ---
+  // The least TPOT slack of the lane's decoding sequences that are not in
+  // flight, in ms (+infinity when there are none). A stream's next token is
+  // due by the earlier of
+  //   first token + kSloMargin * tpot * (tokens generated)   (its mean), and
+  //   last token + kSloMargin * tpot * slo_max_gap           (no long stalls),
+  // so a stream behind its mean catches up, and one ahead of it spends its
+  // lead on prompts, but not as one long stall. `relaxed`: the deadline its
+  // whole budget allows, first token + tpot * (tokens generated), without
+  // the margin and the stall bound (when prompts are pressed for their
+  // TTFT, streams give them what they have to spare).
+  // `in_flight_too`: also the sequences whose step runs (for load reports).
+  double LeastSlackMs(Lane lane, absl::Time now, bool relaxed = false,
+                      bool in_flight_too = false) const;
+  // The tightest TPOT budget of the lane's decoding sequences, in ms
+  // (+infinity when none).
+  double LeastTpotMs(Lane lane) const;
+  // The lane's decoding sequences that are not in flight, as a decode step.
+  StepShape DecodeStepShape(Lane lane) const;
+  // The load path decisions see (scheduler/slo_path.h).
+  PathLoad PathLoadNow() const;
+  // Prompt tokens admitted but not yet computed.
+  int64_t running_prompt_tokens() const;
+  // Whether a prompt waits or is being computed.
+  bool HasPromptWork() const { return !waiting_.empty() || running_prompt_tokens() > 0; }
+  // The prompts most pressed for their first token: the earliest TTFT
+  // deadline of a request without one (ms from `now`), and the prompt tokens
+  // still to compute of the requests due by then. nullopt: none waits.
+  struct PromptPressure {
+    double deadline_ms = 0;
+    int64_t tokens = 0;
+  };
+  std::optional<PromptPressure> EarliestPrompt(absl::Time now) const;
+  // What every SLO decision predicts step times with; the Scheduler feeds it
+  // the steps that ran (StepDispatcher::OnEnd).
+  const StepTimeModel& time_model() const { return time_model_; }
+  StepTimeModel& mutable_time_model() { return time_model_; }
+  // Remote decode under the SLO policy: the decode daemons' load (GetLoad):
+  // their decoding streams, and the least slack one reported (ms; nullopt:
+  // none streams). A handoff that the peer's slack could not absorb stays here.
+  void SetPeerLoad(int32_t decoding, std::optional<double> least_slack_ms);
   // Applies a lane's step results: computed tokens, sampled tokens, stops,
   // handoffs, and cancellations that waited for the step.
   void Update(Lane lane, const step::StepPlan& plan, const step::StepResult& result);
@@ -207,6 +269,10 @@ class SchedulerCore {
   void AbandonTransfers(const absl::Status& why);
 
   bool has_decode_lane() const { return options_.decode_lane; }
+  int32_t max_batched_tokens() const { return options_.max_batched_tokens; }
+  int32_t min_prompt_chunk() const {
+    return std::min(options_.min_prompt_chunk, options_.max_batched_tokens);
+  }
   bool HasWork() const;
   int32_t waiting() const { return static_cast<int32_t>(waiting_.size()); }
   // Tokens of the waiting sequences (prompts, and what preempted ones had).
@@ -225,6 +291,7 @@ class SchedulerCore {
   int32_t remote() const { return static_cast<int32_t>(remote_.size()); }
   int64_t preemptions() const { return preemptions_; }
   int64_t handoffs() const { return handoffs_; }
+  int64_t returns() const { return returns_; }
   int64_t lease_expirations() const { return lease_expirations_; }
 
  private:
@@ -241,6 +308,8 @@ class SchedulerCore {
     std::optional<std::pair<FinishReason, absl::Status>> pending_cancel;
     AdmissionDecision decision;
     bool handed_off = false;
+    bool ever_handed_off = false;  // decoded on the decode lane at some point (the SLO
+                                   // policy may move it back)
     Timeline timeline;
     step::Proposer proposer = step::Proposer::kNone;  // its speculation (kNone: off)
     AcceptanceEstimate acceptance;
@@ -256,6 +325,10 @@ class SchedulerCore {
     bool remote_path = false;
     // Separate storages: a failed page move keeps it on the prefill lane.
     bool move_failed = false;
+    // The SLO policy: when its last token came, and the generated length at
+    // which its path is weighed again (it doubles each time).
+    absl::Time last_token = absl::InfinitePast();
+    int32_t next_path_check = 1;
   };
   using SequencePtr = std::unique_ptr<Sequence>;
   using RunningList = std::list<SequencePtr>;
@@ -273,6 +346,19 @@ class SchedulerCore {
                                    const absl::flat_hash_set<uint64_t>& planned, absl::Time now);
   void Preempt(RunningList& list, RunningList::iterator it);
   void MaybeHandOff(Sequence& seq);
+  // The SLO policy: at a decoding sequence's first token and each time its
+  // length doubles, whether it is better on the decode lane (or a decode
+  // daemon) than colocated; nullopt between those points.
+  std::optional<bool> SloPrefersDecodeLane(Sequence& seq);
+  // The SLO policy: a stream on the decode lane that colocated steps would
+  // now serve within its budget (the prompts grew, the lane's share starves
+  // them) goes back to the prefill lane; one pool only.
+  void MaybeReturn(Sequence& seq);
+  // Its next token's deadline against its TPOT budget (see LeastSlackMs).
+  absl::Time TokenDeadline(const Sequence& seq, bool relaxed = false) const;
+  static bool Decoding(const Sequence& seq) {
+    return !seq.queued && seq.computed == static_cast<int32_t>(seq.tokens.size()) - 1;
+  }
   // Moves a running prefill-lane sequence to remote_ and queues its offer.
   void OfferRemote(RunningList::iterator it);
   Sequence* FindRemote(uint64_t id);
@@ -324,8 +410,14 @@ class SchedulerCore {
   std::vector<BlockMove> moves_;
   std::vector<HandoffOffer> offers_;
   std::vector<uint64_t> remote_aborts_;
+  StepTimeModel time_model_;
+  // The last arrivals (when, prompt tokens), for the prompt arrival rate.
+  std::deque<std::pair<absl::Time, int64_t>> recent_arrivals_;
+  int32_t peer_decoding_ = 0;
+  std::optional<double> peer_slack_ms_;
   int64_t preemptions_ = 0;
   int64_t handoffs_ = 0;
+  int64_t returns_ = 0;  // streams the SLO policy moved back from the decode lane
   int64_t lease_expirations_ = 0;
 };
 

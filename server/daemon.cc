@@ -123,6 +123,27 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   return sched;
 }
 
+// Where the step-time model starts (scheduler/step_time_model.h): the
+// `auto` threshold's three timings when they were taken, else the step
+// costs measured for speculative decoding.
+scheduler::StepTimeCoefficients StepTimePrior(const ServingModel& model, bool measured,
+                                              const scheduler::DisaggregationCosts& costs,
+                                              int32_t chunk_tokens) {
+  scheduler::StepTimeCoefficients prior;
+  if (measured && chunk_tokens > 1 && costs.chunk_step > costs.decode_pass) {
+    prior.per_token = (costs.chunk_step - costs.decode_pass) / (chunk_tokens - 1);
+    prior.fixed = std::max(costs.decode_pass - prior.per_token, 0.05);
+  } else {
+    const scheduler::StepCostModel& c = model.step_cost();
+    prior = {c.fixed, c.per_token, 1000.0 * c.per_context};
+  }
+  spdlog::info(
+      "step time model: starts at {:.3f} ms + {:.4f} ms/token + {:.4f} ms per 1,000 "
+      "positions read, then fitted to the steps that run",
+      prior.fixed, prior.per_token, prior.per_kilo_read);
+  return prior;
+}
+
 // --disagg_output_threshold=auto: measured on this machine, before the
 // scheduler starts.
 absl::StatusOr<std::optional<int32_t>> MeasureThreshold(ServingModel& model, int32_t chunk_tokens,
@@ -196,16 +217,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   ServerMetrics* metrics = p.metrics.get();
   p.scheduler = std::make_unique<scheduler::Scheduler>(
       sched, options.max_queued_requests, prefill_worker, decode_worker,
-      [metrics](const scheduler::StepStats& step) { metrics->OnStep(step); }, options.pacing);
+      [metrics](const scheduler::StepStats& step) { metrics->OnStep(step); }, options.dispatch,
+      options.admission_by_slo);
+  p.scheduler->CalibrateStepTime(
+      StepTimePrior(*p.model, options.auto_threshold, disagg_costs, sched.max_batched_tokens));
   // Handing off locally (a decode worker here) or to decode daemons.
-  const bool hands_off =
-      threshold.has_value() && (p.model->decode_worker() != nullptr || role == Role::kPrefill);
-  spdlog::info("role {}; disaggregation: {}", RoleName(role),
-               hands_off
-                   ? fmt::format("at {} output tokens{}{}", *threshold,
-                                 sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "",
-                                 role == Role::kPrefill ? ", to the decode peers" : "")
-                   : std::string("off"));
+  const bool can_hand_off = p.model->decode_worker() != nullptr || role == Role::kPrefill;
+  const bool hands_off = threshold.has_value() && can_hand_off;
+  const bool slo = sched.slo_policy;
+  if (slo) {
+    spdlog::info(
+        "role {}; policy slo: budgets TTFT {} and TPOT {} (requests may bring their own){}; "
+        "paths {}",
+        RoleName(role), absl::FormatDuration(sched.slo.ttft), absl::FormatDuration(sched.slo.tpot),
+        options.admission_by_slo ? ", requests predicted to miss their TTFT refused" : "",
+        can_hand_off ? (role == Role::kPrefill ? "by predicted headroom, to the decode peers"
+                                               : "by predicted headroom")
+                     : "colocated (no decode worker)");
+  } else {
+    spdlog::info("role {}; policy threshold; disaggregation: {}", RoleName(role),
+                 hands_off
+                     ? fmt::format("at {} output tokens{}{}", *threshold,
+                                   sched.disaggregation.use_max_tokens ? " (or max_tokens)" : "",
+                                   role == Role::kPrefill ? ", to the decode peers" : "")
+                     : std::string("off"));
+  }
 
   // Two workers with KV storages of their own: handoffs move pages.
   const std::string& transport = options.pool.kv_transport;
@@ -247,6 +283,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   service_options.model_info.set_disagg_output_threshold(hands_off ? *threshold : -1);
   service_options.model_info.set_disagg_output_threshold_auto(options.auto_threshold);
   service_options.model_info.set_speculative(options.speculative);
+  service_options.model_info.set_policy(slo ? "slo" : "threshold");
+  service_options.model_info.set_slo_ttft_ms(absl::ToDoubleMilliseconds(sched.slo.ttft));
+  service_options.model_info.set_slo_tpot_ms(absl::ToDoubleMilliseconds(sched.slo.tpot));
+  service_options.slo_paths = slo && can_hand_off;
   p.service = std::make_unique<GenerationService>(p.model.get(), p.scheduler.get(), metrics,
                                                   service_options);
   GenerationService* service = p.service.get();
@@ -259,7 +299,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   p.scheduler_collector = std::make_shared<SchedulerCollector>(
       p.scheduler.get(), p.model->block_size(), hands_off ? *threshold : -1,
       options.auto_threshold ? std::optional(disagg_costs) : std::nullopt,
-      [service] { return service->open_calls(); });
+      [service] { return service->open_calls(); }, slo ? "slo" : "threshold");
   if (const std::string& address = options.listen.metrics; !address.empty()) {
     try {
       p.exposer = std::make_unique<prometheus::Exposer>(address);

@@ -56,10 +56,25 @@ ABSL_FLAG(absl::Duration, decode_step_interval, absl::Milliseconds(40),
 ABSL_FLAG(double, prefill_min_share, 0.5,
           "the least share of time the prefill worker keeps while both workers have work, "
           "when decode steps grow long; in [0, 1)");
-ABSL_FLAG(std::string, disagg_output_threshold, "32",
-          "hand a request to the decode worker when its output reaches this many tokens "
-          "(or earlier when it is known to); 0: every request; off: never (no decode worker); "
-          "auto: measured at start-up");
+ABSL_FLAG(std::string, disagg_output_threshold, "",
+          "sets --policy=threshold: hand a request to the decode worker when its output reaches "
+          "this many tokens (or earlier when it is known to); 0: every request; off: never (no "
+          "decode worker); auto: measured at start-up. Unset with --policy=threshold: 32");
+ABSL_FLAG(std::string, policy, "",
+          "slo: decode pacing, prompt step sizes and each request's path from the latency "
+          "budgets (--slo_ttft, --slo_tpot, a request's latency_budget) and a step-time model "
+          "fitted as steps run; threshold: --disagg_output_threshold with fixed pacing "
+          "(--decode_step_interval, --prefill_min_share). Default: slo, or threshold when "
+          "--disagg_output_threshold is given");
+ABSL_FLAG(absl::Duration, slo_ttft, absl::Seconds(1),
+          "the time-to-first-token budget of requests that bring none");
+ABSL_FLAG(absl::Duration, slo_tpot, absl::Milliseconds(100),
+          "the time-per-output-token budget (mean, after the first token) of requests that "
+          "bring none");
+ABSL_FLAG(std::string, admission, "none",
+          "none: queue every request the limits allow; slo: refuse (RESOURCE_EXHAUSTED) a "
+          "request whose predicted time to first token passes its budget, before any compute "
+          "is spent (for load balancers that retry elsewhere)");
 ABSL_FLAG(bool, disagg_on_max_tokens, false,
           "treat max_tokens as the expected output length when nothing better is known");
 ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
@@ -198,7 +213,28 @@ absl::Status ReadRole(DaemonOptions& options) {
 // --disagg_output_threshold and --disagg_on_max_tokens; decides whether a
 // local decode worker exists.
 absl::Status ReadDisaggregation(DaemonOptions& options) {
-  const std::string flag = absl::GetFlag(FLAGS_disagg_output_threshold);
+  std::string flag = absl::GetFlag(FLAGS_disagg_output_threshold);
+  std::string policy = absl::GetFlag(FLAGS_policy);
+  if (policy.empty()) policy = flag.empty() ? "slo" : "threshold";
+  if (policy == "slo") {
+    if (!flag.empty()) {
+      return FlagError(StrCat("--disagg_output_threshold=", flag,
+                              " goes with --policy=threshold, not --policy=slo (the SLO policy "
+                              "picks each request's path from its latency budget)"));
+    }
+    if (absl::GetFlag(FLAGS_disagg_on_max_tokens)) {
+      return FlagError("--disagg_on_max_tokens goes with --policy=threshold, not --policy=slo");
+    }
+    options.scheduler.slo_policy = true;
+    options.dispatch.policy = scheduler::DispatchPolicy::kSlo;
+    options.model.decode_worker = options.role == Role::kUnified;
+    return absl::OkStatus();
+  }
+  if (policy != "threshold") {
+    return FlagError(StrCat("--policy='", policy, "': expected slo or threshold"));
+  }
+  options.dispatch.policy = scheduler::DispatchPolicy::kPaced;
+  if (flag.empty()) flag = "32";
   options.auto_threshold = flag == "auto";
   if (flag != "off" && !options.auto_threshold) {
     int32_t value = 0;
@@ -322,12 +358,43 @@ absl::Status ReadScheduling(DaemonOptions& options) {
     return FlagError(
         StrCat("--max_queued_requests=", options.max_queued_requests, ": must be at least 1"));
   }
-  options.pacing.interval = absl::GetFlag(FLAGS_decode_step_interval);
-  options.pacing.prefill_min_share = absl::GetFlag(FLAGS_prefill_min_share);
-  if (absl::Status s = scheduler::ValidatePacing(options.pacing); !s.ok())
+  scheduler::DecodePacingOptions& pacing = options.dispatch.pacing;
+  pacing.interval = absl::GetFlag(FLAGS_decode_step_interval);
+  pacing.prefill_min_share = absl::GetFlag(FLAGS_prefill_min_share);
+  if (absl::Status s = scheduler::ValidatePacing(pacing); !s.ok())
     return FlagError(std::string(s.message()));
+  if (options.dispatch.policy == scheduler::DispatchPolicy::kSlo &&
+      (pacing.interval != scheduler::DecodePacingOptions{}.interval ||
+       pacing.prefill_min_share != scheduler::DecodePacingOptions{}.prefill_min_share)) {
+    return FlagError(
+        "--decode_step_interval and --prefill_min_share go with --policy=threshold; "
+        "--policy=slo paces decode steps by the streams' --slo_tpot");
+  }
   // Reserved decode threads share nothing with prefill: nothing to pace.
-  if (options.model.decode_reserved_threads > 0) options.pacing = {absl::ZeroDuration(), 0.0};
+  if (options.model.decode_reserved_threads > 0) {
+    pacing = {absl::ZeroDuration(), 0.0};
+    options.dispatch.shared_compute = false;
+  }
+  return absl::OkStatus();
+}
+
+// The latency budget of requests without one, and SLO admission.
+absl::Status ReadSlo(DaemonOptions& options) {
+  scheduler::LatencyBudget& slo = options.scheduler.slo;
+  slo.ttft = absl::GetFlag(FLAGS_slo_ttft);
+  slo.tpot = absl::GetFlag(FLAGS_slo_tpot);
+  for (const auto& [flag, value] :
+       {std::pair{"--slo_ttft", slo.ttft}, std::pair{"--slo_tpot", slo.tpot}}) {
+    if (value <= absl::ZeroDuration() || value > scheduler::MaxLatencyBudget()) {
+      return FlagError(StrCat(flag, "=", absl::FormatDuration(value), ": must be in (0, ",
+                              absl::FormatDuration(scheduler::MaxLatencyBudget()), "]"));
+    }
+  }
+  const std::string admission = absl::GetFlag(FLAGS_admission);
+  if (admission != "none" && admission != "slo") {
+    return FlagError(StrCat("--admission='", admission, "': expected none or slo"));
+  }
+  options.admission_by_slo = admission == "slo";
   return absl::OkStatus();
 }
 
@@ -428,8 +495,8 @@ absl::StatusOr<DaemonOptions> DaemonOptionsFromFlags(
   // In this order: the role decides the threshold's meaning, and both decide
   // whether a decode worker exists, which later checks depend on.
   for (absl::Status (*read)(DaemonOptions&) :
-       {ReadRole, ReadDisaggregation, ReadModel, ReadSpeculation, ReadScheduling, ReadRequestPolicy,
-        ReadListen, ReadFault}) {
+       {ReadRole, ReadDisaggregation, ReadModel, ReadSpeculation, ReadScheduling, ReadSlo,
+        ReadRequestPolicy, ReadListen, ReadFault}) {
     if (absl::Status s = read(options); !s.ok()) return s;
   }
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

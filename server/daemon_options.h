@@ -23,9 +23,9 @@
 #include "absl/time/time.h"
 #include "engine/kernels/backend_factory.h"
 #include "engine/kernels/cuda/cuda_loader.h"
-#include "scheduler/decode_pacer.h"
 #include "scheduler/fault_injection.h"
 #include "scheduler/scheduler_core.h"
+#include "scheduler/step_dispatcher.h"
 #include "server/grpc_server_options.h"
 #include "server/request_builder.h"
 #include "server/serving_model.h"
@@ -72,8 +72,9 @@ struct DaemonOptions {
   // the threshold: a local decode worker exists only on a unified daemon
   // whose threshold is not off.
   ServingModelOptions model;
-  // --disagg_output_threshold: a token count, nullopt for off, or (when
-  // auto_threshold) measured at start-up.
+  // --policy=threshold: --disagg_output_threshold, a token count, nullopt
+  // for off, or (when auto_threshold) measured at start-up. --policy=slo
+  // (scheduler.slo_policy): no threshold; paths by predicted headroom.
   std::optional<int32_t> output_threshold;
   bool auto_threshold = false;
   // The scheduler's settings that come from flags; those that come from the
@@ -81,9 +82,12 @@ struct DaemonOptions {
   // threshold are filled in at start-up.
   scheduler::SchedulerOptions scheduler;
   int max_queued_requests = 256;
-  // Decode pacing on the shared compute (zero when decode has reserved
-  // threads of its own: nothing to pace).
-  scheduler::DecodePacingOptions pacing;
+  // How each lane's next step is chosen (scheduler/step_dispatcher.h): the
+  // policy, the fixed pacing of --policy=threshold, and whether the lanes
+  // share the compute (not with --decode_reserved_threads).
+  scheduler::DispatchOptions dispatch;
+  // --admission=slo: refuse a request whose predicted TTFT passes its budget.
+  bool admission_by_slo = false;
   std::string speculative = "ngram";  // off, ngram or draft, as given
   RequestPolicy requests;
   ListenOptions listen;

@@ -147,6 +147,12 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
                                                           const v1::GetModelInfoRequest*,
                                                           v1::ModelInfo* response) {
   *response = options_.model_info;
+  // What the scheduler has learned so far: the step-time model, and where
+  // the SLO policy would now split a lone request.
+  const scheduler::Scheduler::PolicyReport report = scheduler_->ReportPolicy();
+  response->set_step_time_model(report.step_time);
+  response->set_slo_crossover_tokens(
+      options_.slo_paths && report.crossover_tokens ? *report.crossover_tokens : -1);
   return Reply(context, absl::OkStatus());
 }
 
@@ -164,6 +170,7 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
                              : 0.0);
   response->set_accepting(accepting());
   response->set_open_calls(open_calls());
+  if (load.least_slack_ms.has_value()) response->set_slo_slack_ms(*load.least_slack_ms);
   response->set_running_remote(load.running_remote);
   response->set_accepts_prompts(options_.accepts_prompts);
   return Reply(context, absl::OkStatus());

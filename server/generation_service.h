@@ -37,6 +37,9 @@ struct ServiceOptions {
   // False on a decode daemon (--role=decode): prompts belong to prefill or
   // unified daemons, Generate calls get FAILED_PRECONDITION.
   bool accepts_prompts = true;
+  // --policy=slo with somewhere to hand requests to: GetModelInfo reports
+  // the crossover (ModelInfo.slo_crossover_tokens).
+  bool slo_paths = false;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {

@@ -236,7 +236,7 @@ class PeerService::Sink final : public scheduler::RequestSink {
   void OnFinish(const scheduler::FinishInfo& info) override {
     // Counted here too (path "remote"): the per-phase histograms of what
     // this daemon decoded. The entering daemon counts the request as well.
-    metrics_->OnFinish(info, {});
+    metrics_->OnFinish(info, {}, /*from_client=*/false);
     spdlog::info("{}",
                  RequestFinishedLine(call_->handoff().request_id(),
                                      static_cast<int32_t>(call_->handoff().prompt_tokens()), info));
@@ -301,6 +301,10 @@ absl::Status PeerService::Call::TakeOver() {
   r.priority = h.priority();
   r.logprobs = h.logprobs();
   r.disable_speculation = h.disable_speculation();
+  absl::StatusOr<scheduler::LatencyBudget> slo =
+      LatencyBudgetFromProto(h.latency_budget(), "latency_budget");
+  if (!slo.ok()) return slo.status();
+  r.slo = *slo;
   r.sink = std::make_shared<Sink>(self_, service_->metrics_);
   imported.tokens.assign(h.token_ids().begin(), h.token_ids().end());
   imported.generated = length - h.prompt_tokens();

@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <climits>
+#include <optional>
 
 #include "absl/time/clock.h"
 #include "common/strings.h"
@@ -278,6 +280,8 @@ void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
   h.set_cache_salt(r.cache_salt);
   h.set_priority(r.priority);
   h.set_path_reason(PathReasonToProto(offer.reason));
+  h.mutable_latency_budget()->set_ttft_ms(absl::ToDoubleMilliseconds(r.slo.ttft));
+  h.mutable_latency_budget()->set_tpot_ms(absl::ToDoubleMilliseconds(r.slo.tpot));
   v1::KvSource* kv = h.mutable_kv();
   kv->set_agent_metadata(kv_->metadata);
   kv->set_region(kv_->region);
@@ -406,6 +410,27 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
       peer->ready = ready;
       peer->load = load;
       peer->sent = 0;
+    }
+    // The SLO policy weighs a handoff against the peer with the most room:
+    // the fewest decoding streams, and the most slack (none reported: a
+    // peer with nothing decoding, no limit).
+    std::optional<int32_t> decoding;
+    std::optional<double> slack;
+    bool unpressed = false;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const std::shared_ptr<Peer>& peer : peers) {
+        if (!peer->ready) continue;
+        decoding = std::min(decoding.value_or(INT32_MAX), peer->load.running_decode());
+        if (!peer->load.has_slo_slack_ms()) {
+          unpressed = true;
+        } else {
+          slack = std::max(slack.value_or(-1e300), peer->load.slo_slack_ms());
+        }
+      }
+    }
+    if (decoding.has_value()) {
+      scheduler_->SetPeerLoad(*decoding, unpressed ? std::nullopt : slack);
     }
     if (first_round != nullptr) {
       first_round->set_value();

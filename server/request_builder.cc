@@ -47,6 +47,25 @@ absl::Status ValidateSampling(const step::SamplingParams& s, int32_t logprobs,
   return absl::OkStatus();
 }
 
+absl::StatusOr<scheduler::LatencyBudget> LatencyBudgetFromProto(const v1::LatencyBudget& proto,
+                                                                std::string_view field) {
+  const double limit_ms = absl::ToDoubleMilliseconds(scheduler::MaxLatencyBudget());
+  scheduler::LatencyBudget budget;
+  for (const auto& [name, ms, out] : {std::tuple{"ttft_ms", proto.ttft_ms(), &budget.ttft},
+                                      std::tuple{"tpot_ms", proto.tpot_ms(), &budget.tpot}}) {
+    if (ms == 0) continue;  // the daemon's
+    if (!std::isfinite(ms) || ms < 0 || ms > limit_ms) {
+      return Invalid(StrCat(field, ".", name),
+                     StrCat(ms,
+                            " is not a budget: expected 0 (the daemon's) or a positive "
+                            "number of milliseconds up to ",
+                            static_cast<int64_t>(limit_ms)));
+    }
+    *out = absl::Microseconds(static_cast<int64_t>(std::ceil(ms * 1000.0)));
+  }
+  return budget;
+}
+
 absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
                                           const ModelLimits& model, const RequestDefaults& defaults,
                                           uint64_t random_seed) {
@@ -158,6 +177,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     return Invalid("expected_output_tokens", "must be >= 0 (0: unknown)");
   }
   r.expected_output_tokens = proto.expected_output_tokens();
+  absl::StatusOr<scheduler::LatencyBudget> slo =
+      LatencyBudgetFromProto(proto.latency_budget(), "latency_budget");
+  if (!slo.ok()) return slo.status();
+  r.slo = *slo;
   r.priority = proto.priority();
   r.logprobs = proto.logprobs();
   r.disable_speculation = proto.disable_speculation();

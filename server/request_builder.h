@@ -27,6 +27,12 @@ struct RequestDefaults {
 // InvalidArgument naming the --default_* flag that is out of range.
 absl::Status ValidateDefaults(const RequestDefaults& defaults);
 
+// A request's latency budget: each field 0 (the daemon's) or positive,
+// finite and at most scheduler::MaxLatencyBudget(). InvalidArgument naming
+// `field`.ttft_ms or `field`.tpot_ms otherwise.
+absl::StatusOr<scheduler::LatencyBudget> LatencyBudgetFromProto(const v1::LatencyBudget& proto,
+                                                                std::string_view field);
+
 // The sampling fields of a request, as Generate and a handoff (peer_service)
 // accept them: INVALID_ARGUMENT naming the field (`prefix` + its name, or
 // "logprobs") for a temperature that is not a finite number >= 0, a

@@ -93,6 +93,8 @@ scheduler::PathReason PathReasonFromProto(v1::PathReason reason) {
       return scheduler::PathReason::kWorkloadEstimate;
     case v1::PATH_REASON_MAX_TOKENS:
       return scheduler::PathReason::kMaxTokens;
+    case v1::PATH_REASON_SLO_HEADROOM:
+      return scheduler::PathReason::kSloHeadroom;
     default:
       return scheduler::PathReason::kThresholdReached;
   }
@@ -112,6 +114,8 @@ v1::PathReason PathReasonToProto(scheduler::PathReason reason) {
       return v1::PATH_REASON_WORKLOAD_ESTIMATE;
     case scheduler::PathReason::kMaxTokens:
       return v1::PATH_REASON_MAX_TOKENS;
+    case scheduler::PathReason::kSloHeadroom:
+      return v1::PATH_REASON_SLO_HEADROOM;
   }
   return v1::PATH_REASON_UNSPECIFIED;
 }

@@ -96,6 +96,29 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
                               "finishing their last write).",
                               MetricType::Gauge, static_cast<double>(open_calls_())));
   }
+  families.push_back(Family("tandem_policy_info",
+                            "The scheduling policy (--policy): slo or threshold; always 1.",
+                            MetricType::Gauge, {Sample{{{"policy", policy_}}, 1.0}}));
+  families.push_back(Family(
+      "tandem_step_time_model_error_ratio",
+      "The step-time model's mean relative error, |predicted - measured| / measured, over its "
+      "last 64 steps (each predicted before it was learned from).",
+      MetricType::Gauge, load.step_time_error));
+  families.push_back(
+      Family("tandem_step_time_model_coefficient",
+             "The fitted step-time model t = fixed + per_token * tokens + per_kilo_read * (KV "
+             "positions read / 1000), in seconds.",
+             MetricType::Gauge,
+             {Sample{{{"term", "fixed"}}, load.step_time.fixed / 1000},
+              Sample{{{"term", "per_token"}}, load.step_time.per_token / 1000},
+              Sample{{{"term", "per_kilo_read"}}, load.step_time.per_kilo_read / 1000}}));
+  if (load.least_slack_ms.has_value()) {
+    families.push_back(Family("tandem_slo_slack_seconds",
+                              "The least TPOT slack of the streams decoding here: how much "
+                              "later than now the most pressed one's next token may come "
+                              "(negative: late). Absent when nothing decodes.",
+                              MetricType::Gauge, *load.least_slack_ms / 1000));
+  }
   if (auto_costs_.has_value()) {
     families.push_back(Family(
         "tandem_disagg_auto_cost_seconds",

@@ -21,15 +21,19 @@ class SchedulerCollector final : public prometheus::Collectable {
   // --disagg_output_threshold (-1: off), exported for `tandem shape`;
   // `auto_costs`, when set, what the auto threshold was measured from.
   // `open_calls`, when set, counts the generation calls still open.
+  // `policy`: "slo" or "threshold" (--policy), exported as
+  // tandem_policy_info.
   SchedulerCollector(const scheduler::Scheduler* scheduler, int32_t block_size,
                      int32_t disagg_threshold,
                      std::optional<scheduler::DisaggregationCosts> auto_costs = std::nullopt,
-                     std::function<int64_t()> open_calls = nullptr)
+                     std::function<int64_t()> open_calls = nullptr,
+                     std::string policy = "threshold")
       : scheduler_(scheduler),
         block_size_(block_size),
         threshold_(disagg_threshold),
         auto_costs_(auto_costs),
         open_calls_(std::move(open_calls)),
+        policy_(std::move(policy)),
         start_(absl::Now()) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -40,6 +44,7 @@ class SchedulerCollector final : public prometheus::Collectable {
   int32_t threshold_;
   std::optional<scheduler::DisaggregationCosts> auto_costs_;
   std::function<int64_t()> open_calls_;
+  std::string policy_;
   absl::Time start_;
 };
 

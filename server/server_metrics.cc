@@ -116,6 +116,16 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                                           "by direction and reason.")),
       remote_handoffs_(CounterFamily(registry, "tandem_remote_handoffs_total",
                                      "Requests handed to decode daemons, by peer and outcome.")),
+      slo_attainment_(CounterFamily(
+          registry, "tandem_slo_attainment_total",
+          "Requests that ended by themselves (stop or length), by SLO (ttft; tpot, for those "
+          "with two tokens or more) and whether they met their latency budget.")),
+      step_predicted_(
+          CounterFamily(registry, "tandem_step_predicted_seconds_total",
+                        "Step time the step-time model predicted at dispatch, summed over steps.")),
+      step_compute_(CounterFamily(registry, "tandem_step_compute_seconds_total",
+                                  "Compute time steps had (duration less the wait for the shared "
+                                  "compute and what they yielded to the other worker).")),
       prefill_time_(HistogramFamily(registry, "tandem_prefill_time_seconds",
                                     "First admission to the first generated token.")),
       decode_time_(HistogramFamily(registry, "tandem_decode_time_seconds",
@@ -172,7 +182,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
       family->Add({{"path", p}}, LatencyBuckets());
     }
   }
+  for (const char* slo : {"ttft", "tpot"}) {
+    for (const char* met : {"true", "false"}) slo_attainment_.Add({{"slo", slo}, {"met", met}});
+  }
   for (const char* worker : {"prefill", "decode"}) {
+    step_predicted_.Add({{"worker", worker}});
+    step_compute_.Add({{"worker", worker}});
     step_tokens_.Add({{"worker", worker}}, TokenBuckets());
     step_sequences_.Add({{"worker", worker}}, TokenBuckets());
     step_time_.Add({{"worker", worker}}, LatencyBuckets());
@@ -198,6 +213,9 @@ void ServerMetrics::OnStep(const scheduler::StepStats& step) {
   step_sequences_.Add({{"worker", worker}}, TokenBuckets()).Observe(step.sequences);
   step_time_.Add({{"worker", worker}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(step.duration));
+  step_predicted_.Add({{"worker", worker}}).Increment(absl::ToDoubleSeconds(step.predicted));
+  step_compute_.Add({{"worker", worker}})
+      .Increment(std::max(0.0, absl::ToDoubleSeconds(step.compute)));
   if (step.lane == scheduler::Lane::kDecode) {
     decode_start_delay_.Observe(absl::ToDoubleSeconds(step.start_delay));
   } else {
@@ -219,7 +237,7 @@ void ServerMetrics::OnStep(const scheduler::StepStats& step) {
 }
 
 void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
-                             const std::vector<double>& token_gaps) {
+                             const std::vector<double>& token_gaps, bool from_client) {
   const std::string path(scheduler::PathName(info.path));
   requests_
       .Add({{"finish_reason", std::string(scheduler::FinishReasonName(info.reason))},
@@ -264,6 +282,18 @@ void ServerMetrics::OnFinish(const scheduler::FinishInfo& info,
   for (double gap : token_gaps) itl.Observe(gap);
   request_prompt_tokens_.Observe(info.usage.prompt_tokens);
   request_generated_tokens_.Observe(info.usage.completion_tokens);
+  const bool ended_by_itself = info.reason == scheduler::FinishReason::kStop ||
+                               info.reason == scheduler::FinishReason::kLength;
+  if (from_client && ended_by_itself && t.first_token != absl::InfinitePast()) {
+    auto count = [&](const char* slo, bool met) {
+      slo_attainment_.Add({{"slo", slo}, {"met", met ? "true" : "false"}}).Increment();
+    };
+    count("ttft", t.first_token - t.arrival <= info.slo.ttft);
+    if (info.usage.completion_tokens >= 2) {
+      const absl::Duration tpot = (t.finished - t.first_token) / (info.usage.completion_tokens - 1);
+      count("tpot", tpot <= info.slo.tpot);
+    }
+  }
 }
 
 void ServerMetrics::OnRejected() { rejected_.Increment(); }

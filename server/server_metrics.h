@@ -21,8 +21,11 @@ class ServerMetrics {
   explicit ServerMetrics(prometheus::Registry& registry);
 
   // Records a finished request from its timeline and usage, and the gaps
-  // between its consecutive tokens (seconds).
-  void OnFinish(const scheduler::FinishInfo& info, const std::vector<double>& token_gaps);
+  // between its consecutive tokens (seconds). `from_client`: the request
+  // came from a client here (not taken over from a prefill daemon, whose
+  // own metrics count its SLOs).
+  void OnFinish(const scheduler::FinishInfo& info, const std::vector<double>& token_gaps,
+                bool from_client = true);
   // Records one worker step.
   void OnStep(const scheduler::StepStats& step);
   // Records a request rejected before it was queued (bad input, full queue).
@@ -68,6 +71,9 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& kv_transfer_bytes_;
   prometheus::Family<prometheus::Counter>& kv_transfer_failures_;
   prometheus::Family<prometheus::Counter>& remote_handoffs_;
+  prometheus::Family<prometheus::Counter>& slo_attainment_;
+  prometheus::Family<prometheus::Counter>& step_predicted_;
+  prometheus::Family<prometheus::Counter>& step_compute_;
   prometheus::Family<prometheus::Histogram>& prefill_time_;
   prometheus::Family<prometheus::Histogram>& decode_time_;
   prometheus::Family<prometheus::Histogram>& inter_token_;

@@ -106,6 +106,8 @@ class Run {
     call.prompt = std::move(prompt);
     call.max_tokens = max_tokens;
     call.workload = scenario_.classes(k).workload();
+    call.slo_ttft_ms = scenario_.classes(k).slo_ttft_ms();
+    call.slo_tpot_ms = scenario_.classes(k).slo_itl_ms();
     call.timeout_s = options_.request_timeout_s;
     target_.Generate(call, &record, output);
     record.end = NowSeconds();

@@ -50,6 +50,8 @@ class TandemTarget : public Target {
     request.set_ignore_eos(true);
     request.mutable_sampling()->set_temperature(0);
     request.set_workload(call.workload);
+    if (call.slo_ttft_ms > 0) request.mutable_latency_budget()->set_ttft_ms(call.slo_ttft_ms);
+    if (call.slo_tpot_ms > 0) request.mutable_latency_budget()->set_tpot_ms(call.slo_tpot_ms);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(call.timeout_s * 1000)));

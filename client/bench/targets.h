@@ -21,6 +21,10 @@ struct GenerateCall {
   TokenIds prompt;
   int max_tokens = 0;
   std::string workload;  // tandemd's workload tag
+  // The class's SLOs, sent as the request's latency budget (tandemd's
+  // latency_budget; ms, 0: none).
+  double slo_ttft_ms = 0;
+  double slo_tpot_ms = 0;
   double timeout_s = 600;
 };
 

@@ -125,7 +125,15 @@ TEST_F(ApiTest, GetModelInfoDescribesWhatIsServed) {
   EXPECT_THAT(info.backends(1), HasSubstr("decode: cpu"));
   EXPECT_EQ(info.kv_block_size(), 16);
   EXPECT_EQ(info.kv_blocks(), 1456);
-  EXPECT_EQ(info.disagg_output_threshold(), 32);
+  // The SLO policy by default: no threshold; the budgets and what the
+  // step-time model has learned so far.
+  EXPECT_EQ(info.disagg_output_threshold(), -1);
+  EXPECT_EQ(info.policy(), "slo");
+  EXPECT_EQ(info.slo_ttft_ms(), 1000);
+  EXPECT_EQ(info.slo_tpot_ms(), 100);
+  EXPECT_THAT(info.step_time_model(), HasSubstr("ms/token"));
+  EXPECT_TRUE(info.slo_crossover_tokens() == -1 || info.slo_crossover_tokens() >= 1)
+      << info.slo_crossover_tokens();
 }
 
 TEST_F(ApiTest, GetLoadReportsQueueWorkersAndKv) {
@@ -208,7 +216,8 @@ TEST_F(ApiTest, TheShapeCommandReadsTheMetrics) {
   std::ifstream in(out);
   const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_THAT(report, HasSubstr("generated tokens per request"));
-  EXPECT_THAT(report, HasSubstr("Disaggregation: on at 32 output tokens."));
+  EXPECT_THAT(report, HasSubstr("SLO attainment: TTFT"));
+  EXPECT_THAT(report, HasSubstr("Policy: slo"));
 }
 
 // Daemons of their own.

@@ -150,7 +150,7 @@ TEST(SpeculationE2eTest, SelfDraftGivesTheSameGreedyTokens) {
 TEST(SpeculationE2eTest, ASeparateDraftModelServesBothWorkers) {
   const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
   Daemon daemon({"--speculative=draft", "--draft_model=" + model, "--spec_adaptive=false",
-                 "--spec_max_draft=4"});
+                 "--spec_max_draft=4", "--disagg_output_threshold=32"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   EXPECT_THAT(daemon.Log(), HasSubstr(model));
   auto stub = daemon.Stub();

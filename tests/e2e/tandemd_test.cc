@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -145,6 +146,26 @@ TEST_F(TandemdTest, InvalidRequestsAreRejectedWithTheFieldNamed) {
     v1::GenerateRequest r = Chat("hi", 0.0f, 5);
     r.add_stop_token_ids(70000);
     cases.push_back({"stop token outside the vocabulary", r, "stop_token_ids[0]"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.mutable_latency_budget()->set_tpot_ms(-5);
+    cases.push_back({"negative TPOT budget", r, "latency_budget.tpot_ms"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.mutable_latency_budget()->set_ttft_ms(std::nan(""));
+    cases.push_back({"NaN TTFT budget", r, "latency_budget.ttft_ms"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.mutable_latency_budget()->set_ttft_ms(1e12);
+    cases.push_back({"TTFT budget beyond an hour", r, "latency_budget.ttft_ms"});
+  }
+  {
+    v1::GenerateRequest r = Chat("hi", 0.0f, 5);
+    r.mutable_latency_budget()->set_tpot_ms(std::numeric_limits<double>::infinity());
+    cases.push_back({"infinite TPOT budget", r, "latency_budget.tpot_ms"});
   }
   for (const Case& c : cases) {
     Generation g = Generate(*stub, c.request);

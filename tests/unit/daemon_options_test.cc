@@ -49,14 +49,20 @@ std::string TempFile(const std::string& name, const std::string& contents) {
   return path;
 }
 
-TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerAtThirtyTwoTokens) {
+TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerUnderTheSloPolicy) {
   absl::FlagSaver saver;
   absl::StatusOr<DaemonOptions> options = OptionsWith({});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->role, Role::kUnified);
   EXPECT_EQ(options->device.device, kernels::Device::kCpu);  // auto, without a CUDA module
-  EXPECT_EQ(options->output_threshold, 32);
+  EXPECT_FALSE(options->output_threshold.has_value());       // the SLO policy picks paths
   EXPECT_FALSE(options->auto_threshold);
+  EXPECT_TRUE(options->scheduler.slo_policy);
+  EXPECT_EQ(options->dispatch.policy, scheduler::DispatchPolicy::kSlo);
+  EXPECT_TRUE(options->dispatch.shared_compute);
+  EXPECT_EQ(options->scheduler.slo.ttft, absl::Seconds(1));
+  EXPECT_EQ(options->scheduler.slo.tpot, absl::Milliseconds(100));
+  EXPECT_FALSE(options->admission_by_slo);
   EXPECT_TRUE(options->model.decode_worker);
   EXPECT_EQ(options->model.block_size, 16);
   EXPECT_EQ(options->model.kv_cache_bytes, int64_t{512} << 20);
@@ -65,8 +71,8 @@ TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerAtThirtyTwo
   EXPECT_FALSE(options->scheduler.remote_decode);
   EXPECT_EQ(options->scheduler.speculation.proposer, step::Proposer::kNgram);
   EXPECT_EQ(options->speculative, "ngram");
-  EXPECT_EQ(options->pacing.interval, absl::Milliseconds(40));
-  EXPECT_EQ(options->pacing.prefill_min_share, 0.5);
+  EXPECT_EQ(options->dispatch.pacing.interval, absl::Milliseconds(40));
+  EXPECT_EQ(options->dispatch.pacing.prefill_min_share, 0.5);
   EXPECT_EQ(options->max_queued_requests, 256);
   EXPECT_EQ(options->requests.defaults.max_tokens, 2048);
   EXPECT_EQ(options->requests.default_deadline, absl::Minutes(10));
@@ -91,6 +97,10 @@ TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
       {"cuda_decode_sms", "7"},
       {"threads", "3"},
       {"pin_threads", "false"},
+      {"policy", "threshold"},
+      {"slo_ttft", "2500ms"},
+      {"slo_tpot", "70ms"},
+      {"admission", "slo"},
       {"decode_step_interval", "17ms"},
       {"prefill_min_share", "0.25"},
       {"disagg_output_threshold", "48"},
@@ -172,8 +182,13 @@ TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
   EXPECT_FALSE(sched.speculation.adaptive);
   EXPECT_EQ(o->speculative, "off");
   EXPECT_EQ(o->max_queued_requests, 34);
-  EXPECT_EQ(o->pacing.interval, absl::Milliseconds(17));
-  EXPECT_EQ(o->pacing.prefill_min_share, 0.25);
+  EXPECT_EQ(o->dispatch.pacing.interval, absl::Milliseconds(17));
+  EXPECT_EQ(o->dispatch.pacing.prefill_min_share, 0.25);
+  EXPECT_EQ(o->dispatch.policy, scheduler::DispatchPolicy::kPaced);
+  EXPECT_FALSE(o->scheduler.slo_policy);
+  EXPECT_EQ(o->scheduler.slo.ttft, absl::Milliseconds(2500));
+  EXPECT_EQ(o->scheduler.slo.tpot, absl::Milliseconds(70));
+  EXPECT_TRUE(o->admission_by_slo);
   const RequestPolicy& r = o->requests;
   EXPECT_EQ(r.max_prompt_tokens, 900);
   EXPECT_EQ(r.default_deadline, absl::Minutes(3));
@@ -243,8 +258,26 @@ TEST(DaemonOptionsTest, ReservedDecodeThreadsTurnPacingOff) {
   absl::StatusOr<DaemonOptions> options =
       OptionsWith({{"threads", "2"}, {"decode_reserved_threads", "1"}});
   ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->pacing.interval, absl::ZeroDuration());
-  EXPECT_EQ(options->pacing.prefill_min_share, 0.0);
+  EXPECT_EQ(options->dispatch.pacing.interval, absl::ZeroDuration());
+  EXPECT_EQ(options->dispatch.pacing.prefill_min_share, 0.0);
+  EXPECT_FALSE(options->dispatch.shared_compute);
+}
+
+TEST(DaemonOptionsTest, AThresholdChoosesTheThresholdPolicy) {
+  for (const std::string threshold : {"off", "0", "17", "auto"}) {
+    SCOPED_TRACE(threshold);
+    absl::FlagSaver saver;
+    absl::StatusOr<DaemonOptions> o = OptionsWith({{"disagg_output_threshold", threshold}});
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_FALSE(o->scheduler.slo_policy);
+    EXPECT_EQ(o->dispatch.policy, scheduler::DispatchPolicy::kPaced);
+    EXPECT_EQ(o->model.decode_worker, threshold != "off");
+  }
+  absl::FlagSaver saver;
+  absl::StatusOr<DaemonOptions> o = OptionsWith({{"policy", "threshold"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->output_threshold, 32);  // the threshold policy's own default
+  EXPECT_EQ(o->dispatch.policy, scheduler::DispatchPolicy::kPaced);
 }
 
 TEST(DaemonOptionsTest, SpeculationAndFaultFlagsBecomeTheirOptions) {
@@ -348,6 +381,17 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"stall_timeout", "0s"}}, "--stall_timeout=0: must be > 0"},
       {{{"peer_load_interval", "0s"}}, "--peer_load_interval=0: must be > 0"},
       {{{"priority_aging", "-1s"}}, "--priority_aging=-1s: must be >= 0"},
+      {{{"policy", "fastest"}}, "--policy='fastest': expected slo or threshold"},
+      {{{"policy", "slo"}, {"disagg_output_threshold", "32"}},
+       "--disagg_output_threshold=32 goes with --policy=threshold, not --policy=slo"},
+      {{{"disagg_on_max_tokens", "true"}},
+       "--disagg_on_max_tokens goes with --policy=threshold, not --policy=slo"},
+      {{{"decode_step_interval", "20ms"}},
+       "--decode_step_interval and --prefill_min_share go with --policy=threshold"},
+      {{{"slo_ttft", "0s"}}, "--slo_ttft=0: must be in (0, 1h]"},
+      {{{"slo_tpot", "-5ms"}}, "--slo_tpot=-5ms: must be in (0, 1h]"},
+      {{{"slo_tpot", "2h"}}, "--slo_tpot=2h: must be in (0, 1h]"},
+      {{{"admission", "strict"}}, "--admission='strict': expected none or slo"},
   };
   for (const BadFlags& c : cases) {
     SCOPED_TRACE(c.message);

@@ -74,6 +74,21 @@ TEST(ShapeTest, TheReportSaysWhetherDisaggregationPays) {
   EXPECT_THAT(not_paying, HasSubstr("not paying for itself"));
 }
 
+TEST(ShapeTest, UnderTheSloPolicyTheReportGivesAttainment) {
+  std::string t = Exposition(0.1);
+  t += R"(tandem_policy_info{policy="slo"} 1
+tandem_slo_attainment_total{met="true",slo="ttft"} 6
+tandem_slo_attainment_total{met="false",slo="ttft"} 4
+tandem_slo_attainment_total{met="true",slo="tpot"} 10
+tandem_slo_attainment_total{met="false",slo="tpot"} 0
+)";
+  const std::string report = ShapeReport(ParseMetrics(t), 1100);
+  EXPECT_THAT(report, HasSubstr("SLO attainment: TTFT 60% TPOT 100%"));
+  EXPECT_THAT(report, HasSubstr("Policy: slo"));
+  EXPECT_THAT(report, HasSubstr("TTFT budgets are missed"));
+  EXPECT_THAT(report, ::testing::Not(HasSubstr("TPOT budgets are missed")));
+}
+
 TEST(ShapeTest, NoTrafficSaysSo) {
   EXPECT_THAT(ShapeReport(ParseMetrics(""), 10), HasSubstr("No finished requests yet"));
 }

@@ -1,0 +1,152 @@
+#include "scheduler/step_time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace tandem::scheduler {
+namespace {
+
+constexpr double kForgetting = 0.97;
+// Bounds the covariance: without new evidence in some direction (a decode
+// lane sees only decode steps) forgetting would grow it without end.
+constexpr double kMaxCovarianceTrace = 1e6;
+// A shift in the machine's speed shows as predictions off in one direction
+// step after step: past this mean signed error (an average over about the
+// last 4 steps) the fit forgets its confidence and follows the new times.
+constexpr double kShiftBias = 0.15;
+constexpr double kBiasWeight = 0.25;
+
+}  // namespace
+
+void StepShape::AddRows(int64_t first_position, int64_t rows) {
+  if (rows <= 0) return;
+  tokens += rows;
+  // Row i (0-based) at position first_position + i reads first_position + i + 1 positions.
+  reads += static_cast<double>(rows) *
+           (static_cast<double>(first_position) + (static_cast<double>(rows) + 1.0) / 2.0);
+}
+
+StepShape StepShape::Of(const step::StepPlan& plan, const step::StepResult* result) {
+  StepShape shape;
+  const bool ran = result != nullptr && result->sequences.size() == plan.sequences.size();
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const step::SequenceStep& s = plan.sequences[i];
+    const int32_t drafts = ran ? result->sequences[i].drafted : s.draft_limit;
+    shape.AddRows(s.first_position, static_cast<int64_t>(s.tokens.size()) + drafts);
+  }
+  return shape;
+}
+
+StepTimeModel::StepTimeModel(StepTimeCoefficients prior) { Reset(prior); }
+
+void StepTimeModel::ResetConfidence() {
+  // The prior's weight: about as much as a few steps' evidence, in the
+  // units of the relative-error rows (features divided by the step's time).
+  for (auto& row : covariance_) row.fill(0.0);
+  covariance_[0][0] = 1e3;
+  covariance_[1][1] = 1e2;
+  covariance_[2][2] = 1e2;
+  bias_ = 0;
+}
+
+void StepTimeModel::Reset(const StepTimeCoefficients& prior) {
+  theta_ = {prior.fixed, prior.per_token, prior.per_kilo_read};
+  ResetConfidence();
+  errors_.clear();
+  error_sum_ = 0;
+  observed_ = 0;
+}
+
+void StepTimeModel::Calibrate(double decode_ms, double chunk_ms, int32_t chunk_tokens) {
+  StepTimeCoefficients c;
+  if (chunk_tokens > 1 && chunk_ms > decode_ms && decode_ms > 0) {
+    c.per_token = (chunk_ms - decode_ms) / static_cast<double>(chunk_tokens - 1);
+    c.fixed = std::max(decode_ms - c.per_token, kMinStepMs);
+  } else if (decode_ms > 0) {
+    c.fixed = decode_ms;
+  }
+  Reset(c);
+  // The two measurements are the first evidence.
+  StepShape decode;
+  decode.AddRows(0, 1);
+  StepShape chunk;
+  chunk.AddRows(0, chunk_tokens);
+  if (decode_ms > 0) Observe(decode, decode_ms);
+  if (chunk_ms > 0 && chunk_tokens > 0) Observe(chunk, chunk_ms);
+  errors_.clear();
+  error_sum_ = 0;
+  observed_ = 0;
+}
+
+std::array<double, 3> StepTimeModel::Features(const StepShape& shape) {
+  return {1.0, static_cast<double>(shape.tokens), shape.reads / 1000.0};
+}
+
+double StepTimeModel::PredictMs(const StepShape& shape) const {
+  const std::array<double, 3> x = Features(shape);
+  double t = 0;
+  for (size_t i = 0; i < x.size(); ++i) t += theta_[i] * x[i];
+  return std::max(t, kMinStepMs);
+}
+
+void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
+  if (!(measured_ms > 0) || !std::isfinite(measured_ms)) return;
+  const double predicted = PredictMs(shape);
+  const double error = std::abs(predicted - measured_ms) / measured_ms;
+  errors_.push_back(error);
+  error_sum_ += error;
+  if (errors_.size() > kErrorWindow) {
+    error_sum_ -= errors_.front();
+    errors_.pop_front();
+  }
+  ++observed_;
+  bias_ += kBiasWeight * ((predicted - measured_ms) / measured_ms - bias_);
+  if (std::abs(bias_) > kShiftBias) ResetConfidence();
+
+  // One step of weighted recursive least squares: the row and the target
+  // divided by the measured time (relative error), target 1.
+  std::array<double, 3> x = Features(shape);
+  for (double& v : x) v /= measured_ms;
+  std::array<double, 3> px{};
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 3; ++j) px[i] += covariance_[i][j] * x[j];
+  }
+  double denominator = kForgetting;
+  for (size_t i = 0; i < 3; ++i) denominator += x[i] * px[i];
+  double residual = 1.0;
+  for (size_t i = 0; i < 3; ++i) residual -= theta_[i] * x[i];
+  std::array<double, 3> gain{};
+  for (size_t i = 0; i < 3; ++i) gain[i] = px[i] / denominator;
+  for (size_t i = 0; i < 3; ++i) theta_[i] = std::max(0.0, theta_[i] + gain[i] * residual);
+  double trace = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 3; ++j) {
+      covariance_[i][j] = (covariance_[i][j] - gain[i] * px[j]) / kForgetting;
+    }
+    trace += covariance_[i][i];
+  }
+  if (trace > kMaxCovarianceTrace) {
+    for (auto& row : covariance_) {
+      for (double& v : row) v *= kMaxCovarianceTrace / trace;
+    }
+  }
+}
+
+StepTimeCoefficients StepTimeModel::coefficients() const {
+  return {theta_[0], theta_[1], theta_[2]};
+}
+
+double StepTimeModel::recent_error() const {
+  return errors_.empty() ? 0.0 : error_sum_ / static_cast<double>(errors_.size());
+}
+
+std::string StepTimeModel::Describe() const {
+  return absl::StrFormat(
+      "t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read (error %.1f%% over the last %d "
+      "steps)",
+      theta_[0], theta_[1], theta_[2], 100.0 * recent_error(), static_cast<int>(errors_.size()));
+}
+
+}  // namespace tandem::scheduler

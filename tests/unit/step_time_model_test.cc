@@ -1,0 +1,149 @@
+// The step-time model (scheduler/step_time_model.h): fitted on synthetic
+// step times with known coefficients it recovers them; when the machine's
+// speed changes it tracks the new times within a bounded number of steps;
+// a start-up calibration predicts the two steps it was measured on.
+#include "scheduler/step_time_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "scheduler/slo_path.h"
+
+namespace tandem::scheduler {
+namespace {
+
+// A step of a random shape: a decode batch, a prompt chunk, or both.
+StepShape RandomShape(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> kind(0, 2), rows(1, 32), chunk(16, 512), context(16, 2000);
+  StepShape shape;
+  const int k = kind(rng);
+  if (k != 1) {
+    const int n = rows(rng);
+    for (int i = 0; i < n; ++i) shape.AddRows(context(rng), 1);
+  }
+  if (k != 0) shape.AddRows(context(rng) / 2, chunk(rng));
+  return shape;
+}
+
+double TrueMs(const StepShape& s, const StepTimeCoefficients& c) {
+  return c.fixed + c.per_token * static_cast<double>(s.tokens) + c.per_kilo_read * s.reads / 1000;
+}
+
+TEST(StepTimeModelTest, RecoversKnownCoefficients) {
+  const StepTimeCoefficients truth{4.0, 0.3, 0.02};
+  StepTimeModel model;  // starts from the defaults: 5 ms + 0.5 ms/token
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> noise(-0.02, 0.02);
+  for (int i = 0; i < 400; ++i) {
+    const StepShape shape = RandomShape(rng);
+    model.Observe(shape, TrueMs(shape, truth) * (1.0 + noise(rng)));
+  }
+  const StepTimeCoefficients fit = model.coefficients();
+  EXPECT_NEAR(fit.fixed, truth.fixed, 0.1 * truth.fixed);
+  EXPECT_NEAR(fit.per_token, truth.per_token, 0.05 * truth.per_token);
+  EXPECT_NEAR(fit.per_kilo_read, truth.per_kilo_read, 0.1 * truth.per_kilo_read);
+  EXPECT_LT(model.recent_error(), 0.03);
+  EXPECT_EQ(model.observed_steps(), 400);
+}
+
+TEST(StepTimeModelTest, TracksAChangeInSpeedWithinFiftySteps) {
+  const StepTimeCoefficients fast{4.0, 0.3, 0.02};
+  const StepTimeCoefficients slow{8.0, 0.6, 0.04};  // half the speed
+  StepTimeModel model;
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 300; ++i) {
+    const StepShape shape = RandomShape(rng);
+    model.Observe(shape, TrueMs(shape, fast));
+  }
+  for (int i = 0; i < 50; ++i) {
+    const StepShape shape = RandomShape(rng);
+    model.Observe(shape, TrueMs(shape, slow));
+  }
+  // Within 5% of the new times on fresh shapes.
+  for (int i = 0; i < 20; ++i) {
+    const StepShape shape = RandomShape(rng);
+    EXPECT_NEAR(model.PredictMs(shape), TrueMs(shape, slow), 0.05 * TrueMs(shape, slow));
+  }
+}
+
+TEST(StepTimeModelTest, CalibrationPredictsTheStepsItMeasured) {
+  StepTimeModel model;
+  model.Calibrate(/*decode_ms=*/6.0, /*chunk_ms=*/300.0, /*chunk_tokens=*/512);
+  StepShape decode;
+  decode.AddRows(0, 1);
+  StepShape chunk;
+  chunk.AddRows(0, 512);
+  EXPECT_NEAR(model.PredictMs(decode), 6.0, 0.3);
+  EXPECT_NEAR(model.PredictMs(chunk), 300.0, 6.0);
+  EXPECT_EQ(model.observed_steps(), 0);  // calibration is not counted as served steps
+}
+
+TEST(StepTimeModelTest, ShapesCountRowsAndPositionsRead) {
+  StepShape s;
+  s.AddRows(10, 3);  // rows at positions 10, 11, 12 read 11 + 12 + 13
+  EXPECT_EQ(s.tokens, 3);
+  EXPECT_DOUBLE_EQ(s.reads, 36.0);
+  step::StepPlan plan;
+  plan.sequences.resize(2);
+  plan.sequences[0].tokens = {1};
+  plan.sequences[0].first_position = 99;
+  plan.sequences[0].draft_limit = 2;  // verified rows count as planned
+  plan.sequences[1].tokens = {1, 2, 3, 4};
+  const StepShape p = StepShape::Of(plan);
+  EXPECT_EQ(p.tokens, 7);
+  EXPECT_DOUBLE_EQ(p.reads, 100 + 101 + 102 + (1 + 2 + 3 + 4));
+}
+
+// The path rule (scheduler/slo_path.h) on a known model.
+TEST(SloPathTest, TightTpotMovesLooseStaysAndABusyMachineKeepsItsCompute) {
+  const StepTimeModel model(StepTimeCoefficients{5.0, 0.6, 0.0});
+  PathLoad load;
+  load.colocated_decodes = 2;
+  load.prompt_backlog = 1500;
+  load.mean_context = 300;
+  // Colocated, its tokens ride in mixed steps of 3 decodes and a 16-token
+  // chunk (5 + 0.6 * 19 = 16.4 ms) while the 1,500 prompt tokens last (94
+  // steps), then in decode steps (6.8 ms): 11.3 ms a token over 200 tokens,
+  // past the paced 10.8 ms of a 12 ms budget. A decode-lane step of its own
+  // takes 5.6 ms, about half the compute at that pace.
+  const LatencyBudget tight{absl::Seconds(5), absl::Milliseconds(12)};
+  const PathChoice moved = ChoosePath(model, load, tight, 0, 300, 200);
+  EXPECT_NEAR(moved.colocated.tpot_ms, (94 * 16.4 + 106 * 6.8) / 200, 0.01);
+  EXPECT_NEAR(moved.disaggregated.tpot_ms, 5.6 * (1 + 1.0 / 200), 0.01);
+  EXPECT_NEAR(moved.disaggregated.load, 5.6 / 10.8, 0.01);
+  EXPECT_TRUE(moved.disaggregate);
+  // A loose budget: colocated steps keep it; no move.
+  EXPECT_FALSE(ChoosePath(model, load, {absl::Seconds(5), absl::Milliseconds(300)}, 0, 300, 200)
+                   .disaggregate);
+  // Prompts arriving at 0.4 of the machine's prompt rate: with the decode
+  // lane's half the compute would be oversubscribed; it stays.
+  PathLoad busy = load;
+  busy.prompt_arrivals_per_ms = 0.4 * 512 / (5 + 0.6 * 512);
+  const PathChoice kept = ChoosePath(model, busy, tight, 0, 300, 200);
+  EXPECT_GT(kept.disaggregated.load, kMaxLoad);
+  EXPECT_FALSE(kept.disaggregate);
+  // Nothing to prefill, a lone stream: colocated keeps any budget a
+  // decode-lane step would.
+  EXPECT_FALSE(
+      ChoosePath(model, PathLoad{}, {absl::Seconds(1), absl::Milliseconds(20)}, 0, 300, 200)
+          .disaggregate);
+  // What it banked counts: a stream that made its first 100 tokens in 4 ms
+  // each keeps the budget colocated through the same backlog.
+  EXPECT_FALSE(
+      ChoosePath(model, load, tight, 0, 300, 100, StreamSoFar{100, 99 * 4.0}).disaggregate);
+  // The crossover: the least doubling length at which it moves.
+  const std::optional<int32_t> at = DisaggregationCrossover(model, load, tight, 300);
+  ASSERT_TRUE(at.has_value());
+  EXPECT_TRUE(ChoosePath(model, load, tight, 0, 300, *at).disaggregate);
+  if (*at > 1) {
+    EXPECT_FALSE(ChoosePath(model, load, tight, 0, 300, *at / 2).disaggregate);
+  }
+  EXPECT_FALSE(
+      DisaggregationCrossover(model, load, {absl::Seconds(5), absl::Milliseconds(300)}, 300)
+          .has_value());
+}
+
+}  // namespace
+}  // namespace tandem::scheduler
