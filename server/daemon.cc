@@ -16,6 +16,7 @@
 #include "prometheus/registry.h"
 #include "scheduler/fault_injection.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/slo_path.h"
 #include "server/generation_service.h"
 #include "server/grpc_server.h"
 #include "server/kv_endpoint.h"
@@ -219,8 +220,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       sched, options.max_queued_requests, prefill_worker, decode_worker,
       [metrics](const scheduler::StepStats& step) { metrics->OnStep(step); }, options.dispatch,
       options.admission_by_slo);
-  p.scheduler->CalibrateStepTime(
-      StepTimePrior(*p.model, options.auto_threshold, disagg_costs, sched.max_batched_tokens));
+  const scheduler::StepTimeCoefficients prior =
+      StepTimePrior(*p.model, options.auto_threshold, disagg_costs, sched.max_batched_tokens);
+  p.scheduler->CalibrateStepTime(prior);
   // Handing off locally (a decode worker here) or to decode daemons.
   const bool can_hand_off = p.model->decode_worker() != nullptr || role == Role::kPrefill;
   const bool hands_off = threshold.has_value() && can_hand_off;
@@ -231,9 +233,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         "paths {}",
         RoleName(role), absl::FormatDuration(sched.slo.ttft), absl::FormatDuration(sched.slo.tpot),
         options.admission_by_slo ? ", requests predicted to miss their TTFT refused" : "",
-        can_hand_off ? (role == Role::kPrefill ? "by predicted headroom, to the decode peers"
-                                               : "by predicted headroom")
+        can_hand_off ? (role == Role::kPrefill ? "by forecast, to the decode peers" : "by forecast")
                      : "colocated (no decode worker)");
+    if (can_hand_off) {
+      // Where a lone 128-token-prompt stream would move, with a few steps'
+      // worth of prompts waiting (at no load it never does: nothing delays it).
+      scheduler::PathLoad load;
+      load.max_chunk = sched.max_batched_tokens;
+      load.min_chunk = std::min(sched.min_prompt_chunk, sched.max_batched_tokens);
+      load.prompt_backlog = 4 * sched.max_batched_tokens;
+      const std::optional<int32_t> crossover =
+          scheduler::DisaggregationCrossover(scheduler::StepTimeModel(prior), load, sched.slo, 128);
+      spdlog::info("a lone stream moves to the decode worker {} while {} prompt tokens wait",
+                   crossover ? fmt::format("from {} output tokens", *crossover)
+                             : std::string("at no output length"),
+                   load.prompt_backlog);
+    }
   } else {
     spdlog::info("role {}; policy threshold; disaggregation: {}", RoleName(role),
                  hands_off

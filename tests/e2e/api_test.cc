@@ -533,7 +533,8 @@ TEST(ApiLifecycleTest, JsonLogsAreOneObjectPerLine) {
 }
 
 TEST(ApiLifecycleTest, MetricsCountExactlyWhatWasSent) {
-  Daemon daemon;
+  // The threshold policy: the 40-token answer moves at 32, deterministically.
+  Daemon daemon({"--disagg_output_threshold=32"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   auto stub = daemon.Stub();
   const std::vector<std::pair<int, int>> shapes = {{5, 3}, {17, 1}, {40, 9}, {8, 40}, {64, 2}};
