@@ -102,7 +102,10 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
     const int32_t decodes = load.colocated_decodes + 1;
     const double share = lane_share(load.lane_decodes);
     PathForecast& f = choice.colocated;
-    const int32_t chunk = ChunkWithin(model, decodes, ctx, load.min_chunk, load.max_chunk, pace);
+    // Chunks sized so that a step, slowed by the decode lane's share, keeps
+    // the pace (as the dispatcher sizes them from the slack it sees).
+    const int32_t chunk =
+        ChunkWithin(model, decodes, ctx, load.min_chunk, load.max_chunk, pace * (1.0 - share));
     const double mixed = model.PredictMs(MixedShape(decodes, ctx, chunk));
     const double decode = model.PredictMs(DecodeShape(decodes, ctx));
     const double busy = std::min(1.0, prompt_share);
