@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "absl/strings/str_format.h"
 #include "common/strings.h"
 #include "common/thread_name.h"
 
@@ -143,10 +142,7 @@ Scheduler::PolicyReport Scheduler::ReportPolicy() {
   // A model with the published coefficients predicts as the scheduler's does.
   const StepTimeModel model(load.step_time);
   PolicyReport report;
-  report.step_time =
-      absl::StrFormat("t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read (error %.1f%%)",
-                      load.step_time.fixed, load.step_time.per_token, load.step_time.per_kilo_read,
-                      100.0 * load.step_time_error);
+  report.step_time = DescribeStepTime(load.step_time, load.step_time_error);
   path.colocated_decodes = 0;  // a lone stream: the prompts stay as they are
   path.lane_decodes = 0;
   report.crossover_tokens = DisaggregationCrossover(model, path, default_slo_, 256);

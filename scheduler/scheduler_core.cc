@@ -67,8 +67,7 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   seq->id = sequence_id;
   seq->tokens = request.prompt;
   seq->request = std::move(request);
-  if (seq->request.slo.ttft <= absl::ZeroDuration()) seq->request.slo.ttft = options_.slo.ttft;
-  if (seq->request.slo.tpot <= absl::ZeroDuration()) seq->request.slo.tpot = options_.slo.tpot;
+  FillBudget(seq->request);
   if (options_.slo_policy) {
     // Weighed when it decodes (SloPrefersDecodeLane), with the load of then.
     seq->decision.may_hand_off_later = policy_.enabled();
@@ -279,7 +278,7 @@ step::StepPlan SchedulerCore::Schedule(Lane lane, int32_t token_budget) {
            running(Lane::kPrefill) + running(Lane::kDecode) < options_.max_running) {
       // Within a priority: arrival order, or under the SLO policy the
       // earliest TTFT deadline (arrival + its TTFT budget). Budgets are
-      // bounded (kMaxLatencyBudget), so a request is passed only by those
+      // bounded (MaxLatencyBudget()), so a request is passed only by those
       // that arrive before its own deadline: it cannot starve.
       auto order = [&](const Sequence& seq) {
         return options_.slo_policy ? seq.timeline.arrival + seq.request.slo.ttft
@@ -752,8 +751,7 @@ absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
   seq->request = std::move(imported.request);
   seq->generated = imported.generated;
   seq->computed = length - 1;
-  if (seq->request.slo.ttft <= absl::ZeroDuration()) seq->request.slo.ttft = options_.slo.ttft;
-  if (seq->request.slo.tpot <= absl::ZeroDuration()) seq->request.slo.tpot = options_.slo.tpot;
+  FillBudget(seq->request);
   seq->cached_prompt_tokens = 0;
   if (!seq->request.disable_speculation) seq->proposer = options_.speculation.proposer;
   // Pages are written by the transfer: plain new blocks (no prefix match),
@@ -850,6 +848,11 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
 }
 
 // --- the SLO policy ---
+
+void SchedulerCore::FillBudget(Request& request) const {
+  if (request.slo.ttft <= absl::ZeroDuration()) request.slo.ttft = options_.slo.ttft;
+  if (request.slo.tpot <= absl::ZeroDuration()) request.slo.tpot = options_.slo.tpot;
+}
 
 absl::Time SchedulerCore::TokenDeadline(const Sequence& seq, bool relaxed) const {
   if (relaxed) {
@@ -1026,7 +1029,6 @@ void SchedulerCore::MaybeReturn(Sequence& seq) {
     seq.lane = Lane::kPrefill;
     seq.handed_off = false;  // free to move again at a later check
     seq.ever_handed_off = true;
-    ++returns_;
     running_of(Lane::kPrefill).push_back(std::move(*it));
     from.erase(it);
     return;

@@ -114,7 +114,7 @@ struct SchedulerOptions {
   absl::Duration kv_lease = absl::Seconds(30);
   // The SLO policy (--policy=slo; scheduler/step_dispatcher.h): waiting
   // prompts in order of their TTFT deadlines, and the path of each request
-  // chosen by predicted headroom (scheduler/slo_path.h) instead of by
+  // chosen by forecast (scheduler/slo_path.h) instead of by
   // disaggregation.output_threshold.
   bool slo_policy = false;
   // The budget of requests that bring none (--slo_ttft, --slo_tpot).
@@ -207,8 +207,6 @@ class SchedulerCore {
   PathLoad PathLoadNow() const;
   // Prompt tokens admitted but not yet computed.
   int64_t running_prompt_tokens() const;
-  // Whether a prompt waits or is being computed.
-  bool HasPromptWork() const { return !waiting_.empty() || running_prompt_tokens() > 0; }
   // The prompts most pressed for their first token: the earliest TTFT
   // deadline of a request without one (ms from `now`), and the prompt tokens
   // still to compute of the requests due by then. nullopt: none waits.
@@ -291,7 +289,6 @@ class SchedulerCore {
   int32_t remote() const { return static_cast<int32_t>(remote_.size()); }
   int64_t preemptions() const { return preemptions_; }
   int64_t handoffs() const { return handoffs_; }
-  int64_t returns() const { return returns_; }
   int64_t lease_expirations() const { return lease_expirations_; }
 
  private:
@@ -354,6 +351,8 @@ class SchedulerCore {
   // now serve within its budget (the prompts grew, the lane's share starves
   // them) goes back to the prefill lane; one pool only.
   void MaybeReturn(Sequence& seq);
+  // The daemon's budget for the fields a request left unset.
+  void FillBudget(Request& request) const;
   // Its next token's deadline against its TPOT budget (see LeastSlackMs).
   absl::Time TokenDeadline(const Sequence& seq, bool relaxed = false) const;
   static bool Decoding(const Sequence& seq) {
@@ -417,7 +416,6 @@ class SchedulerCore {
   std::optional<double> peer_slack_ms_;
   int64_t preemptions_ = 0;
   int64_t handoffs_ = 0;
-  int64_t returns_ = 0;  // streams the SLO policy moved back from the decode lane
   int64_t lease_expirations_ = 0;
 };
 

@@ -59,7 +59,8 @@ void StepTimeModel::Reset(const StepTimeCoefficients& prior) {
   observed_ = 0;
 }
 
-void StepTimeModel::Calibrate(double decode_ms, double chunk_ms, int32_t chunk_tokens) {
+StepTimeCoefficients StepTimeModel::FromTwoSteps(double decode_ms, double chunk_ms,
+                                                 int32_t chunk_tokens) {
   StepTimeCoefficients c;
   if (chunk_tokens > 1 && chunk_ms > decode_ms && decode_ms > 0) {
     c.per_token = (chunk_ms - decode_ms) / static_cast<double>(chunk_tokens - 1);
@@ -67,7 +68,11 @@ void StepTimeModel::Calibrate(double decode_ms, double chunk_ms, int32_t chunk_t
   } else if (decode_ms > 0) {
     c.fixed = decode_ms;
   }
-  Reset(c);
+  return c;
+}
+
+void StepTimeModel::Calibrate(double decode_ms, double chunk_ms, int32_t chunk_tokens) {
+  Reset(FromTwoSteps(decode_ms, chunk_ms, chunk_tokens));
   // The two measurements are the first evidence.
   StepShape decode;
   decode.AddRows(0, 1);
@@ -142,11 +147,9 @@ double StepTimeModel::recent_error() const {
   return errors_.empty() ? 0.0 : error_sum_ / static_cast<double>(errors_.size());
 }
 
-std::string StepTimeModel::Describe() const {
-  return absl::StrFormat(
-      "t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read (error %.1f%% over the last %d "
-      "steps)",
-      theta_[0], theta_[1], theta_[2], 100.0 * recent_error(), static_cast<int>(errors_.size()));
+std::string DescribeStepTime(const StepTimeCoefficients& c, double recent_error) {
+  return absl::StrFormat("t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read (error %.1f%%)",
+                         c.fixed, c.per_token, c.per_kilo_read, 100.0 * recent_error);
 }
 
 }  // namespace tandem::scheduler

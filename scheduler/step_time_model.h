@@ -67,8 +67,10 @@ class StepTimeModel {
 
   explicit StepTimeModel(StepTimeCoefficients prior = {});
 
-  // Restarts the fit from a start-up measurement: `decode_ms` a step of one
+  // The coefficients two measured steps give: `decode_ms` a step of one
   // decode token, `chunk_ms` a step of `chunk_tokens` prompt tokens.
+  static StepTimeCoefficients FromTwoSteps(double decode_ms, double chunk_ms, int32_t chunk_tokens);
+  // Restarts the fit from those two steps, which are its first evidence.
   void Calibrate(double decode_ms, double chunk_ms, int32_t chunk_tokens);
   // Restarts the fit from `prior`, with no evidence yet.
   void Reset(const StepTimeCoefficients& prior);
@@ -81,8 +83,6 @@ class StepTimeModel {
   // Mean relative error over the last kErrorWindow observed steps (0 before any).
   double recent_error() const;
   int64_t observed_steps() const { return observed_; }
-  // The fitted formula and its recent error, for logs and GetModelInfo.
-  std::string Describe() const;
 
  private:
   static std::array<double, 3> Features(const StepShape& shape);
@@ -95,6 +95,11 @@ class StepTimeModel {
   double bias_ = 0;  // a running mean of the signed relative error
   int64_t observed_ = 0;
 };
+
+// The formula with its coefficients and a recent error, for logs and
+// GetModelInfo: "t = 4.812 ms + 0.5731 ms/token + 0.0104 ms/1k positions read
+// (error 6.2%)".
+std::string DescribeStepTime(const StepTimeCoefficients& c, double recent_error);
 
 }  // namespace tandem::scheduler
 

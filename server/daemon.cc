@@ -131,9 +131,9 @@ scheduler::StepTimeCoefficients StepTimePrior(const ServingModel& model, bool me
                                               const scheduler::DisaggregationCosts& costs,
                                               int32_t chunk_tokens) {
   scheduler::StepTimeCoefficients prior;
-  if (measured && chunk_tokens > 1 && costs.chunk_step > costs.decode_pass) {
-    prior.per_token = (costs.chunk_step - costs.decode_pass) / (chunk_tokens - 1);
-    prior.fixed = std::max(costs.decode_pass - prior.per_token, 0.05);
+  if (measured && costs.chunk_step > costs.decode_pass) {
+    prior =
+        scheduler::StepTimeModel::FromTwoSteps(costs.decode_pass, costs.chunk_step, chunk_tokens);
   } else {
     const scheduler::StepCostModel& c = model.step_cost();
     prior = {c.fixed, c.per_token, 1000.0 * c.per_context};

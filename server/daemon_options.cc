@@ -51,11 +51,12 @@ ABSL_FLAG(int, decode_reserved_threads, 0,
           "(hard isolation); 0: one shared pool");
 ABSL_FLAG(bool, pin_threads, true, "pin compute threads to CPUs");
 ABSL_FLAG(absl::Duration, decode_step_interval, absl::Milliseconds(40),
-          "while prompts are being prefilled, decode-worker steps start at most this often (the "
-          "inter-token target of disaggregated streams); 0: as soon as ready");
+          "--policy=threshold: while prompts are being prefilled, decode-worker steps start at "
+          "most this often (the inter-token target of disaggregated streams); 0: as soon as "
+          "ready");
 ABSL_FLAG(double, prefill_min_share, 0.5,
-          "the least share of time the prefill worker keeps while both workers have work, "
-          "when decode steps grow long; in [0, 1)");
+          "--policy=threshold: the least share of time the prefill worker keeps while both "
+          "workers have work, when decode steps grow long; in [0, 1)");
 ABSL_FLAG(std::string, disagg_output_threshold, "",
           "sets --policy=threshold: hand a request to the decode worker when its output reaches "
           "this many tokens (or earlier when it is known to); 0: every request; off: never (no "
@@ -156,9 +157,9 @@ ABSL_FLAG(std::string, inject_fault, "",
           "error, throw or stall (e.g. prefill:error@3, decode:stall@2:3s), or in a decode "
           "daemon's Nth KV transfer (kv_transfer:error@N: it fails half way)");
 ABSL_FLAG(std::string, role, "unified",
-          "unified (prefill and decode here), prefill (hand requests that reach "
-          "--disagg_output_threshold to the decode daemons of --decode_peers), or decode (take "
-          "requests over from prefill daemons; no prompts from clients)");
+          "unified (prefill and decode here), prefill (hand requests to the decode daemons of "
+          "--decode_peers, by --policy), or decode (take requests over from prefill daemons; no "
+          "prompts from clients)");
 ABSL_FLAG(std::string, decode_peers, "",
           "--role=prefill: the decode daemons, host:port[,host:port...]; a name that resolves "
           "to several addresses (a Kubernetes headless Service) is several peers");

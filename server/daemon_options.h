@@ -69,8 +69,8 @@ struct DaemonOptions {
   Role role = Role::kUnified;
   kernels::DeviceChoice device;  // what --device resolved to, and why
   // The model and its workers. model.decode_worker is set from the role and
-  // the threshold: a local decode worker exists only on a unified daemon
-  // whose threshold is not off.
+  // the policy: a local decode worker exists only on a unified daemon, under
+  // --policy=slo or a threshold that is not off.
   ServingModelOptions model;
   // --policy=threshold: --disagg_output_threshold, a token count, nullopt
   // for off, or (when auto_threshold) measured at start-up. --policy=slo

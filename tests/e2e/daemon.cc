@@ -230,4 +230,15 @@ v1::GenerateRequest Chat(const std::string& user_message, std::optional<float> t
   return r;
 }
 
+v1::GenerateRequest Tokens(int count, int salt, int max_tokens) {
+  v1::GenerateRequest r;
+  for (int t = 0; t < count; ++t) {
+    r.add_token_ids(static_cast<uint32_t>(500 + (t * 7919 + salt * 104729) % 40000));
+  }
+  r.set_max_tokens(max_tokens);
+  r.set_ignore_eos(true);
+  r.mutable_sampling()->set_temperature(0.0f);
+  return r;
+}
+
 }  // namespace tandem::testing

@@ -95,6 +95,10 @@ Generation Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& reque
 v1::GenerateRequest Chat(const std::string& user_message, std::optional<float> temperature,
                          int max_tokens);
 
+// A greedy request of `count` token ids (a pattern that differs by `salt`)
+// for exactly `max_tokens` (EOS ignored).
+v1::GenerateRequest Tokens(int count, int salt, int max_tokens);
+
 }  // namespace tandem::testing
 
 #endif  // TANDEM_TESTS_E2E_DAEMON_H_

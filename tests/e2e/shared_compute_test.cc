@@ -17,17 +17,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::GenerateRequest Tokens(int count, int salt, int max_tokens) {
-  v1::GenerateRequest r;
-  for (int t = 0; t < count; ++t) {
-    r.add_token_ids(static_cast<uint32_t>(500 + (t * 7919 + salt * 104729) % 40000));
-  }
-  r.set_max_tokens(max_tokens);
-  r.set_ignore_eos(true);
-  r.mutable_sampling()->set_temperature(0.0f);
-  return r;
-}
-
 TEST(SharedComputeE2eTest, ALongPromptYieldsToADecodeStreamAndNeitherAnswerChanges) {
   Daemon daemon({"--disagg_output_threshold=0"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
