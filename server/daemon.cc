@@ -17,10 +17,13 @@
 #include "scheduler/fault_injection.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/slo_path.h"
+#include "server/generation_frontend.h"
 #include "server/generation_service.h"
 #include "server/grpc_server.h"
+#include "server/http_server.h"
 #include "server/kv_endpoint.h"
 #include "server/lane_kv_mover.h"
+#include "server/openai_service.h"
 #include "server/peer_service.h"
 #include "server/remote_decoder.h"
 #include "server/scheduler_collector.h"
@@ -46,13 +49,16 @@ struct Daemon::Parts {
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<ServerMetrics> metrics;
   std::unique_ptr<scheduler::Scheduler> scheduler;
-  std::unique_ptr<LaneKvMover> lane_mover;  // a decode worker with KV of its own
-  std::unique_ptr<KvEndpoint> kv_endpoint;  // a prefill or decode daemon
+  std::unique_ptr<LaneKvMover> lane_mover;       // a decode worker with KV of its own
+  std::unique_ptr<KvEndpoint> kv_endpoint;       // a prefill or decode daemon
+  std::unique_ptr<GenerationFrontend> frontend;  // what gRPC and HTTP share
   std::unique_ptr<GenerationService> service;
+  std::unique_ptr<OpenAiService> openai;
   std::unique_ptr<PeerService> peer_service;  // a decode daemon
   std::shared_ptr<SchedulerCollector> scheduler_collector;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<HttpServer> http_server;        // --http_port
   std::unique_ptr<RemoteDecoder> remote_decoder;  // a prefill daemon
 };
 
@@ -162,6 +168,41 @@ absl::StatusOr<std::optional<int32_t>> MeasureThreshold(ServingModel& model, int
       costs.decode_pass, chunk_tokens, costs.chunk_step, costs.chunk_with_decode,
       threshold.has_value() ? fmt::format("{} tokens", *threshold) : std::string("off"));
   return threshold;
+}
+
+// The OpenAI-compatible HTTP API beside gRPC, on the same frontend. Its
+// health follows the gRPC health service's rule: not while draining or while
+// the scheduler stalls.
+absl::Status StartHttp(const DaemonOptions& options, const ServingModel& model,
+                       GenerationFrontend* frontend, std::unique_ptr<OpenAiService>& service,
+                       std::unique_ptr<HttpServer>& server) {
+  OpenAiServiceOptions http;
+  http.served_model_name = options.listen.served_model_name;
+  if (http.served_model_name.empty()) {
+    std::string_view file = options.model.model_path;
+    file = file.substr(file.rfind('/') + 1);
+    if (file.size() > 5 && file.substr(file.size() - 5) == ".gguf") file.remove_suffix(5);
+    http.served_model_name = std::string(file);
+  }
+  if (std::string name = model.Info().name(); !name.empty()) {
+    http.aliases.push_back(std::move(name));
+  }
+  http.api_keys = options.listen.grpc.api_keys;
+  scheduler::Scheduler* sched = frontend->scheduler();
+  const absl::Duration stall_timeout = options.stall_timeout;
+  http.healthy = [sched, stall_timeout] {
+    return !scheduler::Stalled(sched->Load(), absl::Now(), stall_timeout);
+  };
+  const std::string served_name = http.served_model_name;
+  service = std::make_unique<OpenAiService>(frontend, std::move(http));
+  absl::StatusOr<std::unique_ptr<HttpServer>> started =
+      HttpServer::Start(options.listen.http, service.get());
+  if (!started.ok()) return started.status();
+  server = *std::move(started);
+  spdlog::info("serving the OpenAI-compatible HTTP API on {}:{}{} as model '{}'",
+               options.listen.http.host, server->port(),
+               options.listen.http.tls_cert_file.empty() ? "" : " (HTTPS)", served_name);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -288,23 +329,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                      20);
   }
 
-  ServiceOptions service_options;
-  service_options.defaults = options.requests.defaults;
-  service_options.max_prompt_tokens = options.requests.max_prompt_tokens;
-  service_options.default_deadline = options.requests.default_deadline;
-  service_options.slow_reader_timeout = options.requests.slow_reader_timeout;
-  service_options.accepts_prompts = role != Role::kDecode;
-  service_options.model_info = p.model->Info();
-  service_options.model_info.set_disagg_output_threshold(hands_off ? *threshold : -1);
-  service_options.model_info.set_disagg_output_threshold_auto(options.auto_threshold);
-  service_options.model_info.set_speculative(options.speculative);
-  service_options.model_info.set_policy(slo ? "slo" : "threshold");
-  service_options.model_info.set_slo_ttft_ms(absl::ToDoubleMilliseconds(sched.slo.ttft));
-  service_options.model_info.set_slo_tpot_ms(absl::ToDoubleMilliseconds(sched.slo.tpot));
-  service_options.slo_paths = slo && can_hand_off;
-  p.service = std::make_unique<GenerationService>(p.model.get(), p.scheduler.get(), metrics,
-                                                  service_options);
-  GenerationService* service = p.service.get();
+  FrontendOptions frontend_options;
+  frontend_options.defaults = options.requests.defaults;
+  frontend_options.max_prompt_tokens = options.requests.max_prompt_tokens;
+  frontend_options.default_deadline = options.requests.default_deadline;
+  frontend_options.slow_reader_timeout = options.requests.slow_reader_timeout;
+  frontend_options.accepts_prompts = role != Role::kDecode;
+  v1::ModelInfo& info = frontend_options.model_info;
+  info = p.model->Info();
+  info.set_disagg_output_threshold(hands_off ? *threshold : -1);
+  info.set_disagg_output_threshold_auto(options.auto_threshold);
+  info.set_speculative(options.speculative);
+  info.set_policy(slo ? "slo" : "threshold");
+  info.set_slo_ttft_ms(absl::ToDoubleMilliseconds(sched.slo.ttft));
+  info.set_slo_tpot_ms(absl::ToDoubleMilliseconds(sched.slo.tpot));
+  frontend_options.slo_paths = slo && can_hand_off;
+  p.frontend = std::make_unique<GenerationFrontend>(p.model.get(), p.scheduler.get(), metrics,
+                                                    frontend_options);
+  GenerationFrontend* service = p.frontend.get();
+  p.service = std::make_unique<GenerationService>(service);
   if (role == Role::kDecode) {
     p.peer_service = std::make_unique<PeerService>(
         p.scheduler.get(), p.kv_endpoint.get(), metrics, service->open_calls_counter(),
@@ -325,7 +368,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
-  std::vector<grpc::Service*> services = {service};
+  std::vector<grpc::Service*> services = {p.service.get()};
   if (p.peer_service != nullptr) services.push_back(p.peer_service.get());
   GrpcServerOptions grpc_options = options.listen.grpc;
   grpc_options.on_unauthenticated = [metrics] { metrics->OnUnauthenticated(); };
@@ -349,6 +392,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     p.scheduler->SetRemoteDecodeLink(p.remote_decoder.get());
     spdlog::info("decode peers: {} ready of {}", p.remote_decoder->ready_peers(),
                  absl::StrJoin(options.pool.decode_peers, ","));
+  }
+
+  if (options.listen.http_enabled) {
+    if (absl::Status s = StartHttp(options, *p.model, p.frontend.get(), p.openai, p.http_server);
+        !s.ok()) {
+      return s;
+    }
   }
 
   p.grpc_server->GetHealthCheckService()->SetServingStatus(true);
@@ -380,15 +430,15 @@ void Daemon::ServeUntil(absl::Notification& shutdown) {
 void Daemon::Drain() {
   Parts& p = *parts_;
   p.grpc_server->GetHealthCheckService()->SetServingStatus(false);
-  p.service->StopAccepting();
+  p.frontend->StopAccepting();
   const absl::Duration drain = p.options.drain_timeout;
-  spdlog::info("draining {} open call(s) for up to {}", p.service->open_calls(),
+  spdlog::info("draining {} open call(s) for up to {}", p.frontend->open_calls(),
                absl::FormatDuration(drain));
   const absl::Time drain_deadline = absl::Now() + drain;
-  while (p.service->open_calls() > 0 && absl::Now() < drain_deadline) {
+  while (p.frontend->open_calls() > 0 && absl::Now() < drain_deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  if (const int64_t left = p.service->open_calls(); left > 0) {
+  if (const int64_t left = p.frontend->open_calls(); left > 0) {
     spdlog::warn("drain timeout: cancelling {} call(s) with UNAVAILABLE", left);
   }
   // From here gRPC's own shutdown may end a call that arrives meanwhile
@@ -397,6 +447,7 @@ void Daemon::Drain() {
   p.scheduler->Stop();
   p.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   p.grpc_server->Wait();
+  if (p.http_server != nullptr) p.http_server->Shutdown();
   spdlog::info("stopped");
 }
 

@@ -32,6 +32,16 @@ ABSL_FLAG(std::string, model, DefaultModelPath(),
           "random:NAME[@SEED] for a model of a known shape with random weights (llama3-8b, "
           "qwen2.5-7b, smollm2-135m: for speed measurements)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
+ABSL_FLAG(int, http_port, 8000,
+          "port of the OpenAI-compatible HTTP API, on --listen's host (0: off)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model's name in the HTTP API (\"\": the model file's name without .gguf)");
+ABSL_FLAG(int, http_threads, 2, "threads serving HTTP connections");
+ABSL_FLAG(int, http_max_connections, 4096,
+          "open HTTP connections at most (more get 503 and are closed)");
+ABSL_FLAG(int64_t, http_max_body_bytes, int64_t{8} << 20, "largest HTTP request body (413 above)");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Minutes(5),
+          "an HTTP connection idle this long between requests is closed");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
           "Prometheus metrics address (IPv4 host:port); empty disables");
 ABSL_FLAG(std::string, device, "auto",
@@ -424,6 +434,40 @@ absl::Status ReadRequestPolicy(DaemonOptions& options) {
   return absl::OkStatus();
 }
 
+// The HTTP API: on --listen's host, with the same TLS files.
+absl::Status ReadHttp(ListenOptions& listen) {
+  const int port = absl::GetFlag(FLAGS_http_port);
+  if (port < 0 || port > 65535) {
+    return FlagError(StrCat("--http_port=", port, ": must be a port number (0: off)"));
+  }
+  listen.http_enabled = port != 0;
+  HttpServerOptions& http = listen.http;
+  http.port = port;
+  http.host = ListenHost(listen.grpc.listen);
+  http.tls_cert_file = listen.grpc.tls_cert_file;
+  http.tls_key_file = listen.grpc.tls_key_file;
+  http.threads = absl::GetFlag(FLAGS_http_threads);
+  if (http.threads < 1) {
+    return FlagError(StrCat("--http_threads=", http.threads, ": must be at least 1"));
+  }
+  http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  if (http.max_connections < 1) {
+    return FlagError(
+        StrCat("--http_max_connections=", http.max_connections, ": must be at least 1"));
+  }
+  http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
+  if (http.max_body_bytes < 1) {
+    return FlagError(StrCat("--http_max_body_bytes=", http.max_body_bytes, ": must be at least 1"));
+  }
+  http.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  if (http.idle_timeout <= absl::ZeroDuration()) {
+    return FlagError(
+        StrCat("--http_idle_timeout=", absl::FormatDuration(http.idle_timeout), ": must be > 0"));
+  }
+  listen.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  return absl::OkStatus();
+}
+
 // Addresses, TLS and API keys.
 absl::Status ReadListen(DaemonOptions& options) {
   ListenOptions& listen = options.listen;
@@ -443,6 +487,8 @@ absl::Status ReadListen(DaemonOptions& options) {
     return FlagError(StrCat("--max_concurrent_streams must be at least 1 (got ",
                             grpc.max_concurrent_streams, ")"));
   }
+  if (absl::Status s = ReadHttp(listen); !s.ok()) return s;
+  listen.http.write_timeout = options.requests.slow_reader_timeout;
   listen.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   if (!listen.api_keys_file.empty()) {
     absl::StatusOr<std::vector<std::string>> keys = ReadApiKeys(listen.api_keys_file);
@@ -482,6 +528,16 @@ std::string_view RoleName(Role role) {
       return "decode";
   }
   return "unknown";
+}
+
+std::string ListenHost(std::string_view listen) {
+  std::string_view host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return "127.0.0.1";
+  if (host.empty()) return "0.0.0.0";
+  return std::string(host);
 }
 
 std::string LogFormatFlag() { return absl::GetFlag(FLAGS_log_format); }

@@ -27,6 +27,7 @@
 #include "scheduler/scheduler_core.h"
 #include "scheduler/step_dispatcher.h"
 #include "server/grpc_server_options.h"
+#include "server/http_server.h"
 #include "server/request_builder.h"
 #include "server/serving_model.h"
 
@@ -48,7 +49,16 @@ struct ListenOptions {
   GrpcServerOptions grpc;
   std::string metrics;  // --metrics_listen; empty: no metrics endpoint
   std::string api_keys_file;
+  // The OpenAI-compatible HTTP API (--http_port, on --listen's host, with
+  // its TLS files; the write timeout is --slow_reader_timeout's).
+  bool http_enabled = true;
+  HttpServerOptions http;
+  std::string served_model_name;  // empty: the model file's name
 };
+
+// The host part of a host:port listen address, as an IP address the HTTP
+// server can bind ("localhost" is 127.0.0.1; brackets of IPv6 removed).
+std::string ListenHost(std::string_view listen);
 
 // What the front end applies to every request.
 struct RequestPolicy {

@@ -9,32 +9,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next) {
-  if (acc.request_id().empty()) acc.set_request_id(next.request_id());
-  acc.mutable_text()->append(next.text());
-  acc.mutable_token_ids()->MergeFrom(next.token_ids());
-  acc.mutable_logprobs()->MergeFrom(next.logprobs());
-  if (next.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-    acc.set_finish_reason(next.finish_reason());
-    *acc.mutable_usage() = next.usage();
-    *acc.mutable_timeline() = next.timeline();
-    acc.set_path(next.path());
-    acc.set_path_reason(next.path_reason());
-  }
-}
-
-void CancellationLink::Started(uint64_t sequence_id) {
-  absl::MutexLock lock(&mu_);
-  sequence_id_ = sequence_id;
-  if (cancelled_) scheduler_->Cancel(sequence_id);
-}
-
-void CancellationLink::Cancel() {
-  absl::MutexLock lock(&mu_);
-  cancelled_ = true;
-  if (sequence_id_.has_value()) scheduler_->Cancel(*sequence_id_);
-}
-
 // --- streaming ----------------------------------------------------------------
 
 class StreamingGenerate::Channel final : public ResponseChannel, public WatchedStream {

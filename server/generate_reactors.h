@@ -11,10 +11,9 @@
 
 #include <atomic>
 #include <memory>
-#include <optional>
 
-#include "absl/synchronization/mutex.h"
 #include "scheduler/scheduler.h"
+#include "server/cancellation_link.h"
 #include "server/response_stream.h"
 #include "server/slow_reader_watchdog.h"
 #include "tandem/v1/generate.grpc.pb.h"
@@ -22,25 +21,6 @@
 namespace tandem::server {
 
 grpc::Status ToGrpc(const absl::Status& s);
-
-// Folds `next` into `acc`: text, tokens and logprobs append; the final
-// message's fields (finish_reason, usage, timeline, path) override.
-void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next);
-
-// Forwards a client's cancellation to the scheduler, whether it comes before
-// or after the request reached the scheduler.
-class CancellationLink {
- public:
-  explicit CancellationLink(scheduler::Scheduler* scheduler) : scheduler_(scheduler) {}
-  void Started(uint64_t sequence_id);
-  void Cancel();
-
- private:
-  scheduler::Scheduler* scheduler_;
-  absl::Mutex mu_;
-  std::optional<uint64_t> sequence_id_ ABSL_GUARDED_BY(mu_);
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 // Generate: one write in flight; messages produced meanwhile are coalesced.
 // With a watchdog, a write that waits too long on the client cancels the call.

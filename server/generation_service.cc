@@ -1,28 +1,9 @@
 #include "server/generation_service.h"
 
-#include <random>
-
-#include "absl/time/clock.h"
-#include "engine/tokenizer/incremental_detokenizer.h"
 #include "server/generate_reactors.h"
-#include "server/logging.h"
-#include "spdlog/spdlog.h"
 
 namespace tandem::server {
 namespace {
-
-uint64_t RandomU64() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  return rng();
-}
-
-std::string NewRequestId() {
-  static const char* kDigits = "0123456789abcdef";
-  uint64_t bits = RandomU64();
-  std::string id = "req-";
-  for (int i = 0; i < 16; ++i, bits >>= 4) id.push_back(kDigits[bits & 15]);
-  return id;
-}
 
 // A unary reply that is complete at once.
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -31,72 +12,21 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl
   return reactor;
 }
 
+// The client's deadline, if it set one.
+std::optional<absl::Time> ClientDeadline(const grpc::CallbackServerContext& context) {
+  if (context.deadline() == std::chrono::system_clock::time_point::max()) return std::nullopt;
+  return absl::FromChrono(context.deadline());
+}
+
 }  // namespace
-
-GenerationService::GenerationService(ServingModel* model, scheduler::Scheduler* scheduler,
-                                     ServerMetrics* metrics, ServiceOptions options)
-    : model_(model), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {
-  if (options_.slow_reader_timeout > absl::ZeroDuration()) {
-    watchdog_ = std::make_unique<SlowReaderWatchdog>(
-        options_.slow_reader_timeout, [metrics] { metrics->OnSlowReaderCancelled(); });
-  }
-}
-
-absl::Status GenerationService::Start(grpc::CallbackServerContext& context,
-                                      const v1::GenerateRequest& request,
-                                      std::shared_ptr<ResponseChannel> channel,
-                                      CancellationLink& link, std::string* id_out) {
-  const absl::Time received = absl::Now();  // the request's timeline starts here
-  const std::string request_id =
-      request.request_id().empty() ? NewRequestId() : request.request_id();
-  auto reject = [&](absl::Status status) {
-    spdlog::info("request {} rejected: {}", request_id, status.ToString());
-    metrics_->OnRejected();
-    return status;
-  };
-  if (!options_.accepts_prompts) {
-    return reject(absl::FailedPreconditionError(
-        "this daemon runs with --role=decode: it decodes requests that prefill daemons hand "
-        "over; send prompts to a prefill or unified daemon"));
-  }
-  if (!accepting()) {
-    return reject(absl::UnavailableError("the server is draining; retry on another instance"));
-  }
-  ModelLimits limits{&model_->tokenizer(), &model_->chat_template(), model_->context_length(),
-                     options_.max_prompt_tokens};
-  absl::StatusOr<BuiltRequest> built =
-      BuildRequest(request, limits, options_.defaults, RandomU64());
-  if (!built.ok()) return reject(built.status());
-  scheduler::Request& r = built->request;
-  r.id = request_id;
-  r.received = received;
-  r.deadline = absl::FromChrono(context.deadline());
-  const bool client_set_deadline =
-      context.deadline() != std::chrono::system_clock::time_point::max();
-  if (!client_set_deadline && options_.default_deadline > absl::ZeroDuration()) {
-    r.deadline = received + options_.default_deadline;
-  }
-  const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
-  ServerMetrics* metrics = metrics_;
-  r.sink = std::make_shared<ResponseStream>(
-      request_id, model_->tokenizer(), std::move(built->stop_strings), std::move(channel),
-      [metrics, prompt_tokens](const std::string& id, const scheduler::FinishInfo& info,
-                               const std::vector<double>& token_gaps) {
-        metrics->OnFinish(info, token_gaps);
-        spdlog::info("{}", RequestFinishedLine(id, prompt_tokens, info));
-      });
-  absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
-  if (!id.ok()) return reject(id.status());
-  link.Started(*id);
-  if (id_out != nullptr) *id_out = request_id;
-  return absl::OkStatus();
-}
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto* reactor = new StreamingGenerate(context, scheduler_, &open_calls_, watchdog_.get());
+  auto* reactor = new StreamingGenerate(context, frontend_->scheduler(),
+                                        frontend_->open_calls_counter(), frontend_->watchdog());
   std::string request_id;
-  if (absl::Status s = Start(*context, *request, reactor->channel(), reactor->link(), &request_id);
+  if (absl::Status s = frontend_->Start(*request, ClientDeadline(*context), reactor->channel(),
+                                        reactor->link(), &request_id);
       !s.ok()) {
     reactor->Reject(ToGrpc(s));
   } else {
@@ -108,8 +38,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
 grpc::ServerUnaryReactor* GenerationService::GenerateUnary(grpc::CallbackServerContext* context,
                                                            const v1::GenerateRequest* request,
                                                            v1::GenerateResponse* response) {
-  auto* reactor = new UnaryGenerate(scheduler_, response, &open_calls_);
-  if (absl::Status s = Start(*context, *request, reactor->channel(), reactor->link()); !s.ok()) {
+  auto* reactor =
+      new UnaryGenerate(frontend_->scheduler(), response, frontend_->open_calls_counter());
+  if (absl::Status s =
+          frontend_->Start(*request, ClientDeadline(*context), reactor->channel(), reactor->link());
+      !s.ok()) {
     reactor->Reject(ToGrpc(s));
   }
   return reactor;
@@ -118,61 +51,22 @@ grpc::ServerUnaryReactor* GenerationService::GenerateUnary(grpc::CallbackServerC
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const v1::TokenizeRequest* request,
                                                       v1::TokenizeResponse* response) {
-  const tokenizer::BpeTokenizer& tok = model_->tokenizer();
-  const bool has_text = !request->text().empty(), has_messages = !request->messages().empty();
-  if (has_text == has_messages) {
-    return Reply(context, absl::InvalidArgumentError("text: set exactly one of text and messages"));
-  }
-  std::vector<tokenizer::TokenId> ids;
-  if (has_text) {
-    ids = tok.Encode(request->text(), /*parse_special=*/true);
-    if (tok.add_bos()) ids.insert(ids.begin(), *tok.special().bos);
-  } else {
-    std::vector<tokenizer::ChatMessage> messages;
-    for (const v1::ChatMessage& m : request->messages())
-      messages.push_back({m.role(), m.content()});
-    if (absl::Status s = model_->chat_template().Validate(messages); !s.ok()) {
-      return Reply(context, s);
-    }
-    ids = model_->chat_template().Encode(tok, messages);
-  }
-  for (tokenizer::TokenId id : ids) {
-    response->add_token_ids(static_cast<uint32_t>(id));
-    response->add_tokens(tokenizer::SanitizeUtf8(tok.TokenBytes(id)));
-  }
-  return Reply(context, absl::OkStatus());
+  absl::StatusOr<v1::TokenizeResponse> tokens = frontend_->Tokenize(*request);
+  if (tokens.ok()) *response = *std::move(tokens);
+  return Reply(context, tokens.status());
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetModelInfoRequest*,
                                                           v1::ModelInfo* response) {
-  *response = options_.model_info;
-  // What the scheduler has learned so far: the step-time model, and where
-  // the SLO policy would now split a lone request.
-  const scheduler::Scheduler::PolicyReport report = scheduler_->ReportPolicy();
-  response->set_step_time_model(report.step_time);
-  response->set_slo_crossover_tokens(
-      options_.slo_paths && report.crossover_tokens ? *report.crossover_tokens : -1);
+  *response = frontend_->ModelInfo();
   return Reply(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext* context,
                                                      const v1::GetLoadRequest*,
                                                      v1::Load* response) {
-  const scheduler::SchedulerLoad load = scheduler_->Load();
-  response->set_waiting(load.waiting);
-  response->set_running_prefill(load.running[0]);
-  response->set_running_decode(load.running[1]);
-  response->set_kv_used_blocks(load.kv.used_blocks);
-  response->set_kv_total_blocks(load.kv.total_blocks);
-  response->set_kv_usage(load.kv.total_blocks > 0
-                             ? static_cast<double>(load.kv.used_blocks) / load.kv.total_blocks
-                             : 0.0);
-  response->set_accepting(accepting());
-  response->set_open_calls(open_calls());
-  if (load.least_slack_ms.has_value()) response->set_slo_slack_ms(*load.least_slack_ms);
-  response->set_running_remote(load.running_remote);
-  response->set_accepts_prompts(options_.accepts_prompts);
+  *response = frontend_->Load();
   return Reply(context, absl::OkStatus());
 }
 

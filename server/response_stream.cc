@@ -179,4 +179,18 @@ void ResponseStream::OnFinish(const scheduler::FinishInfo& info) {
   }
 }
 
+void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next) {
+  if (acc.request_id().empty()) acc.set_request_id(next.request_id());
+  acc.mutable_text()->append(next.text());
+  acc.mutable_token_ids()->MergeFrom(next.token_ids());
+  acc.mutable_logprobs()->MergeFrom(next.logprobs());
+  if (next.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    acc.set_finish_reason(next.finish_reason());
+    *acc.mutable_usage() = next.usage();
+    *acc.mutable_timeline() = next.timeline();
+    acc.set_path(next.path());
+    acc.set_path_reason(next.path_reason());
+  }
+}
+
 }  // namespace tandem::server

@@ -53,6 +53,10 @@ class ResponseStream final : public scheduler::RequestSink {
   std::vector<double> token_gaps_;
 };
 
+// Folds `next` into `acc`: text, tokens and logprobs append; the final
+// message's fields (finish_reason, usage, timeline, path) override.
+void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next);
+
 // The timeline message of a finished request, in milliseconds.
 v1::Timeline TimelineToProto(const scheduler::Timeline& timeline);
 v1::Path PathToProto(scheduler::Path path);

@@ -92,6 +92,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                            .Help("Calls refused for a missing or wrong API key.")
                            .Register(registry)
                            .Add({})),
+      http_responses_(prometheus::BuildCounter()
+                          .Name("tandem_http_responses_total")
+                          .Help("HTTP API responses by route and status code (a stream counts "
+                                "once, with the status its head carried).")
+                          .Register(registry)),
       queue_time_(prometheus::BuildHistogram()
                       .Name("tandem_queue_time_seconds")
                       .Help("Arrival to first admission into a batch.")
@@ -313,5 +318,9 @@ void ServerMetrics::OnRemoteHandoff(const std::string& peer, const std::string& 
 void ServerMetrics::OnUnauthenticated() { unauthenticated_.Increment(); }
 
 void ServerMetrics::OnSlowReaderCancelled() { slow_reader_cancellations_.Increment(); }
+
+void ServerMetrics::OnHttpResponse(const std::string& route, int status) {
+  http_responses_.Add({{"route", route}, {"code", std::to_string(status)}}).Increment();
+}
 
 }  // namespace tandem::server

@@ -34,6 +34,9 @@ class ServerMetrics {
   void OnUnauthenticated();
   // Records a stream cancelled because its client stopped reading.
   void OnSlowReaderCancelled();
+  // Records an HTTP API response: `route` the path served ("/v1/models"
+  // for /v1/models/{id}; "other" for unknown paths), `status` its code.
+  void OnHttpResponse(const std::string& route, int status);
   // KV transfer between daemons: `direction` "in" (pages pulled into this
   // daemon) or "out" (pulled from it).
   void OnKvTransfer(const std::string& direction, uint64_t bytes);
@@ -62,6 +65,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& cancelled_;
   prometheus::Counter& slow_reader_cancellations_;
   prometheus::Counter& unauthenticated_;
+  prometheus::Family<prometheus::Counter>& http_responses_;
   // Per-phase latency, labelled by path.
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& time_to_first_token_;

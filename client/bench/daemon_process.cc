@@ -21,9 +21,11 @@ absl::Status DaemonProcess::Start(const std::string& tandemd, const std::string&
                                   const std::string& log_path, double timeout_s) {
   port_ = FreeLoopbackPort();
   metrics_port_ = FreeLoopbackPort();
+  http_port_ = FreeLoopbackPort();
   std::vector<std::string> args = {tandemd, "--model=" + model,
                                    absl::StrCat("--listen=127.0.0.1:", port_),
-                                   absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)};
+                                   absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
+                                   absl::StrCat("--http_port=", http_port_)};
   args.insert(args.end(), flags.begin(), flags.end());
   pid_ = ::fork();
   if (pid_ < 0) return absl::InternalError("fork failed");

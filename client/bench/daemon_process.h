@@ -29,11 +29,14 @@ class DaemonProcess {
   std::string metrics_url() const {
     return "http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics";
   }
+  // The OpenAI-compatible HTTP API.
+  std::string http_address() const { return "127.0.0.1:" + std::to_string(http_port_); }
 
  private:
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
 };
 
 }  // namespace tandem::bench

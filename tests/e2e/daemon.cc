@@ -79,10 +79,12 @@ Daemon::Daemon(std::vector<std::string> extra) {
   const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
   port_ = FreeLoopbackPort();
   metrics_port_ = FreeLoopbackPort();
+  http_port_ = FreeLoopbackPort();
   log_path_ = ::testing::TempDir() + "/tandemd_" + std::to_string(::getpid()) + "_" +
               std::to_string(port_) + ".log";
   std::vector<std::string> args = {binary, "--listen=" + address(),
-                                   "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_)};
+                                   "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_),
+                                   "--http_port=" + std::to_string(http_port_)};
   bool has_model = false;
   for (const std::string& e : extra) has_model |= e.rfind("--model=", 0) == 0;
   if (!has_model) args.push_back("--model=" + model);

@@ -54,6 +54,9 @@ class Daemon {
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   pid_t pid() const { return pid_; }
   int metrics_port() const { return metrics_port_; }
+  // The OpenAI-compatible HTTP API's port (a later --http_port in the
+  // extra flags overrides it).
+  int http_port() const { return http_port_; }
   std::unique_ptr<v1::Generation::Stub> Stub() const;
   // Polls GetLoad until `done(load)` holds; false after `timeout`. How tests
   // wait for requests to be admitted (never a fixed sleep).
@@ -67,6 +70,7 @@ class Daemon {
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
   std::string log_path_;
   std::optional<int> exit_code_;
 };

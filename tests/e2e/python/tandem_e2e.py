@@ -63,11 +63,13 @@ class Daemon:
     def __init__(self, *flags):
         self.port = free_port()
         self.metrics_port = free_port()
+        self.http_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="tandemd_", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             [DAEMON, f"--model={MODEL}", f"--listen={self.address}",
-             f"--metrics_listen=127.0.0.1:{self.metrics_port}", *flags],
+             f"--metrics_listen=127.0.0.1:{self.metrics_port}",
+             f"--http_port={self.http_port}", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def health(self):

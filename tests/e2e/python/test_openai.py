@@ -1,0 +1,402 @@
+"""The OpenAI-compatible HTTP API, driven by the official `openai` Python
+client (pinned in scripts/requirements-test.txt): chat and completions,
+streamed and whole, usage, logprobs, stop strings, seeds, the model list,
+every error class as the client's own exception, a hang-up freeing the
+request's KV blocks, and greedy output equal to gRPC's token for token."""
+import json
+import os
+import re
+import signal
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import openai
+import pytest
+
+import tandem_e2e
+
+pb2, pb2_grpc = tandem_e2e.generated_stubs()
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the file's name without .gguf
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+LONG = [{"role": "user", "content": "Write a very long essay about the sea."}]
+
+
+def client_for(daemon, **kwargs):
+    kwargs.setdefault("api_key", "unused")
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", max_retries=0,
+                         timeout=120, **kwargs)
+
+
+def get_load(daemon):
+    with grpc.insecure_channel(daemon.address) as channel:
+        return pb2_grpc.GenerationStub(channel).GetLoad(pb2.GetLoadRequest(), timeout=10)
+
+
+def wait_for_load(daemon, predicate, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        load = get_load(daemon)
+        if predicate(load):
+            return load
+        time.sleep(0.05)
+    raise TimeoutError(f"the load never matched: {get_load(daemon)}")
+
+
+def metric(daemon, name, **labels):
+    """The sum of a counter's samples whose labels include `labels`."""
+    total = 0.0
+    for line in daemon.metrics_text().splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def http(daemon, method, path, body=None, headers=None):
+    """(status, headers, body) of one plain HTTP request."""
+    request = urllib.request.Request(f"http://127.0.0.1:{daemon.http_port}{path}", method=method,
+                                     data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+def started(*flags):
+    daemon = tandem_e2e.Daemon(*flags)
+    daemon.wait_serving()
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    # Prefix caching off: a finished request leaves no KV blocks in use.
+    d = started("--prefix_caching=false")
+    yield d
+    assert d.stop() == 0
+    d.kill()
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    return client_for(daemon)
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].object == "model"
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_chat_answers_whole(client):
+    response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                              max_tokens=48)
+    assert response.object == "chat.completion"
+    assert response.id.startswith("chatcmpl-")
+    assert response.model == MODEL
+    (choice,) = response.choices
+    assert choice.index == 0
+    assert choice.message.role == "assistant"
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason == "stop"
+    usage = response.usage
+    assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens == 0  # prefix caching is off
+
+
+def test_chat_streams_with_usage(client):
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                           max_tokens=48)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=48, stream=True,
+        stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop" and all(f is None for f in finishes[:-1])
+    # The usage chunk comes last, with no choices; the others say usage: null.
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_whole_and_streamed(client):
+    whole = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                      temperature=0, max_tokens=8)
+    assert whole.object == "text_completion"
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 8
+    streamed = list(client.completions.create(model=MODEL, prompt="The capital of France is",
+                                              temperature=0, max_tokens=8, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "length"
+
+
+def test_completions_take_token_ids(client, daemon):
+    with grpc.insecure_channel(daemon.address) as channel:
+        ids = list(pb2_grpc.GenerationStub(channel).Tokenize(
+            pb2.TokenizeRequest(text="The capital of France is"), timeout=10).token_ids)
+    by_text = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                        temperature=0, max_tokens=8)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=8)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+
+def test_greedy_output_over_http_equals_grpc_token_for_token(client, daemon):
+    # ignore_eos: every token is text (an end-of-sequence token has none).
+    response = client.chat.completions.create(model=MODEL, messages=LONG, temperature=0,
+                                              max_tokens=64, logprobs=True,
+                                              extra_body={"ignore_eos": True})
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb2_grpc.GenerationStub(channel)
+        request = pb2.GenerateRequest(
+            messages=[pb2.ChatMessage(role=m["role"], content=m["content"]) for m in LONG],
+            sampling=pb2.SamplingParams(temperature=0.0), max_tokens=64, ignore_eos=True)
+        grpc_answer = stub.GenerateUnary(request, timeout=120)
+    assert response.choices[0].message.content == grpc_answer.text
+    http_bytes = [bytes(entry.bytes) for entry in response.choices[0].logprobs.content]
+    assert len(http_bytes) == len(grpc_answer.token_ids) == response.usage.completion_tokens
+    # Token for token: each token's bytes, as gRPC's ids spell them.
+    assert b"".join(http_bytes).decode() == grpc_answer.text
+
+
+def test_logprobs_chat_and_completions(client):
+    response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                              max_tokens=8, logprobs=True, top_logprobs=3)
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        assert entry.logprob <= 0
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+    none = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                          max_tokens=4)
+    assert none.choices[0].logprobs is None
+
+    completion = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                           temperature=0, max_tokens=6, logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+    assert "".join(lp.tokens) == completion.choices[0].text
+    assert lp.text_offset[0] == 0
+
+
+def test_stop_strings(client):
+    response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                              max_tokens=48, stop=["Paris"])
+    assert "Paris" not in response.choices[0].message.content
+    assert response.choices[0].finish_reason == "stop"
+    one = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", temperature=0,
+                                    max_tokens=32, stop=" 7")
+    assert one.choices[0].finish_reason == "stop"
+    assert " 7" not in one.choices[0].text and "6" in one.choices[0].text
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def sample(seed):
+        return client.chat.completions.create(model=MODEL, messages=LONG, temperature=1.0,
+                                              max_tokens=24, seed=seed).choices[0].message.content
+    first = sample(7)
+    assert sample(7) == first
+    # Different seeds draw differently (five equal answers of 24 sampled
+    # tokens would be a seed that is ignored).
+    assert len({first} | {sample(s) for s in (8, 9, 10, 11)}) > 1
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"n": 2}, "n"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"extra_body": {"latency_budget": {"ttft_ms": -5}}}, "latency_budget.ttft_ms"),
+])
+def test_invalid_parameters_are_400_naming_them(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, **kwargs)
+    assert error.value.status_code == 400
+    assert error.value.body["param"] == param, error.value.body
+    assert param in error.value.body["message"]
+
+
+def test_bad_messages_are_400(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "x"}])
+    assert "messages[0]" in error.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=[])
+    assert error.value.body["param"] == "messages"
+
+
+def test_unknown_model_and_path_are_404(client, daemon):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.chat.completions.create(model="gpt-9", messages=QUESTION)
+    assert error.value.body["code"] == "model_not_found"
+    status, _, body = http(daemon, "GET", "/v1/nothing")
+    assert status == 404 and json.loads(body)["error"]["code"] == "unknown_url"
+    status, _, body = http(daemon, "POST", "/v1/chat/completions", b"{not json",
+                           {"Content-Type": "application/json"})
+    assert status == 400 and json.loads(body)["error"]["param"] == "body"
+
+
+def test_health(daemon):
+    status, _, body = http(daemon, "GET", "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+
+
+def test_a_hang_up_cancels_the_request_and_frees_its_blocks(client, daemon):
+    wait_for_load(daemon, lambda l: l.kv_used_blocks == 0)
+    cancelled = metric(daemon, "tandem_cancelled_requests_total", cause="client")
+    stream = client.chat.completions.create(model=MODEL, messages=LONG, temperature=0,
+                                            max_tokens=4000, stream=True,
+                                            extra_body={"ignore_eos": True})
+    received = 0
+    for _ in stream:
+        received += 1
+        if received == 4:
+            break
+    assert get_load(daemon).kv_used_blocks > 0
+    stream.close()
+    wait_for_load(daemon, lambda l: l.kv_used_blocks == 0 and l.running_decode == 0 and
+                  l.running_prefill == 0 and l.open_calls == 0)
+    end = time.time() + 30
+    while metric(daemon, "tandem_cancelled_requests_total", cause="client") != cancelled + 1:
+        assert time.time() < end, daemon.metrics_text()
+        time.sleep(0.05)
+
+
+def test_a_whole_response_hang_up_cancels_too(daemon):
+    wait_for_load(daemon, lambda l: l.kv_used_blocks == 0)
+    body = json.dumps({"model": MODEL, "messages": LONG, "max_tokens": 4000,
+                       "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", daemon.http_port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_for_load(daemon, lambda l: l.running_decode + l.running_prefill == 1)
+    wait_for_load(daemon, lambda l: l.kv_used_blocks == 0 and l.open_calls == 0)
+
+
+def test_metrics_count_http_responses(daemon):
+    assert metric(daemon, "tandem_http_responses_total", route="/v1/chat/completions",
+                  code="200") > 0
+    assert metric(daemon, "tandem_http_responses_total", route="/v1/chat/completions",
+                  code="400") > 0
+
+
+def test_api_keys_and_body_limit():
+    with tempfile.NamedTemporaryFile("w", suffix=".keys", delete=False) as keys:
+        keys.write("# comment\nsecret-key\n")
+    daemon = started(f"--api_keys_file={keys.name}", "--http_max_body_bytes=65536")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client_for(daemon).models.list()
+        with pytest.raises(openai.AuthenticationError):
+            client_for(daemon, api_key="wrong").chat.completions.create(model=MODEL,
+                                                                        messages=QUESTION)
+        good = client_for(daemon, api_key="secret-key")
+        assert good.models.list().data[0].id == MODEL
+        # Health needs no key (load balancers and probes send none).
+        assert http(daemon, "GET", "/health")[0] == 200
+        with pytest.raises(openai.APIStatusError) as error:
+            good.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x" * 100000}])
+        assert error.value.status_code == 413
+    finally:
+        daemon.stop()
+        daemon.kill()
+        os.unlink(keys.name)
+
+
+def test_a_full_queue_is_429_with_retry_after():
+    daemon = started("--max_running=1", "--max_queued_requests=1", "--prefix_caching=false")
+    try:
+        client = client_for(daemon)
+        running = client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=4000,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        next(iter(running))
+        waiting = client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=4000,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        # The second waits in the queue behind the first.
+        wait_for_load(daemon, lambda l: l.waiting == 1)
+        with pytest.raises(openai.RateLimitError) as error:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
+        assert error.value.response.headers["retry-after"] == "1"
+        running.close()
+        waiting.close()
+        wait_for_load(daemon, lambda l: l.kv_used_blocks == 0 and l.open_calls == 0)
+    finally:
+        daemon.stop()
+        daemon.kill()
+
+
+def test_draining_is_503_and_the_stream_in_flight_finishes():
+    daemon = started("--prefix_caching=false")
+    try:
+        client = client_for(daemon)
+        stream = client.completions.create(model=MODEL, prompt="Once upon a time",
+                                           temperature=0, max_tokens=200, stream=True,
+                                           extra_body={"ignore_eos": True})
+        first = next(iter(stream))
+        daemon.process.send_signal(signal.SIGTERM)
+        end = time.time() + 30
+        while http(daemon, "GET", "/health")[0] != 503:
+            assert time.time() < end
+            time.sleep(0.05)
+        status, headers, _ = http(daemon, "GET", "/health")
+        assert headers.get("Retry-After") == "1"
+        with pytest.raises(openai.InternalServerError) as error:
+            client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
+        assert error.value.status_code == 503
+        assert error.value.response.headers["retry-after"] == "1"
+        rest = list(stream)
+        assert rest[-1].choices[0].finish_reason == "length"
+        text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
+        assert len(text) > 0
+        assert daemon.process.wait(timeout=60) == 0
+    finally:
+        daemon.kill()
+
+
+def test_a_failure_mid_stream_is_an_error_event():
+    # One sequence at a time, colocated, no speculation: step 1 is the
+    # prompt (the first token), steps 2 and on one token each; step 4 fails.
+    daemon = started("--inject_fault=prefill:error@4", "--max_running=1",
+                     "--disagg_output_threshold=off", "--speculative=off",
+                     "--prefix_caching=false")
+    try:
+        client = client_for(daemon)
+        received = []
+        with pytest.raises(openai.APIError) as error:
+            for chunk in client.completions.create(model=MODEL, prompt="Once upon a time",
+                                                   temperature=0, max_tokens=50, stream=True):
+                received.append(chunk)
+        assert "injected fault" in error.value.message
+        assert len(received) >= 1  # tokens came before the failure
+        # The daemon serves on.
+        after = client.completions.create(model=MODEL, prompt="Hi", temperature=0, max_tokens=2)
+        assert after.usage.completion_tokens == 2
+    finally:
+        daemon.stop()
+        daemon.kill()
