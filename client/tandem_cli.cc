@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
       "                                disaggregation pays\n"
       "  tandem bench                  load in a product's token shape (--scenario): TTFT,\n"
       "                                inter-token latency, throughput, goodput; a peer side by\n"
-      "                                side (--peer=llama-server); --sweep_threshold\n\n"
+      "                                side (--peer=llama-server or --peer=openai); "
+      "--sweep_threshold\n\n"
       "The answer streams to stdout; a summary goes to stderr. Flags:");
   // --help lists this client's flags (Abseil's default matches only a file
   // named after the binary).

@@ -365,6 +365,12 @@ json FinishReasonJson(v1::FinishReason reason) {
   return name == nullptr ? json(nullptr) : json(name);
 }
 
+json TokenIds(const v1::GenerateResponse& message) {
+  json ids = json::array();
+  for (uint32_t id : message.token_ids()) ids.push_back(id);
+  return ids;
+}
+
 std::string Sse(const json& value) { return StrCat("data: ", value.dump(), "\n\n"); }
 
 }  // namespace
@@ -452,6 +458,7 @@ std::variant<ParsedRequest, ApiError> ParseRequest(std::string_view body, Endpoi
   TANDEM_RETURN_IF_ERROR(ParseStop(fields, out.generate));
   TANDEM_RETURN_IF_ERROR(ParseLogprobs(fields, out));
   TANDEM_RETURN_IF_ERROR(fields.Bool("stream", &out.stream));
+  TANDEM_RETURN_IF_ERROR(fields.Bool("return_token_ids", &out.return_token_ids));
   if (const json* options = fields.Get("stream_options"); options != nullptr) {
     if (!options->is_object()) return Invalid("stream_options", "must be an object");
     if (!out.stream) return Invalid("stream_options", "is only allowed with stream set to true");
@@ -471,6 +478,7 @@ ResponseFormatter::ResponseFormatter(const ParsedRequest& request, std::string i
       include_usage_(request.include_usage),
       logprobs_(request.logprobs),
       top_logprobs_(request.top_logprobs),
+      return_token_ids_(request.return_token_ids),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
@@ -564,7 +572,9 @@ std::string ResponseFormatter::StreamEvents(const v1::GenerateResponse& message)
     choice["delta"] = {{"role", "assistant"}, {"content", ""}};
     chunk();
   }
-  if (has_text || has_logprobs) {
+  const bool has_ids = return_token_ids_ && message.token_ids_size() > 0;
+  if (has_text || has_logprobs || has_ids) {
+    if (has_ids) choice["token_ids"] = TokenIds(message);
     if (chat) {
       choice["delta"] = {{"content", message.text()}};
       if (has_logprobs)
@@ -579,6 +589,7 @@ std::string ResponseFormatter::StreamEvents(const v1::GenerateResponse& message)
     chunk();
   }
   if (final) {
+    choice.erase("token_ids");
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = FinishReasonJson(message.finish_reason());
     if (chat) {
@@ -616,6 +627,7 @@ std::string ResponseFormatter::Whole(const v1::GenerateResponse& merged) {
   json choice = {{"index", 0},
                  {"logprobs", nullptr},
                  {"finish_reason", FinishReasonJson(merged.finish_reason())}};
+  if (return_token_ids_) choice["token_ids"] = TokenIds(merged);
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", merged.text()}};
     if (logprobs_) choice["logprobs"] = ChatLogprobs(tokenizer_, merged.logprobs(), top_logprobs_);

@@ -59,6 +59,9 @@ struct ParsedRequest {
   // field counts alternatives and 0 means none).
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // Extension (vLLM's name): each choice also carries "token_ids", the ids
+  // of the tokens it adds (benchmarks count and replay them).
+  bool return_token_ids = false;
 };
 
 // Parses a request body. `endpoint` says which shape it must have.
@@ -92,6 +95,7 @@ class ResponseFormatter {
   const bool include_usage_;
   const bool logprobs_;
   const int32_t top_logprobs_;
+  const bool return_token_ids_;
   const std::string id_;
   const int64_t created_;
   const std::string model_;

@@ -39,7 +39,9 @@ ABSL_FLAG(std::string, markdown, "", "bench: write the report as Markdown here")
 ABSL_FLAG(std::string, plots, "",
           "bench: render PNG plots (latency CDFs, goodput against load) into this directory "
           "(needs matplotlib: scripts/setup --bench)");
-ABSL_FLAG(std::string, peer, "", "bench: also drive this peer in the same run: llama-server");
+ABSL_FLAG(std::string, peer, "",
+          "bench: also drive this peer in the same run: llama-server (its /completion) or "
+          "openai (any OpenAI-compatible server's /v1/completions, tandemd's HTTP API included)");
 ABSL_FLAG(std::string, peer_server, "127.0.0.1:8080", "bench: the peer's host:port");
 ABSL_FLAG(int, pairs, 0,
           "bench: runs per target or configuration, alternating A B, B A ... (0: 5 with a peer, "
@@ -465,8 +467,8 @@ int RunBenchCommand(const std::string& servers, const std::string& metrics,
     options.trace = *std::move(records);
   }
   const std::string peer_name = absl::GetFlag(FLAGS_peer);
-  if (!peer_name.empty() && peer_name != "llama-server") {
-    std::cerr << "error: --peer: unknown peer '" << peer_name << "' (llama-server)\n";
+  if (!peer_name.empty() && peer_name != "llama-server" && peer_name != "openai") {
+    std::cerr << "error: --peer: unknown peer '" << peer_name << "' (llama-server, openai)\n";
     return 2;
   }
   int pairs = absl::GetFlag(FLAGS_pairs);
@@ -493,7 +495,8 @@ int RunBenchCommand(const std::string& servers, const std::string& metrics,
   }
   std::unique_ptr<Target> ours = MakeTandemTarget(SplitList(servers), SplitList(metrics));
   std::unique_ptr<Target> peer;
-  if (!peer_name.empty()) peer = MakeLlamaServerTarget(absl::GetFlag(FLAGS_peer_server));
+  if (peer_name == "llama-server") peer = MakeLlamaServerTarget(absl::GetFlag(FLAGS_peer_server));
+  if (peer_name == "openai") peer = MakeOpenAiTarget(absl::GetFlag(FLAGS_peer_server), ours.get());
   if (absl::Status s = bench.LoadCorpora(*ours); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;

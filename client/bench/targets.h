@@ -1,6 +1,7 @@
 // The servers `tandem bench` drives: tandemd over gRPC (one or more
-// addresses, requests spread round-robin) and llama.cpp's llama-server over
-// HTTP with server-sent events, both given the same token ids.
+// addresses, requests spread round-robin), llama.cpp's llama-server's own
+// /completion and any OpenAI-compatible server over HTTP with server-sent
+// events, all given the same token ids.
 #ifndef TANDEM_CLIENT_BENCH_TARGETS_H_
 #define TANDEM_CLIENT_BENCH_TARGETS_H_
 
@@ -49,6 +50,11 @@ std::unique_ptr<Target> MakeTandemTarget(std::vector<std::string> addresses,
 
 // `address` is llama-server's host:port.
 std::unique_ptr<Target> MakeLlamaServerTarget(std::string address);
+
+// Any OpenAI-compatible server at `address` (host:port; /v1/completions).
+// Prompts are tokenized by `tokenizer` (tandemd serving the same model),
+// which must outlive the target.
+std::unique_ptr<Target> MakeOpenAiTarget(std::string address, Target* tokenizer);
 
 }  // namespace tandem::bench
 
