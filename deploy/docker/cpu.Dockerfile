@@ -2,7 +2,7 @@
 # Debian 12 slim with only the shared libraries it links.
 #
 #   docker build -f deploy/docker/cpu.Dockerfile -t tandem:cpu .
-#   docker run --rm -p 50051:50051 -p 9400:9400 tandem:cpu
+#   docker run --rm -p 50051:50051 -p 9400:9400 -p 8000:8000 tandem:cpu
 #
 # The default model (SmolLM2-135M-Instruct, Q4_1) is baked in at /models; run
 # another by mounting it and passing --model=/path/to/model.gguf.
@@ -39,9 +39,9 @@ RUN apt-get update -qq \
 COPY --from=build /src/build-image/bin/tandemd /src/build-image/bin/tandem /opt/tandem/bin/
 COPY --from=build /models /models
 USER 10001
-EXPOSE 50051 9400
+EXPOSE 50051 9400 8000
 # tandemd is PID 1: SIGTERM drains it (docs/operations.md). Flags after the
 # image name on `docker run` replace these.
 ENTRYPOINT ["/opt/tandem/bin/tandemd"]
 CMD ["--model=/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--listen=0.0.0.0:50051", \
-     "--metrics_listen=0.0.0.0:9400", "--drain_timeout=60s"]
+     "--metrics_listen=0.0.0.0:9400", "--http_port=8000", "--drain_timeout=60s"]

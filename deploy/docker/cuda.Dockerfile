@@ -4,7 +4,7 @@
 # host (`docker run --gpus all`, or the device plugin under Kubernetes).
 #
 #   docker build -f deploy/docker/cuda.Dockerfile -t tandem:cuda .
-#   docker run --rm --gpus all -p 50051:50051 -p 9400:9400 tandem:cuda
+#   docker run --rm --gpus all -p 50051:50051 -p 9400:9400 -p 8000:8000 tandem:cuda
 #
 # TANDEM_CUDA_ARCHS: the GPU architectures compiled (CMAKE_CUDA_ARCHITECTURES).
 # TANDEM_CXX_ARCH: the CPU the host-side kernels are compiled for (see
@@ -49,7 +49,7 @@ COPY --from=build /src/build-image/lib/libtandem_cuda.so /opt/tandem/lib/
 COPY --from=build /models /models
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001
-EXPOSE 50051 9400
+EXPOSE 50051 9400 8000
 ENTRYPOINT ["/opt/tandem/bin/tandemd"]
 CMD ["--model=/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--listen=0.0.0.0:50051", \
-     "--metrics_listen=0.0.0.0:9400", "--drain_timeout=60s", "--device=auto"]
+     "--metrics_listen=0.0.0.0:9400", "--http_port=8000", "--drain_timeout=60s", "--device=auto"]

@@ -25,7 +25,7 @@ OVERLAYS = sorted(glob.glob(os.path.join(DEPLOY, "k8s", "overlays", "*")))
 # The oldest Kubernetes with GA gRPC probes, and the newest schemas known.
 KUBERNETES_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
 # Flags the test replaces with its own (paths and ports of this machine).
-LOCAL_FLAGS = ("--model=", "--listen=", "--metrics_listen=")
+LOCAL_FLAGS = ("--model=", "--listen=", "--metrics_listen=", "--http_port=")
 
 
 def kubectl_with_kustomize_v4():
@@ -102,12 +102,16 @@ def test_manifests_hold_together(overlay):
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         grpc_port = int(flag(c["args"], "listen").rsplit(":", 1)[1])
         metrics_port = int(flag(c["args"], "metrics_listen").rsplit(":", 1)[1])
-        assert ports == {"grpc": grpc_port, "metrics": metrics_port}
-        # Listening on every interface, or the kubelet's probes cannot reach it.
+        http_port = int(flag(c["args"], "http_port"))
+        assert ports == {"grpc": grpc_port, "metrics": metrics_port, "http": http_port}
+        # Listening on every interface, or the kubelet's probes cannot reach it
+        # (the HTTP API listens on --listen's host).
         assert flag(c["args"], "listen").startswith("0.0.0.0:")
-        # Native gRPC probes against the daemon's health service.
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        # Native gRPC probes against the daemon's health service, and
+        # readiness on the HTTP API's /health (the same answer).
+        for probe in ("startupProbe", "livenessProbe"):
             assert c[probe]["grpc"]["port"] == grpc_port, probe
+        assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
         # The kubelet waits out the preStop pause and the whole drain.
         pre_stop = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
         pause = int(re.search(r"sleep (\d+);", pre_stop).group(1))
@@ -120,7 +124,7 @@ def test_manifests_hold_together(overlay):
         assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
         # The headless Service and the PodMonitor reach these pods by port name.
         assert service["spec"]["clusterIP"] == "None"
-        assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics", "http"}
         assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
