@@ -122,7 +122,7 @@ class Bench {
 
   std::vector<int32_t> Chat(const std::string& text) const {
     const std::vector<tokenizer::ChatMessage> messages = {{"user", text}};
-    return model_->chat_template().Encode(model_->tokenizer(), messages);
+    return *model_->chat_template().Encode(model_->tokenizer(), messages);
   }
 
   Request Greedy(std::vector<int32_t> prompt, int32_t max_tokens) const {

@@ -3,6 +3,8 @@
 //   tandem chat "What is the capital of France?"   one user turn, chat template
 //   tandem generate "Once upon a time"             raw prompt, no template
 //   tandem generate --prompt_file=FILE             the prompt from a file
+//   tandem chat-template --model=GGUF < conversation.json
+//                                                  the prompt the chat template renders
 //   tandem shape [--metrics=URL]                   the traffic's token shape, and
 //                                                  whether disaggregation pays
 //   tandem bench --scenario=chat [...]             load in a product's token shape:
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -27,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/bench/bench_command.h"
+#include "client/chat_template_command.h"
 #include "client/shape.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
@@ -38,6 +42,9 @@ ABSL_FLAG(int, top_k, -1, "top-k (0: off; < 0: server default)");
 ABSL_FLAG(double, top_p, -1.0, "top-p in (0, 1] (< 0: server default)");
 ABSL_FLAG(int64_t, seed, -1, "sampling seed (< 0: random)");
 ABSL_FLAG(std::string, system, "", "system message (chat)");
+ABSL_FLAG(std::string, template_file, "",
+          "chat-template: render with this .jinja file instead of the model's template");
+ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
 ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
 ABSL_FLAG(std::string, prompt_file, "", "read the question or prompt from this file");
@@ -135,6 +142,8 @@ int main(int argc, char** argv) {
       "a command-line client for tandemd.\n\n"
       "  tandem chat \"QUESTION\"        one user turn through the model's chat template\n"
       "  tandem generate \"PROMPT\"      a raw prompt, no template (or --prompt_file=FILE)\n"
+      "  tandem chat-template          the prompt a conversation (JSON on stdin, OpenAI shapes)\n"
+      "                                becomes under --model's chat template (or --template_file)\n"
       "  tandem shape                  the traffic's token shape from --metrics, and whether\n"
       "                                disaggregation pays\n"
       "  tandem bench                  load in a product's token shape (--scenario): TTFT,\n"
@@ -164,6 +173,11 @@ int main(int argc, char** argv) {
   if (args.size() == 2 && std::string(args[1]) == "bench") {
     return tandem::bench::RunBenchCommand(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_metrics),
                                           absl::StrJoin(argv, argv + argc, " "));
+  }
+  if (args.size() == 2 && std::string(args[1]) == "chat-template") {
+    return tandem::client::RunChatTemplateCommand(absl::GetFlag(FLAGS_model),
+                                                  absl::GetFlag(FLAGS_template_file), std::cin,
+                                                  std::cout, std::cerr);
   }
   if (args.size() == 2 && std::string(args[1]) == "shape") {
     absl::StatusOr<std::string> text = tandem::client::HttpGet(absl::GetFlag(FLAGS_metrics));

@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const auto& model = tandem::fuzz::Model();
   for (const char* family : {"", "chatml", "llama3"}) {
-    auto chat = ChatTemplate::Create(model.template_text, family);
+    // "": the model's own template, run by the Jinja interpreter.
+    auto chat = ChatTemplate::Create(model.template_text, family, model.tokenizer.get());
     if (!chat.ok()) continue;
     if (!chat->Validate(messages).ok()) continue;
     (void)chat->Render(messages);

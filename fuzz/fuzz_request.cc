@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
   const auto& model = fuzz::Model();
   static const tokenizer::ChatTemplate* chat = [&] {
-    auto c = tokenizer::ChatTemplate::Create(model.template_text, "");
+    auto c = tokenizer::ChatTemplate::Create(model.template_text, "", model.tokenizer.get());
     if (!c.ok()) std::abort();
     return new tokenizer::ChatTemplate(*std::move(c));
   }();

@@ -132,7 +132,8 @@ ABSL_FLAG(double, default_temperature, 0.8, "sampling temperature for requests t
 ABSL_FLAG(double, default_top_p, 0.95, "top-p, in (0, 1], for requests that set none");
 ABSL_FLAG(int, default_top_k, 40, "top-k for requests that set none (0: off)");
 ABSL_FLAG(std::string, chat_template, "",
-          "chat template family (chatml, llama3); empty: detected from the model");
+          "a chat template FILE.jinja, or a built-in rendering (chatml, llama3); empty: the "
+          "model's own template");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight requests may take before they are cancelled");
 ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(60),

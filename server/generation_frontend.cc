@@ -27,7 +27,12 @@ std::string NewRequestId() {
 
 GenerationFrontend::GenerationFrontend(ServingModel* model, scheduler::Scheduler* scheduler,
                                        ServerMetrics* metrics, FrontendOptions options)
-    : model_(model), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {
+    : model_(model),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      options_(std::move(options)),
+      tool_format_(ToolCallFormatOf(model->chat_template().source())),
+      template_reasons_(model->chat_template().source().find("<think>") != std::string::npos) {
   if (options_.slow_reader_timeout > absl::ZeroDuration()) {
     watchdog_ = std::make_unique<SlowReaderWatchdog>(
         options_.slow_reader_timeout, [metrics] { metrics->OnSlowReaderCancelled(); });
@@ -70,13 +75,23 @@ absl::Status GenerationFrontend::Start(const v1::GenerateRequest& request,
   }
   const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
   ServerMetrics* metrics = metrics_;
+  // Tool calls are parsed out for requests that let the model call tools;
+  // reasoning for every chat answer of a template that renders it.
+  std::unique_ptr<ToolCallParser> parser;
+  const bool tools = built->parse_tool_calls && tool_format_ != ToolCallFormat::kNone;
+  const bool reasoning = template_reasons_ && !request.messages().empty();
+  if (tools || reasoning) {
+    parser = std::make_unique<ToolCallParser>(tools ? tool_format_ : ToolCallFormat::kNone,
+                                              reasoning, built->starts_in_reasoning);
+  }
   r.sink = std::make_shared<ResponseStream>(
       request_id, model_->tokenizer(), std::move(built->stop_strings), std::move(channel),
       [metrics, prompt_tokens](const std::string& id, const scheduler::FinishInfo& info,
                                const std::vector<double>& token_gaps) {
         metrics->OnFinish(info, token_gaps);
         spdlog::info("{}", RequestFinishedLine(id, prompt_tokens, info));
-      });
+      },
+      std::move(parser));
   absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
   if (!id.ok()) return reject(id.status());
   link.Started(*id);
@@ -96,10 +111,10 @@ absl::StatusOr<v1::TokenizeResponse> GenerationFrontend::Tokenize(
     ids = tok.Encode(request.text(), /*parse_special=*/true);
     if (tok.add_bos()) ids.insert(ids.begin(), *tok.special().bos);
   } else {
-    std::vector<tokenizer::ChatMessage> messages;
-    for (const v1::ChatMessage& m : request.messages()) messages.push_back({m.role(), m.content()});
-    if (absl::Status s = model_->chat_template().Validate(messages); !s.ok()) return s;
-    ids = model_->chat_template().Encode(tok, messages);
+    absl::StatusOr<std::vector<tokenizer::TokenId>> encoded =
+        EncodeConversation(request.messages(), {}, model_->chat_template(), tok);
+    if (!encoded.ok()) return encoded.status();
+    ids = *std::move(encoded);
   }
   v1::TokenizeResponse response;
   for (tokenizer::TokenId id : ids) {

@@ -20,6 +20,7 @@
 #include "server/server_metrics.h"
 #include "server/serving_model.h"
 #include "server/slow_reader_watchdog.h"
+#include "server/tool_call_parser.h"
 #include "tandem/v1/generate.pb.h"
 
 namespace tandem::server {
@@ -85,6 +86,10 @@ class GenerationFrontend {
   scheduler::Scheduler* scheduler_;
   ServerMetrics* metrics_;
   FrontendOptions options_;
+  // What the chat template teaches the model: its tool-call format, and
+  // whether answers open with <think> reasoning.
+  const ToolCallFormat tool_format_;
+  const bool template_reasons_;
   std::atomic<bool> accepting_{true};
   std::atomic<int64_t> open_calls_{0};
   // Declared last: destroyed first, so its thread never sees a dead member.

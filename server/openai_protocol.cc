@@ -11,7 +11,10 @@
 namespace tandem::server::openai {
 namespace {
 
-using nlohmann::json;
+// Ordered: objects keep their keys in the order given (a tool's schema
+// reaches the chat template as the client wrote it) and responses list
+// theirs in OpenAI's order.
+using json = nlohmann::ordered_json;
 
 ApiError Invalid(std::string param, std::string message) {
   ApiError error;
@@ -133,14 +136,52 @@ std::optional<ApiError> ParseMessages(const Fields& fields, v1::GenerateRequest&
     if (!m.is_object()) return Invalid(where, "must be an object");
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) return Invalid(where + ".role", "must be a string");
-    if (auto calls = m.find("tool_calls");
-        calls != m.end() && !calls->is_null() && !(calls->is_array() && calls->empty())) {
-      return Unsupported(where + ".tool_calls", "an assistant turn with tool calls");
-    }
     v1::ChatMessage* message = out.add_messages();
     // "developer" is the newer OpenAI name of the system role.
     message->set_role(*role == "developer" ? std::string("system") : role->get<std::string>());
     if (std::optional<ApiError> e = MessageContent(m, where, message->mutable_content())) return e;
+    const Fields fields(m);
+    std::optional<std::string> text;
+    TANDEM_RETURN_IF_ERROR(fields.String("tool_call_id", &text));
+    if (text) message->set_tool_call_id(*text);
+    text.reset();
+    TANDEM_RETURN_IF_ERROR(fields.String("name", &text));
+    if (text) message->set_name(*text);
+    text.reset();
+    TANDEM_RETURN_IF_ERROR(fields.String("reasoning_content", &text));
+    if (text) message->set_reasoning_content(*text);
+    if (const json* calls = fields.Get("tool_calls"); calls != nullptr) {
+      if (!calls->is_array()) return Invalid(where + ".tool_calls", "must be a list");
+      for (size_t j = 0; j < calls->size(); ++j) {
+        const std::string call_where = StrCat(where, ".tool_calls[", j, "]");
+        const json& call = (*calls)[j];
+        auto function = call.is_object() ? call.find("function") : call.end();
+        if (!call.is_object() || function == call.end() || !function->is_object()) {
+          return Invalid(call_where + ".function", "must be an object");
+        }
+        auto name = function->find("name");
+        if (name == function->end() || !name->is_string()) {
+          return Invalid(call_where + ".function.name", "must be a string");
+        }
+        v1::ToolCall* out_call = message->add_tool_calls();
+        out_call->set_name(name->get<std::string>());
+        if (auto id = call.find("id"); id != call.end() && id->is_string()) {
+          out_call->set_id(id->get<std::string>());
+        }
+        // OpenAI sends the arguments as a JSON string; a parsed object is
+        // taken too.
+        auto arguments = function->find("arguments");
+        if (arguments == function->end() || arguments->is_null()) {
+          out_call->set_arguments("{}");
+        } else if (arguments->is_string()) {
+          out_call->set_arguments(arguments->get<std::string>());
+        } else if (arguments->is_object()) {
+          out_call->set_arguments(arguments->dump());
+        } else {
+          return Invalid(call_where + ".function.arguments", "must be a JSON object's text");
+        }
+      }
+    }
   }
   return std::nullopt;
 }
@@ -170,6 +211,40 @@ std::optional<ApiError> ParsePrompt(const Fields& fields, v1::GenerateRequest& o
       return Invalid("prompt", "token ids must be integers >= 0");
     }
     out.add_token_ids(static_cast<uint32_t>(id.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseTools(const Fields& fields, v1::GenerateRequest& out) {
+  if (const json* tools = fields.Get("tools"); tools != nullptr) {
+    if (!tools->is_array()) return Invalid("tools", "must be a list of tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const std::string where = StrCat("tools[", i, "]");
+      const json& tool = (*tools)[i];
+      if (!tool.is_object() || tool.value("type", std::string("function")) != "function") {
+        return Invalid(where + ".type", "only function tools are supported");
+      }
+      auto function = tool.find("function");
+      if (function == tool.end() || !function->is_object()) {
+        return Invalid(where + ".function", "must be an object");
+      }
+      auto name = function->find("name");
+      if (name == function->end() || !name->is_string()) {
+        return Invalid(where + ".function.name", "must be a string");
+      }
+      v1::Tool* t = out.add_tools();
+      t->set_name(name->get<std::string>());
+      if (auto d = function->find("description"); d != function->end() && d->is_string()) {
+        t->set_description(d->get<std::string>());
+      }
+      if (auto p = function->find("parameters"); p != function->end() && !p->is_null()) {
+        if (!p->is_object()) return Invalid(where + ".function.parameters", "must be an object");
+        t->set_parameters(p->dump());
+      }
+    }
+  }
+  if (const json* choice = fields.Get("tool_choice"); choice != nullptr && choice->is_string()) {
+    out.set_tool_choice(choice->get<std::string>());
   }
   return std::nullopt;
 }
@@ -206,13 +281,11 @@ std::optional<ApiError> RefuseUnsupported(const Fields& fields, Endpoint endpoin
   if (const json* bias = fields.Get("logit_bias"); bias != nullptr && !bias->empty()) {
     return Unsupported("logit_bias", "logit_bias");
   }
-  if (const json* tools = fields.Get("tools"); tools != nullptr) {
-    if (!tools->is_array()) return Invalid("tools", "must be a list of tools");
-    if (!tools->empty()) return Unsupported("tools", "tool calling");
-  }
   if (const json* choice = fields.Get("tool_choice"); choice != nullptr) {
     if (!(choice->is_string() && (*choice == "none" || *choice == "auto"))) {
-      return Unsupported("tool_choice", "a tool_choice other than none or auto");
+      return Unsupported("tool_choice",
+                         "forcing a call (required, or a named function: it needs constrained "
+                         "decoding)");
     }
   }
   if (const json* format = fields.Get("response_format"); format != nullptr) {
@@ -456,6 +529,9 @@ std::variant<ParsedRequest, ApiError> ParseRequest(std::string_view body, Endpoi
     out.generate.set_max_tokens(ClampToInt32(*max_tokens));
   }
   TANDEM_RETURN_IF_ERROR(ParseStop(fields, out.generate));
+  if (endpoint == Endpoint::kChatCompletions) {
+    TANDEM_RETURN_IF_ERROR(ParseTools(fields, out.generate));
+  }
   TANDEM_RETURN_IF_ERROR(ParseLogprobs(fields, out));
   TANDEM_RETURN_IF_ERROR(fields.Bool("stream", &out.stream));
   TANDEM_RETURN_IF_ERROR(fields.Bool("return_token_ids", &out.return_token_ids));
@@ -573,6 +649,28 @@ std::string ResponseFormatter::StreamEvents(const v1::GenerateResponse& message)
     chunk();
   }
   const bool has_ids = return_token_ids_ && message.token_ids_size() > 0;
+  if (chat && !message.reasoning().empty()) {
+    json reasoning = choice;
+    reasoning["delta"] = {{"reasoning_content", message.reasoning()}};
+    json saved = choice;
+    choice = std::move(reasoning);
+    chunk();
+    choice = std::move(saved);
+  }
+  if (chat && message.tool_calls_size() > 0) {
+    // Each call arrives whole: one delta with its id, name and arguments.
+    json calls = json::array();
+    for (const v1::ToolCall& call : message.tool_calls()) {
+      calls.push_back({{"index", tool_calls_sent_++},
+                       {"id", call.id()},
+                       {"type", "function"},
+                       {"function", {{"name", call.name()}, {"arguments", call.arguments()}}}});
+    }
+    json saved = choice;
+    choice["delta"] = {{"tool_calls", std::move(calls)}};
+    chunk();
+    choice = std::move(saved);
+  }
   if (has_text || has_logprobs || has_ids) {
     if (has_ids) choice["token_ids"] = TokenIds(message);
     if (chat) {
@@ -591,7 +689,10 @@ std::string ResponseFormatter::StreamEvents(const v1::GenerateResponse& message)
   if (final) {
     choice.erase("token_ids");
     choice["logprobs"] = nullptr;
-    choice["finish_reason"] = FinishReasonJson(message.finish_reason());
+    choice["finish_reason"] =
+        tool_calls_sent_ > 0 && message.finish_reason() == v1::FINISH_REASON_STOP
+            ? json("tool_calls")
+            : FinishReasonJson(message.finish_reason());
     if (chat) {
       choice["delta"] = json::object();
     } else {
@@ -629,7 +730,20 @@ std::string ResponseFormatter::Whole(const v1::GenerateResponse& merged) {
                  {"finish_reason", FinishReasonJson(merged.finish_reason())}};
   if (return_token_ids_) choice["token_ids"] = TokenIds(merged);
   if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", merged.text()}};
+    json message = {{"role", "assistant"}, {"content", merged.text()}};
+    if (!merged.reasoning().empty()) message["reasoning_content"] = merged.reasoning();
+    if (merged.tool_calls_size() > 0) {
+      if (merged.text().empty()) message["content"] = nullptr;
+      json calls = json::array();
+      for (const v1::ToolCall& call : merged.tool_calls()) {
+        calls.push_back({{"id", call.id()},
+                         {"type", "function"},
+                         {"function", {{"name", call.name()}, {"arguments", call.arguments()}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+      if (merged.finish_reason() == v1::FINISH_REASON_STOP) choice["finish_reason"] = "tool_calls";
+    }
+    choice["message"] = std::move(message);
     if (logprobs_) choice["logprobs"] = ChatLogprobs(tokenizer_, merged.logprobs(), top_logprobs_);
   } else {
     choice["text"] = merged.text();

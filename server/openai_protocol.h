@@ -101,6 +101,7 @@ class ResponseFormatter {
   const std::string model_;
   const tokenizer::BpeTokenizer& tokenizer_;
   bool role_sent_ = false;
+  int tool_calls_sent_ = 0;  // the index of the next streamed call
   int64_t text_offset_ = 0;  // completions' logprobs.text_offset
   std::optional<v1::Usage> usage_;
 };

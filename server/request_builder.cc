@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/strings.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::server {
 namespace {
@@ -66,6 +67,59 @@ absl::StatusOr<scheduler::LatencyBudget> LatencyBudgetFromProto(const v1::Latenc
   return budget;
 }
 
+namespace {
+
+bool IsJsonObject(const std::string& text) {
+  const nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return !value.is_discarded() && value.is_object();
+}
+
+}  // namespace
+
+absl::StatusOr<Conversation> ConversationFromProto(
+    const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+    const google::protobuf::RepeatedPtrField<v1::Tool>& tools) {
+  Conversation out;
+  std::vector<tokenizer::ChatMessage>& conversation = out.messages;
+  for (int i = 0; i < messages.size(); ++i) {
+    const v1::ChatMessage& m = messages[i];
+    tokenizer::ChatMessage& message = conversation.emplace_back();
+    message.role = m.role();
+    message.content = m.content();
+    message.tool_call_id = m.tool_call_id();
+    message.name = m.name();
+    message.reasoning_content = m.reasoning_content();
+    for (int j = 0; j < m.tool_calls_size(); ++j) {
+      const v1::ToolCall& call = m.tool_calls(j);
+      const std::string field = StrCat("messages[", i, "].tool_calls[", j, "]");
+      if (call.name().empty()) return Invalid(field + ".name", "must not be empty");
+      if (!IsJsonObject(call.arguments())) {
+        return Invalid(field + ".arguments", "must be a JSON object's text");
+      }
+      message.tool_calls.push_back({call.id(), call.name(), call.arguments()});
+    }
+  }
+  std::vector<tokenizer::ChatTool>& tool_list = out.tools;
+  for (int i = 0; i < tools.size(); ++i) {
+    const v1::Tool& tool = tools[i];
+    if (tool.name().empty()) return Invalid(StrCat("tools[", i, "].name"), "must not be empty");
+    if (!tool.parameters().empty() && !IsJsonObject(tool.parameters())) {
+      return Invalid(StrCat("tools[", i, "].parameters"), "must be a JSON Schema object's text");
+    }
+    tool_list.push_back({tool.name(), tool.description(), tool.parameters()});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<tokenizer::TokenId>> EncodeConversation(
+    const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+    const google::protobuf::RepeatedPtrField<v1::Tool>& tools,
+    const tokenizer::ChatTemplate& chat_template, const tokenizer::BpeTokenizer& tokenizer) {
+  absl::StatusOr<Conversation> conversation = ConversationFromProto(messages, tools);
+  if (!conversation.ok()) return conversation.status();
+  return chat_template.Encode(tokenizer, conversation->messages, conversation->tools);
+}
+
 absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
                                           const ModelLimits& model, const RequestDefaults& defaults,
                                           uint64_t random_seed) {
@@ -83,16 +137,35 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   if (inputs > 1) {
     return Invalid("prompt", "set exactly one of prompt, messages and token_ids");
   }
+  if (!proto.tools().empty() && proto.messages().empty()) {
+    return Invalid("tools", "go with messages (the chat template renders them)");
+  }
+  const std::string& choice = proto.tool_choice();
+  if (!choice.empty() && choice != "auto" && choice != "none") {
+    return Invalid("tool_choice",
+                   StrCat("'", choice,
+                          "': forcing a call ('required' or a tool's name) needs constrained "
+                          "decoding, which this server does not do yet; use auto or none"));
+  }
+  built.parse_tool_calls = !proto.tools().empty() && choice != "none";
   if (!proto.prompt().empty()) {
     r.prompt = model.tokenizer->Encode(proto.prompt(), /*parse_special=*/true);
     if (model.tokenizer->add_bos())
       r.prompt.insert(r.prompt.begin(), *model.tokenizer->special().bos);
     if (r.prompt.empty()) return Invalid("prompt", "the text produces no tokens");
   } else if (!proto.messages().empty()) {
-    std::vector<tokenizer::ChatMessage> messages;
-    for (const v1::ChatMessage& m : proto.messages()) messages.push_back({m.role(), m.content()});
-    if (absl::Status s = model.chat_template->Validate(messages); !s.ok()) return s;
-    r.prompt = model.chat_template->Encode(*model.tokenizer, messages);
+    absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
+        EncodeConversation(proto.messages(), proto.tools(), *model.chat_template, *model.tokenizer);
+    if (!ids.ok()) return ids.status();
+    r.prompt = *std::move(ids);
+    // Templates of reasoning models may open the answer's <think> themselves.
+    const size_t tail = std::min<size_t>(r.prompt.size(), 4);
+    std::string end;
+    for (size_t i = r.prompt.size() - tail; i < r.prompt.size(); ++i) {
+      end += model.tokenizer->TokenBytes(r.prompt[i]);
+    }
+    while (!end.empty() && (end.back() == '\n' || end.back() == ' ')) end.pop_back();
+    built.starts_in_reasoning = end.size() >= 7 && end.substr(end.size() - 7) == "<think>";
   } else {
     for (int i = 0; i < proto.token_ids_size(); ++i) {
       const uint32_t id = proto.token_ids(i);

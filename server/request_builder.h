@@ -40,6 +40,26 @@ absl::StatusOr<scheduler::LatencyBudget> LatencyBudgetFromProto(const v1::Latenc
 absl::Status ValidateSampling(const step::SamplingParams& sampling, int32_t logprobs,
                               std::string_view prefix);
 
+// A conversation as the chat template takes it: INVALID_ARGUMENT naming
+// the field for a tool without a name or with parameters that are not a
+// JSON object, or a call's arguments that are not one.
+struct Conversation {
+  std::vector<tokenizer::ChatMessage> messages;
+  std::vector<tokenizer::ChatTool> tools;
+};
+absl::StatusOr<Conversation> ConversationFromProto(
+    const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+    const google::protobuf::RepeatedPtrField<v1::Tool>& tools);
+
+// A conversation (and the tools the model may call) through the chat
+// template: INVALID_ARGUMENT naming the field for a tool without a name or
+// with parameters that are not a JSON object, a call's arguments that are
+// not one, or a conversation the template refuses.
+absl::StatusOr<std::vector<tokenizer::TokenId>> EncodeConversation(
+    const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+    const google::protobuf::RepeatedPtrField<v1::Tool>& tools,
+    const tokenizer::ChatTemplate& chat_template, const tokenizer::BpeTokenizer& tokenizer);
+
 // What the builder needs to know about the model.
 struct ModelLimits {
   const tokenizer::BpeTokenizer* tokenizer = nullptr;
@@ -59,6 +79,12 @@ inline constexpr int kMaxLogprobs = 20;
 struct BuiltRequest {
   scheduler::Request request;  // without sink and deadline
   std::vector<std::string> stop_strings;
+  // The request brought tools and lets the model call them: its answer's
+  // calls are parsed out (tool_call_parser.h).
+  bool parse_tool_calls = false;
+  // The rendered prompt ends inside an opened <think> (the answer starts
+  // with reasoning).
+  bool starts_in_reasoning = false;
 };
 
 // `random_seed` is used when the request sets no seed.

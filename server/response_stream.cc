@@ -1,9 +1,23 @@
 #include "server/response_stream.h"
 
+#include <random>
+
 #include "absl/time/clock.h"
 
 namespace tandem::server {
 namespace {
+
+// "call_" and 24 hex digits, as OpenAI's ids look.
+std::string NewToolCallId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* kDigits = "0123456789abcdef";
+  std::string id = "call_";
+  for (int half = 0; half < 2; ++half) {
+    uint64_t bits = rng();
+    for (int i = 0; i < 12; ++i, bits >>= 4) id.push_back(kDigits[bits & 15]);
+  }
+  return id;
+}
 
 double Ms(absl::Time from, absl::Time to) {
   if (from == absl::InfinitePast() || to == absl::InfinitePast()) return 0.0;
@@ -122,12 +136,39 @@ v1::PathReason PathReasonToProto(scheduler::PathReason reason) {
 
 ResponseStream::ResponseStream(std::string request_id, const tokenizer::BpeTokenizer& tokenizer,
                                std::vector<std::string> stop_strings,
-                               std::shared_ptr<ResponseChannel> channel, FinishObserver observer)
+                               std::shared_ptr<ResponseChannel> channel, FinishObserver observer,
+                               std::unique_ptr<ToolCallParser> parser)
     : request_id_(std::move(request_id)),
+      tokenizer_(tokenizer),
       detokenizer_(tokenizer),
       stops_(std::move(stop_strings)),
       channel_(std::move(channel)),
-      observer_(std::move(observer)) {}
+      observer_(std::move(observer)),
+      parser_(std::move(parser)) {}
+
+void ResponseStream::Split(std::string_view text, std::optional<scheduler::TokenId> control,
+                           bool final, v1::GenerateResponse& response) {
+  if (parser_ == nullptr) {
+    response.mutable_text()->append(text);
+    return;
+  }
+  ParsedOutput out = control.has_value() ? parser_->PushControl(tokenizer_.TokenBytes(*control))
+                                         : parser_->Push(text);
+  if (final) {
+    ParsedOutput rest = parser_->Finish();
+    out.content += rest.content;
+    out.reasoning += rest.reasoning;
+    for (ParsedToolCall& call : rest.tool_calls) out.tool_calls.push_back(std::move(call));
+  }
+  response.mutable_text()->append(out.content);
+  response.mutable_reasoning()->append(out.reasoning);
+  for (ParsedToolCall& call : out.tool_calls) {
+    v1::ToolCall* proto = response.add_tool_calls();
+    proto->set_id(NewToolCallId());
+    proto->set_name(std::move(call.name));
+    proto->set_arguments(std::move(call.arguments));
+  }
+}
 
 bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token,
                              const step::TokenLogprobs* logprobs) {
@@ -140,7 +181,17 @@ bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token,
   response.set_request_id(request_id_);
   response.add_token_ids(static_cast<uint32_t>(token));
   if (logprobs != nullptr) LogprobsToProto(*logprobs, response.add_logprobs());
-  if (!is_stop_token) response.set_text(stops_.Push(detokenizer_.Push(token)));
+  if (!is_stop_token) {
+    const bool control = parser_ != nullptr && token >= 0 && token < tokenizer_.vocab_size() &&
+                         tokenizer_.Kind(token) == tokenizer::TokenKind::kControl;
+    const std::string text = stops_.Push(detokenizer_.Push(token));
+    if (control && !stops_.stopped()) {
+      Split(text, std::nullopt, false, response);
+      Split("", token, false, response);
+    } else {
+      Split(text, std::nullopt, false, response);
+    }
+  }
   channel_->Send(std::move(response));
   return stops_.stopped();
 }
@@ -152,7 +203,9 @@ void ResponseStream::OnFinish(const scheduler::FinishInfo& info) {
     // Whatever was held back (an unfinished character, a partial stop string)
     // belongs to the answer.
     std::string rest = stops_.Push(detokenizer_.Flush());
-    last.set_text(rest + stops_.Flush());
+    Split(rest + stops_.Flush(), std::nullopt, /*final=*/true, last);
+  } else if (parser_ != nullptr) {
+    Split("", std::nullopt, /*final=*/true, last);
   }
   last.set_finish_reason(ToProto(info.reason));
   last.mutable_usage()->set_prompt_tokens(info.usage.prompt_tokens);
@@ -184,6 +237,8 @@ void MergeResponse(v1::GenerateResponse& acc, v1::GenerateResponse&& next) {
   acc.mutable_text()->append(next.text());
   acc.mutable_token_ids()->MergeFrom(next.token_ids());
   acc.mutable_logprobs()->MergeFrom(next.logprobs());
+  acc.mutable_tool_calls()->MergeFrom(next.tool_calls());
+  acc.mutable_reasoning()->append(next.reasoning());
   if (next.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
     acc.set_finish_reason(next.finish_reason());
     *acc.mutable_usage() = next.usage();

@@ -14,6 +14,7 @@
 #include "engine/tokenizer/incremental_detokenizer.h"
 #include "scheduler/request.h"
 #include "server/stop_strings.h"
+#include "server/tool_call_parser.h"
 #include "tandem/v1/generate.pb.h"
 
 namespace tandem::server {
@@ -35,20 +36,28 @@ using FinishObserver =
 
 class ResponseStream final : public scheduler::RequestSink {
  public:
+  // `parser`, when set, splits tool calls and reasoning out of the text
+  // (after stop strings: they match the answer as the model wrote it).
   ResponseStream(std::string request_id, const tokenizer::BpeTokenizer& tokenizer,
                  std::vector<std::string> stop_strings, std::shared_ptr<ResponseChannel> channel,
-                 FinishObserver observer);
+                 FinishObserver observer, std::unique_ptr<ToolCallParser> parser = nullptr);
 
   bool OnToken(scheduler::TokenId token, bool is_stop_token,
                const step::TokenLogprobs* logprobs) override;
   void OnFinish(const scheduler::FinishInfo& info) override;
 
  private:
+  // Puts `text` (or a control token) through the parser into `response`.
+  void Split(std::string_view text, std::optional<scheduler::TokenId> control, bool final,
+             v1::GenerateResponse& response);
+
   std::string request_id_;
+  const tokenizer::BpeTokenizer& tokenizer_;
   tokenizer::IncrementalDetokenizer detokenizer_;
   StopStringMatcher stops_;
   std::shared_ptr<ResponseChannel> channel_;
   FinishObserver observer_;
+  std::unique_ptr<ToolCallParser> parser_;
   absl::Time last_token_ = absl::InfinitePast();
   std::vector<double> token_gaps_;
 };

@@ -192,7 +192,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     template_text = *t;
   }
   absl::StatusOr<tokenizer::ChatTemplate> chat =
-      tokenizer::ChatTemplate::Create(template_text, options.chat_template);
+      tokenizer::ChatTemplate::Create(template_text, options.chat_template, m->tokenizer_.get());
   if (!chat.ok()) {
     return absl::Status(chat.status().code(),
                         StrCat("model '", options.model_path, "': ", chat.status().message()));

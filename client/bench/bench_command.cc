@@ -65,7 +65,9 @@ ABSL_FLAG(std::string, configs, "",
           "last is compared with the others");
 ABSL_FLAG(std::vector<std::string>, output_lengths, std::vector<std::string>({"16", "64", "256"}),
           "bench: output lengths the threshold sweep measures");
-ABSL_FLAG(std::string, model, "", "bench: model file for the daemons --sweep_threshold starts");
+ABSL_FLAG(std::string, model, "",
+          "bench: model file for the daemons --sweep_threshold starts; chat-template: the model "
+          "whose tokenizer and template render the conversation");
 ABSL_FLAG(std::string, tandemd, "", "bench: tandemd binary for the sweep (default: beside tandem)");
 ABSL_FLAG(std::string, daemon_flags, "", "bench: extra flags for the sweep's daemons");
 ABSL_FLAG(

@@ -118,7 +118,7 @@ TEST_F(ApiTest, GetModelInfoDescribesWhatIsServed) {
   EXPECT_EQ(info.architecture(), "llama");
   EXPECT_EQ(info.context_length(), 8192);
   EXPECT_EQ(info.vocab_size(), 49152);
-  EXPECT_EQ(info.chat_template(), "chatml");
+  EXPECT_EQ(info.chat_template(), "model");  // its own template, run by our interpreter
   EXPECT_EQ(info.dtype(), "Q4_1");
   ASSERT_EQ(info.backends_size(), 2);
   EXPECT_THAT(info.backends(0), HasSubstr("prefill: cpu"));

@@ -167,7 +167,7 @@ class SpeculativeDecodingTest : public ::testing::Test {
 
   static std::vector<int32_t> ChatPrompt(const std::string& text) {
     const std::vector<tokenizer::ChatMessage> messages = {{"user", text}};
-    return model_->chat_template().Encode(model_->tokenizer(), messages);
+    return *model_->chat_template().Encode(model_->tokenizer(), messages);
   }
 
   // Runs `requests` concurrently on a fresh scheduler; outputs in order.

@@ -203,7 +203,8 @@ int Run(const std::string& command) {
     auto tmpl_text = file->GetString("tokenizer.chat_template");
     std::optional<std::string_view> tmpl;
     if (tmpl_text.ok()) tmpl = *tmpl_text;
-    auto chat = tokenizer::ChatTemplate::Create(tmpl, absl::GetFlag(FLAGS_chat_template));
+    auto chat =
+        tokenizer::ChatTemplate::Create(tmpl, absl::GetFlag(FLAGS_chat_template), tok.get());
     if (!chat.ok()) return Fail(chat.status());
     while (std::getline(std::cin, line)) {
       std::vector<tokenizer::ChatMessage> messages;
@@ -214,8 +215,12 @@ int Run(const std::string& command) {
         messages.push_back({FromHex(item.substr(0, colon)), FromHex(item.substr(colon + 1))});
       }
       if (absl::Status s = chat->Validate(messages); !s.ok()) return Fail(s);
-      std::cout << ToHex(chat->Render(messages)) << "\t";
-      PrintIds(chat->Encode(*tok, messages));
+      absl::StatusOr<std::string> text = chat->Render(messages);
+      absl::StatusOr<std::vector<tokenizer::TokenId>> ids = chat->Encode(*tok, messages);
+      if (!text.ok()) return Fail(text.status());
+      if (!ids.ok()) return Fail(ids.status());
+      std::cout << ToHex(*text) << "\t";
+      PrintIds(*ids);
     }
     return 0;
   }

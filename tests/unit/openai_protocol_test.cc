@@ -121,7 +121,10 @@ TEST(OpenAiRequestTest, EachRefusalNamesItsParameter) {
       {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
        "messages[0].content[0].type"},
       {R"({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]})",
-       "messages[0].tool_calls"},
+       "messages[0].tool_calls[0].function"},
+      {R"({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function":
+          {"name": "f", "arguments": [1]}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
       {R"({"model": "m", "n": 3, )" + user + "}", "n"},
       {R"({"model": "m", "temperature": "hot", )" + user + "}", "temperature"},
       {R"({"model": "m", "max_tokens": 0, )" + user + "}", "max_tokens"},
@@ -129,7 +132,10 @@ TEST(OpenAiRequestTest, EachRefusalNamesItsParameter) {
       {R"({"model": "m", "stop": [1], )" + user + "}", "stop"},
       {R"({"model": "m", "frequency_penalty": 1, )" + user + "}", "frequency_penalty"},
       {R"({"model": "m", "logit_bias": {"1": 2}, )" + user + "}", "logit_bias"},
-      {R"({"model": "m", "tools": [{"type": "function"}], )" + user + "}", "tools"},
+      {R"({"model": "m", "tools": [{"type": "function"}], )" + user + "}", "tools[0].function"},
+      {R"({"model": "m", "tools": [{"type": "retrieval"}], )" + user + "}", "tools[0].type"},
+      {R"({"model": "m", "tools": [{"function": {"name": "f", "parameters": 3}}], )" + user + "}",
+       "tools[0].function.parameters"},
       {R"({"model": "m", "tool_choice": "required", )" + user + "}", "tool_choice"},
       {R"({"model": "m", "response_format": {"type": "json_object"}, )" + user + "}",
        "response_format.type"},
@@ -156,6 +162,36 @@ TEST(OpenAiRequestTest, EachRefusalNamesItsParameter) {
     EXPECT_EQ(body["error"]["type"], "invalid_request_error");
     EXPECT_EQ(body["error"]["param"], c.param);
   }
+}
+
+TEST(OpenAiRequestTest, ToolsAndToolTurnsReachTheGenerateRequest) {
+  const ParsedRequest r = Parsed(R"({"model": "m", "tool_choice": "auto",
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}}],
+    "messages": [{"role": "user", "content": "Weather in Paris?"},
+                 {"role": "assistant", "content": null, "reasoning_content": "Use the tool.",
+                  "tool_calls": [{"id": "call_1", "type": "function",
+                                  "function": {"name": "get_weather",
+                                               "arguments": "{\"city\": \"Paris\"}"}}]},
+                 {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+                  "content": "18 C"}]})");
+  ASSERT_EQ(r.generate.tools_size(), 1);
+  EXPECT_EQ(r.generate.tools(0).name(), "get_weather");
+  EXPECT_EQ(r.generate.tools(0).description(), "Weather.");
+  // The schema keeps the client's key order (the template prints it).
+  EXPECT_EQ(r.generate.tools(0).parameters(),
+            R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  EXPECT_EQ(r.generate.tool_choice(), "auto");
+  ASSERT_EQ(r.generate.messages_size(), 3);
+  const v1::ChatMessage& call = r.generate.messages(1);
+  EXPECT_EQ(call.reasoning_content(), "Use the tool.");
+  ASSERT_EQ(call.tool_calls_size(), 1);
+  EXPECT_EQ(call.tool_calls(0).id(), "call_1");
+  EXPECT_EQ(call.tool_calls(0).arguments(), R"({"city": "Paris"})");
+  EXPECT_EQ(r.generate.messages(2).tool_call_id(), "call_1");
+  EXPECT_EQ(r.generate.messages(2).name(), "get_weather");
+  EXPECT_EQ(r.generate.messages(2).content(), "18 C");
 }
 
 TEST(OpenAiErrorTest, StatusesMapToTheHttpCodesClientsRetryOn) {
@@ -313,6 +349,42 @@ TEST_F(OpenAiResponseTest, CompletionLogprobsHaveOffsetsIntoTheText) {
   EXPECT_EQ(second[0]["choices"][0]["logprobs"]["tokens"], json::array({"b"}));
   EXPECT_EQ(second[0]["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
   EXPECT_FALSE(second[0].contains("usage"));  // include_usage was not asked for
+}
+
+TEST_F(OpenAiResponseTest, ToolCallsAndReasoningInChunksAndWhole) {
+  ParsedRequest request;
+  request.stream = true;
+  ResponseFormatter f(request, "chatcmpl-1", 1, "m", *tokenizer_);
+  v1::GenerateResponse thought;
+  thought.set_reasoning("Use the tool.");
+  v1::GenerateResponse call;
+  v1::ToolCall* c = call.add_tool_calls();
+  c->set_id("call_abc");
+  c->set_name("get_weather");
+  c->set_arguments(R"({"city":"Paris"})");
+  std::string sse = f.StreamEvents(thought);
+  sse += f.StreamEvents(call);
+  sse += f.StreamEvents(Final(v1::FINISH_REASON_STOP));
+  const std::vector<json> events = Events(sse);
+  ASSERT_EQ(events.size(), 4u) << sse;  // role, reasoning, call, finish
+  EXPECT_EQ(events[1]["choices"][0]["delta"], json({{"reasoning_content", "Use the tool."}}));
+  EXPECT_EQ(events[2]["choices"][0]["delta"]["tool_calls"],
+            json::parse(R"([{"index": 0, "id": "call_abc", "type": "function",
+                             "function": {"name": "get_weather",
+                                          "arguments": "{\"city\":\"Paris\"}"}}])"));
+  EXPECT_EQ(events[3]["choices"][0]["finish_reason"], "tool_calls");
+
+  ParsedRequest whole_request;
+  ResponseFormatter w(whole_request, "chatcmpl-2", 1, "m", *tokenizer_);
+  v1::GenerateResponse merged = call;
+  merged.set_reasoning("Use the tool.");
+  merged.MergeFrom(Final(v1::FINISH_REASON_STOP));
+  const json body = json::parse(w.Whole(merged));
+  const json& message = body["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  EXPECT_EQ(message["reasoning_content"], "Use the tool.");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
 }
 
 TEST_F(OpenAiResponseTest, AnErrorMidStreamIsAnErrorEventThenDone) {

@@ -90,7 +90,7 @@ TEST(ChatTemplateTest, DetectsFamiliesAndTheDefaultSystemPrompt) {
   EXPECT_EQ(t->family(), ChatTemplateFamily::kChatMl);
   EXPECT_EQ(t->default_system_prompt(), "Be kind.");
   const std::vector<ChatMessage> messages = {{"user", "Hi"}};
-  EXPECT_EQ(t->Render(messages),
+  EXPECT_EQ(*t->Render(messages),
             "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\n");
   auto llama = ChatTemplate::Create("{{ '<|start_header_id|>' + message['role'] }}", "");
@@ -102,8 +102,9 @@ TEST(ChatTemplateTest, UnknownOrMissingTemplatesNeedAnOverride) {
   auto unknown =
       ChatTemplate::Create("{{ bos_token }}{% for m in messages %}[INST]{% endfor %}", "");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_THAT(std::string(unknown.status().message()),
-              ::testing::HasSubstr("pass --chat_template (choices: chatml, llama3)"));
+  EXPECT_THAT(
+      std::string(unknown.status().message()),
+      ::testing::HasSubstr("pass --chat_template (choices: chatml, llama3, or a FILE.jinja)"));
   auto missing = ChatTemplate::Create(std::nullopt, "");
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(std::string(missing.status().message()),

@@ -400,3 +400,84 @@ def test_a_failure_mid_stream_is_an_error_event():
     finally:
         daemon.stop()
         daemon.kill()
+
+
+# A Hermes-style template (the shape of Qwen 2.5's) over the default
+# model's ChatML tokens: tools in the system turn, calls and results.
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call these tools:\n<tools>"
+    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n</tools><|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.tool_calls %}<|im_start|>assistant\n{%- for c in m.tool_calls %}\n<tool_call>\n"
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n"
+    "</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_a_template_without_tools_refuses_them(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER_TOOL])
+    assert error.value.body["param"] == "tools"
+    assert "renders no tools" in error.value.body["message"]
+
+
+def test_tools_and_tool_turns_reach_the_models_template():
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
+        f.write(HERMES_TEMPLATE)
+    daemon = started(f"--chat_template={f.name}", "--prefix_caching=false")
+    try:
+        client = client_for(daemon)
+        plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                               max_tokens=4)
+        with_tools = client.chat.completions.create(model=MODEL, messages=QUESTION,
+                                                    tools=[WEATHER_TOOL], temperature=0,
+                                                    max_tokens=4)
+        # The tool's definition is in the prompt: exactly the tokens of the
+        # system turn the template adds for it.
+        rendered = subprocess_render(
+            f.name, {"messages": QUESTION, "tools": [WEATHER_TOOL]})
+        system_turn = rendered[:rendered.index("<|im_start|>user")]
+        assert "get_weather" in system_turn
+        assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens
+        # A call and its result, in OpenAI's shapes, are rendered too.
+        conversation = QUESTION + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+        answer = client.chat.completions.create(model=MODEL, messages=conversation,
+                                                tools=[WEATHER_TOOL], temperature=0,
+                                                max_tokens=16)
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert answer.usage.prompt_tokens > with_tools.usage.prompt_tokens
+        rendered = subprocess_render(f.name, {"messages": conversation, "tools": [WEATHER_TOOL]})
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' in rendered
+        assert "<tool_response>\n18 C and sunny\n</tool_response>" in rendered
+        # Forcing a call needs constrained decoding: refused, naming it.
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER_TOOL],
+                                           tool_choice="required")
+        assert error.value.body["param"] == "tool_choice"
+    finally:
+        daemon.stop()
+        daemon.kill()
+        os.unlink(f.name)
+
+
+def subprocess_render(template_file, conversation):
+    """`tandem chat-template`'s rendering of a conversation."""
+    import subprocess
+    tandem = os.path.join(os.path.dirname(tandem_e2e.DAEMON), "tandem")
+    out = subprocess.run([tandem, "chat-template", f"--model={tandem_e2e.MODEL}",
+                          f"--template_file={template_file}"],
+                         input=json.dumps(conversation), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
