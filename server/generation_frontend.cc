@@ -1,29 +1,12 @@
 #include "server/generation_frontend.h"
 
-#include <random>
-
 #include "absl/time/clock.h"
+#include "common/random_id.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
 #include "server/logging.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::server {
-namespace {
-
-uint64_t RandomU64() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  return rng();
-}
-
-std::string NewRequestId() {
-  static const char* kDigits = "0123456789abcdef";
-  uint64_t bits = RandomU64();
-  std::string id = "req-";
-  for (int i = 0; i < 16; ++i, bits >>= 4) id.push_back(kDigits[bits & 15]);
-  return id;
-}
-
-}  // namespace
 
 GenerationFrontend::GenerationFrontend(ServingModel* model, scheduler::Scheduler* scheduler,
                                        ServerMetrics* metrics, FrontendOptions options)
@@ -45,7 +28,7 @@ absl::Status GenerationFrontend::Start(const v1::GenerateRequest& request,
                                        CancellationLink& link, std::string* id_out) {
   const absl::Time received = absl::Now();  // the request's timeline starts here
   const std::string request_id =
-      request.request_id().empty() ? NewRequestId() : request.request_id();
+      request.request_id().empty() ? RandomHexId("req-", 16) : request.request_id();
   auto reject = [&](absl::Status status) {
     spdlog::info("request {} rejected: {}", request_id, status.ToString());
     metrics_->OnRejected();

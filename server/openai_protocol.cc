@@ -761,13 +761,21 @@ std::string ResponseFormatter::Whole(const v1::GenerateResponse& merged) {
   return body.dump();
 }
 
+namespace {
+
+json ModelJson(std::string_view served_name, int64_t created) {
+  return {{"id", served_name}, {"object", "model"}, {"created", created}, {"owned_by", "tandem"}};
+}
+
+}  // namespace
+
 std::string ModelsBody(std::string_view served_name, int64_t created) {
-  json body = {{"object", "list"},
-               {"data", json::array({{{"id", served_name},
-                                      {"object", "model"},
-                                      {"created", created},
-                                      {"owned_by", "tandem"}}})}};
+  json body = {{"object", "list"}, {"data", json::array({ModelJson(served_name, created)})}};
   return body.dump();
+}
+
+std::string ModelBody(std::string_view served_name, int64_t created) {
+  return ModelJson(served_name, created).dump();
 }
 
 }  // namespace tandem::server::openai

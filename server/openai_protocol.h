@@ -108,6 +108,8 @@ class ResponseFormatter {
 
 // GET /v1/models: the served model, by each name it answers to.
 std::string ModelsBody(std::string_view served_name, int64_t created);
+// GET /v1/models/{id}: the served model as an object of its own.
+std::string ModelBody(std::string_view served_name, int64_t created);
 
 }  // namespace tandem::server::openai
 

@@ -1,9 +1,8 @@
 #include "server/openai_service.h"
 
-#include <random>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/random_id.h"
 #include "common/strings.h"
 #include "server/openai_protocol.h"
 #include "spdlog/spdlog.h"
@@ -17,18 +16,6 @@ using openai::ResponseFormatter;
 
 constexpr char kJson[] = "application/json";
 constexpr size_t kMaxRequestIdBytes = 128;
-
-std::string RandomHex(int digits) {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  uint64_t bits = rng();
-  for (int i = 0; i < digits; ++i, bits >>= 4) {
-    if (i == 16) bits = rng();
-    out.push_back(kDigits[bits & 15]);
-  }
-  return out;
-}
 
 // Retry-After for the statuses a client should retry (the queue is full,
 // the daemon is draining).
@@ -244,10 +231,7 @@ void OpenAiService::Handle(HttpRequest request, std::shared_ptr<HttpExchange> ex
       return responder.Error(
           NotFound(StrCat("model '", id, "' does not exist"), "model_not_found"));
     }
-    // One model: the list's only entry, as an object of its own.
-    const std::string list = openai::ModelsBody(options_.served_model_name, started_);
-    return responder.Json(
-        200, std::string(list.substr(list.find('[') + 1, list.rfind(']') - list.find('[') - 1)));
+    return responder.Json(200, openai::ModelBody(options_.served_model_name, started_));
   }
   if (chat || path == "/v1/completions") {
     if (request.method != "POST") {
@@ -280,7 +264,8 @@ void OpenAiService::Generate(const HttpRequest& request, bool chat,
   // The client's X-Request-Id, when it gives a usable one, names the request
   // in the logs and in the response id.
   std::string request_id(request.Header("x-request-id"));
-  if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) request_id = RandomHex(24);
+  if (request_id.empty() || request_id.size() > kMaxRequestIdBytes)
+    request_id = RandomHexId("", 24);
   r.generate.set_request_id(request_id);
   const std::string id = StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
   ResponseFormatter formatter(r, id, absl::ToUnixSeconds(absl::Now()), options_.served_model_name,

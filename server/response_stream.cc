@@ -1,23 +1,10 @@
 #include "server/response_stream.h"
 
-#include <random>
-
 #include "absl/time/clock.h"
+#include "common/random_id.h"
 
 namespace tandem::server {
 namespace {
-
-// "call_" and 24 hex digits, as OpenAI's ids look.
-std::string NewToolCallId() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  static const char* kDigits = "0123456789abcdef";
-  std::string id = "call_";
-  for (int half = 0; half < 2; ++half) {
-    uint64_t bits = rng();
-    for (int i = 0; i < 12; ++i, bits >>= 4) id.push_back(kDigits[bits & 15]);
-  }
-  return id;
-}
 
 double Ms(absl::Time from, absl::Time to) {
   if (from == absl::InfinitePast() || to == absl::InfinitePast()) return 0.0;
@@ -164,7 +151,7 @@ void ResponseStream::Split(std::string_view text, std::optional<scheduler::Token
   response.mutable_reasoning()->append(out.reasoning);
   for (ParsedToolCall& call : out.tool_calls) {
     v1::ToolCall* proto = response.add_tool_calls();
-    proto->set_id(NewToolCallId());
+    proto->set_id(RandomHexId("call_", 24));  // as OpenAI's ids look
     proto->set_name(std::move(call.name));
     proto->set_arguments(std::move(call.arguments));
   }
@@ -185,12 +172,10 @@ bool ResponseStream::OnToken(scheduler::TokenId token, bool is_stop_token,
     const bool control = parser_ != nullptr && token >= 0 && token < tokenizer_.vocab_size() &&
                          tokenizer_.Kind(token) == tokenizer::TokenKind::kControl;
     const std::string text = stops_.Push(detokenizer_.Push(token));
-    if (control && !stops_.stopped()) {
-      Split(text, std::nullopt, false, response);
-      Split("", token, false, response);
-    } else {
-      Split(text, std::nullopt, false, response);
-    }
+    Split(text, std::nullopt, false, response);
+    // A control token the parser knows (<tool_call>, [TOOL_CALLS]) reaches it
+    // as itself, after the text before it.
+    if (control && !stops_.stopped()) Split("", token, false, response);
   }
   channel_->Send(std::move(response));
   return stops_.stopped();

@@ -5,26 +5,13 @@
 // prompt cache).
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/bench/server_events.h"
 #include "client/bench/targets.h"
 #include "client/http.h"
-#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::bench {
 namespace {
-
-absl::StatusOr<google::protobuf::Struct> ParseJson(const std::string& text) {
-  google::protobuf::Struct value;
-  if (auto s = google::protobuf::util::JsonStringToMessage(text, &value); !s.ok()) {
-    return absl::InvalidArgumentError("unreadable JSON from llama-server: " + s.ToString());
-  }
-  return value;
-}
-
-const google::protobuf::Value* Field(const google::protobuf::Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  return it == s.fields().end() ? nullptr : &it->second;
-}
 
 class LlamaServerTarget : public Target {
  public:
@@ -44,7 +31,7 @@ class LlamaServerTarget : public Target {
         &http_code);
     if (!s.ok()) return s;
     if (http_code != 200) return absl::UnavailableError(base_ + "/tokenize: HTTP " + response);
-    absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(response);
+    absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(response, "llama-server");
     if (!parsed.ok()) return parsed.status();
     TokenIds ids;
     if (const auto* tokens = Field(*parsed, "tokens")) {
@@ -60,12 +47,11 @@ class LlamaServerTarget : public Target {
         "{\"prompt\":[", absl::StrJoin(call.prompt, ","), "],\"n_predict\":", call.max_tokens,
         ",\"stream\":true,\"temperature\":0,\"ignore_eos\":true,\"return_tokens\":true,"
         "\"cache_prompt\":true}");
-    std::string pending;  // bytes of an event not yet complete
     std::string failure;
     bool stopped = false;
     int predicted = 0;
     auto on_event = [&](const std::string& json) {
-      absl::StatusOr<google::protobuf::Struct> event = ParseJson(json);
+      absl::StatusOr<google::protobuf::Struct> event = ParseJson(json, "llama-server");
       if (!event.ok()) {
         failure = std::string(event.status().message());
         return;
@@ -93,19 +79,11 @@ class LlamaServerTarget : public Target {
         failure = "llama-server error: " + error->DebugString();
       }
     };
+    ServerEventSplitter events(on_event);
     long http_code = 0;
     absl::Status s = client::HttpTransfer(
         base_ + "/completion", &body, call.timeout_s,
-        [&](const char* data, size_t n) {
-          pending.append(data, n);
-          size_t end;
-          while ((end = pending.find("\n\n")) != std::string::npos) {
-            const std::string event = pending.substr(0, end);
-            pending.erase(0, end + 2);
-            if (event.rfind("data: ", 0) == 0) on_event(event.substr(6));
-          }
-        },
-        &http_code);
+        [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code);
     // Tokens the stream reported only in its count arrive with the end.
     for (int i = static_cast<int>(output->size()); i < predicted; ++i) {
       record->token_times.push_back(NowSeconds());
@@ -115,7 +93,7 @@ class LlamaServerTarget : public Target {
     if (!s.ok()) {
       record->error = std::string(s.message());
     } else if (http_code != 200) {
-      record->error = absl::StrCat("HTTP ", http_code, ": ", pending);
+      record->error = absl::StrCat("HTTP ", http_code, ": ", events.pending());
     } else if (!failure.empty()) {
       record->error = failure;
     } else if (!stopped) {

@@ -9,26 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/bench/server_events.h"
 #include "client/bench/targets.h"
 #include "client/http.h"
-#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::bench {
 namespace {
-
-absl::StatusOr<google::protobuf::Struct> ParseJson(const std::string& text) {
-  google::protobuf::Struct value;
-  if (auto s = google::protobuf::util::JsonStringToMessage(text, &value); !s.ok()) {
-    return absl::InvalidArgumentError("unreadable JSON from the server: " + s.ToString());
-  }
-  return value;
-}
-
-const google::protobuf::Value* Field(const google::protobuf::Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  return it == s.fields().end() ? nullptr : &it->second;
-}
 
 // A chunk with "token_ids" and no usage or error: its ids appended to
 // `output` and their count; nullopt for any other event.
@@ -102,7 +89,7 @@ class OpenAiTarget : public Target {
                            ",\"tpot_ms\":", call.slo_tpot_ms, "}")
             : "",
         "}");
-    std::string pending, failure;
+    std::string failure;
     bool done = false;
     int completion_tokens = -1;
     auto on_event = [&](const std::string& data) {
@@ -117,7 +104,7 @@ class OpenAiTarget : public Target {
         for (int i = 0; i < *tokens; ++i) record->token_times.push_back(now);
         return;
       }
-      absl::StatusOr<google::protobuf::Struct> event = ParseJson(data);
+      absl::StatusOr<google::protobuf::Struct> event = ParseJson(data, "the server");
       if (!event.ok()) {
         failure = std::string(event.status().message());
         return;
@@ -157,19 +144,11 @@ class OpenAiTarget : public Target {
       }
       for (int i = 0; i < tokens; ++i) record->token_times.push_back(now);
     };
+    ServerEventSplitter events(on_event);
     long http_code = 0;
     absl::Status s = client::HttpTransfer(
         base_ + "/v1/completions", &body, call.timeout_s,
-        [&](const char* data, size_t n) {
-          pending.append(data, n);
-          size_t end;
-          while ((end = pending.find("\n\n")) != std::string::npos) {
-            const std::string event = pending.substr(0, end);
-            pending.erase(0, end + 2);
-            if (event.rfind("data: ", 0) == 0) on_event(event.substr(6));
-          }
-        },
-        &http_code);
+        [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code);
     // Tokens only the usage counted arrive with the end.
     for (int i = static_cast<int>(record->token_times.size()); i < completion_tokens; ++i) {
       record->token_times.push_back(NowSeconds());
@@ -179,7 +158,7 @@ class OpenAiTarget : public Target {
     if (!s.ok()) {
       record->error = std::string(s.message());
     } else if (http_code != 200) {
-      record->error = absl::StrCat("HTTP ", http_code, ": ", pending);
+      record->error = absl::StrCat("HTTP ", http_code, ": ", events.pending());
     } else if (!failure.empty()) {
       record->error = failure;
     } else if (!done) {
@@ -201,7 +180,7 @@ class OpenAiTarget : public Target {
     if (http_code != 200) {
       return absl::UnavailableError(absl::StrCat(base_, "/v1/models: HTTP ", http_code));
     }
-    absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(response);
+    absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(response, "the server");
     if (!parsed.ok()) return parsed.status();
     const auto* data = Field(*parsed, "data");
     if (data == nullptr || data->list_value().values_size() == 0) {

@@ -403,5 +403,11 @@ TEST(OpenAiModelsTest, TheListHasTheServedModel) {
                              "owned_by": "tandem"}])"));
 }
 
+TEST(OpenAiModelsTest, OneModelIsTheListsEntryAsAnObject) {
+  EXPECT_EQ(json::parse(ModelBody("SmolLM2", 5)),
+            json::parse(R"({"id": "SmolLM2", "object": "model", "created": 5,
+                            "owned_by": "tandem"})"));
+}
+
 }  // namespace
 }  // namespace tandem::server::openai
