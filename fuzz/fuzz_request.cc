@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return new tokenizer::ChatTemplate(*std::move(c));
   }();
   constexpr int32_t kContext = 2048;
-  server::ModelLimits limits{model.tokenizer.get(), chat, kContext, 0};
+  server::ModelLimits limits{model.tokenizer.get(), chat, kContext, 0, nullptr};
   auto built = server::BuildRequest(proto, limits, server::RequestDefaults{}, 42);
   if (!built.ok()) {
     if (built.status().code() != absl::StatusCode::kInvalidArgument) std::abort();

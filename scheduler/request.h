@@ -167,6 +167,9 @@ struct Request {
   bool disable_speculation = false;
   // Its SLOs; unset fields take the daemon's (SchedulerOptions::slo).
   LatencyBudget slo;
+  // Structured output: the grammar the answer's tokens must follow (null:
+  // free text). Its stop tokens are among stop_token_ids.
+  std::shared_ptr<grammar::GrammarState> grammar;
   std::shared_ptr<RequestSink> sink;
 };
 

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/check.h"
 #include "common/strings.h"
+#include "engine/grammar/token_grammar.h"
 
 namespace tandem::scheduler {
 
@@ -195,6 +196,7 @@ step::SequenceStep SchedulerCore::MakeStep(const Sequence& seq, int32_t count) c
   step.sampling = seq.request.sampling;
   step.draw_index = static_cast<uint64_t>(seq.generated);
   step.logprobs = step.sample ? seq.request.logprobs : 0;
+  step.grammar = step.sample ? seq.request.grammar.get() : nullptr;
   return step;
 }
 
@@ -370,6 +372,9 @@ void SchedulerCore::MaybeHandOff(Sequence& seq) {
                         (options_.slo_policy ? SloPrefersDecodeLane(seq).value_or(false)
                                              : policy_.ReachedThreshold(seq.generated)));
   if (!now_due || seq.move_failed) return;
+  // The peer protocol does not carry a grammar: structured output decodes
+  // on this daemon.
+  if (options_.remote_decode && seq.request.grammar != nullptr) return;
   if (decode_kv_ && !options_.remote_decode) {
     // Its pages must move first; a full decode pool keeps it here for now
     // (tried again after its next step).
@@ -443,6 +448,8 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     for (size_t t = 0; t < r.sampled.size() && !ended.has_value(); ++t) {
       const TokenId token = r.sampled[t];
       ++seq->generated;
+      // The worker sampled within the grammar, so it accepts every token.
+      if (seq->request.grammar != nullptr) seq->request.grammar->Accept(token);
       if (seq->timeline.first_token == absl::InfinitePast()) {
         seq->timeline.first_token = options_.clock();
       }

@@ -43,7 +43,7 @@ absl::Status GenerationFrontend::Start(const v1::GenerateRequest& request,
     return reject(absl::UnavailableError("the server is draining; retry on another instance"));
   }
   ModelLimits limits{&model_->tokenizer(), &model_->chat_template(), model_->context_length(),
-                     options_.max_prompt_tokens};
+                     options_.max_prompt_tokens, &model_->grammar()};
   absl::StatusOr<BuiltRequest> built =
       BuildRequest(request, limits, options_.defaults, RandomU64());
   if (!built.ok()) return reject(built.status());

@@ -249,6 +249,43 @@ std::optional<ApiError> ParseTools(const Fields& fields, v1::GenerateRequest& ou
   return std::nullopt;
 }
 
+// response_format: {"type": "text"}, {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}.
+// Whether the schema can be enforced is the request builder's question.
+std::optional<ApiError> ParseResponseFormat(const Fields& fields, v1::GenerateRequest& out) {
+  const json* format = fields.Get("response_format");
+  if (format == nullptr) return std::nullopt;
+  if (!format->is_object()) return Invalid("response_format", "must be an object");
+  auto type = format->find("type");
+  if (type == format->end() || !type->is_string()) {
+    return Invalid("response_format.type", "must be a string");
+  }
+  const std::string kind = type->get<std::string>();
+  if (kind != "text" && kind != "json_object" && kind != "json_schema") {
+    return Invalid("response_format.type",
+                   StrCat("'", kind, "' is not one of text, json_object, json_schema"));
+  }
+  v1::ResponseFormat* proto = out.mutable_response_format();
+  proto->set_type(kind);
+  if (kind != "json_schema") return std::nullopt;
+  auto spec = format->find("json_schema");
+  if (spec == format->end() || !spec->is_object()) {
+    return Invalid("response_format.json_schema", "must be an object with the schema");
+  }
+  auto schema = spec->find("schema");
+  if (schema == spec->end() || !(schema->is_object() || schema->is_boolean())) {
+    return Invalid("response_format.json_schema.schema", "must be a JSON Schema object");
+  }
+  proto->set_json_schema(schema->dump());
+  if (auto strict = spec->find("strict"); strict != spec->end() && !strict->is_null()) {
+    if (!strict->is_boolean()) {
+      return Invalid("response_format.json_schema.strict", "must be a boolean");
+    }
+    proto->set_strict(strict->get<bool>());
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> ParseStop(const Fields& fields, v1::GenerateRequest& out) {
   const json* stop = fields.Get("stop");
   if (stop == nullptr) return std::nullopt;
@@ -286,17 +323,6 @@ std::optional<ApiError> RefuseUnsupported(const Fields& fields, Endpoint endpoin
       return Unsupported("tool_choice",
                          "forcing a call (required, or a named function: it needs constrained "
                          "decoding)");
-    }
-  }
-  if (const json* format = fields.Get("response_format"); format != nullptr) {
-    if (!format->is_object()) return Invalid("response_format", "must be an object");
-    auto type = format->find("type");
-    if (type == format->end() || !type->is_string()) {
-      return Invalid("response_format.type", "must be a string");
-    }
-    if (*type != "text") {
-      return Unsupported("response_format.type",
-                         StrCat("response_format \"", type->get<std::string>(), "\""));
     }
   }
   if (endpoint == Endpoint::kCompletions) {
@@ -532,6 +558,7 @@ std::variant<ParsedRequest, ApiError> ParseRequest(std::string_view body, Endpoi
   if (endpoint == Endpoint::kChatCompletions) {
     TANDEM_RETURN_IF_ERROR(ParseTools(fields, out.generate));
   }
+  TANDEM_RETURN_IF_ERROR(ParseResponseFormat(fields, out.generate));
   TANDEM_RETURN_IF_ERROR(ParseLogprobs(fields, out));
   TANDEM_RETURN_IF_ERROR(fields.Bool("stream", &out.stream));
   TANDEM_RETURN_IF_ERROR(fields.Bool("return_token_ids", &out.return_token_ids));

@@ -8,6 +8,41 @@
 namespace tandem::server {
 namespace {
 
+absl::Status Invalid(std::string_view field, std::string_view problem);
+
+// The grammar response_format asks for; null for free text.
+absl::StatusOr<std::shared_ptr<grammar::GrammarState>> GrammarOf(const v1::ResponseFormat& format,
+                                                                 bool ignore_eos,
+                                                                 const ModelLimits& model) {
+  const std::string& type = format.type();
+  if (type.empty() || type == "text") return nullptr;
+  if (type != "json_object" && type != "json_schema") {
+    return Invalid("response_format.type",
+                   StrCat("'", type, "' is not one of text, json_object, json_schema"));
+  }
+  if (model.grammar == nullptr) {
+    return Invalid("response_format", "structured output is not available on this server");
+  }
+  if (ignore_eos) {
+    return Invalid("ignore_eos",
+                   "cannot go with response_format: a structured answer ends with the model's "
+                   "end-of-turn token once it is complete");
+  }
+  if (type == "json_object") {
+    return std::make_shared<grammar::GrammarState>(model.grammar->JsonObject());
+  }
+  if (format.json_schema().size() > kMaxJsonSchemaBytes) {
+    return Invalid("response_format.json_schema",
+                   StrCat("longer than ", kMaxJsonSchemaBytes, " bytes"));
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> compiled =
+      model.grammar->CompileJsonSchema(format.json_schema(), format.strict());
+  if (!compiled.ok()) {
+    return Invalid("response_format.json_schema", std::string(compiled.status().message()));
+  }
+  return std::make_shared<grammar::GrammarState>(*std::move(compiled));
+}
+
 absl::Status Invalid(std::string_view field, std::string_view problem) {
   return absl::InvalidArgumentError(StrCat(field, ": ", problem));
 }
@@ -263,6 +298,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
       if (id.has_value()) r.stop_token_ids.push_back(*id);
     }
   }
+  absl::StatusOr<std::shared_ptr<grammar::GrammarState>> grammar =
+      GrammarOf(proto.response_format(), proto.ignore_eos(), model);
+  if (!grammar.ok()) return grammar.status();
+  r.grammar = *std::move(grammar);
   return built;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/grammar/token_grammar.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
 #include "scheduler/request.h"
@@ -67,6 +68,8 @@ struct ModelLimits {
   int32_t context_length = 0;
   // Longest prompt accepted (--max_prompt_tokens); 0: context_length - 1.
   int32_t max_prompt_tokens = 0;
+  // Structured output's grammars (response_format); null: refused.
+  const grammar::GrammarVocabulary* grammar = nullptr;
 };
 
 inline constexpr int kMaxStopStrings = 16;
@@ -74,6 +77,7 @@ inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxCacheSaltBytes = 256;
 inline constexpr int kMaxWorkloadBytes = 128;
+inline constexpr size_t kMaxJsonSchemaBytes = 64 * 1024;
 inline constexpr int kMaxLogprobs = 20;
 
 struct BuiltRequest {

@@ -198,6 +198,12 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                         StrCat("model '", options.model_path, "': ", chat.status().message()));
   }
   m->chat_template_ = std::make_unique<tokenizer::ChatTemplate>(*std::move(chat));
+  // A structured answer ends with the end-of-turn token, as free text does.
+  std::vector<tokenizer::TokenId> end_tokens;
+  for (const auto& id : {m->tokenizer_->special().eos, m->tokenizer_->special().eot}) {
+    if (id.has_value()) end_tokens.push_back(*id);
+  }
+  m->grammar_ = grammar::GrammarVocabulary::Create(*m->tokenizer_, end_tokens);
 
   m->block_size_ = options.block_size;
   m->context_length_ = options.context_length > 0

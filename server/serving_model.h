@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/decode/decode_worker.h"
+#include "engine/grammar/token_grammar.h"
 #include "engine/kernels/backend_factory.h"
 #include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul.h"
@@ -72,6 +73,8 @@ class ServingModel {
   const model::ModelConfig& config() const { return config_; }
   const tokenizer::BpeTokenizer& tokenizer() const { return *tokenizer_; }
   const tokenizer::ChatTemplate& chat_template() const { return *chat_template_; }
+  // Structured output's grammars, compiled against this model's vocabulary.
+  const grammar::GrammarVocabulary& grammar() const { return *grammar_; }
   int context_length() const { return context_length_; }
   int kv_blocks() const { return kv_blocks_; }
   // Blocks of the decode worker's own KV storage; 0 when it shares the
@@ -113,6 +116,7 @@ class ServingModel {
   model::ModelConfig config_;
   std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
+  std::unique_ptr<grammar::GrammarVocabulary> grammar_;
   std::unique_ptr<prefill::PrefillWorker> prefill_;
   std::unique_ptr<decode::DecodeWorker> decode_;
   std::string backend_name_;

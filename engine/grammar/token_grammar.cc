@@ -85,7 +85,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarVocabulary::Compil
                                           strict),
         impl_->utf8);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(tandem::StrCat("json_schema: ", e.what()));
+    return absl::InvalidArgumentError(tandem::StrCat("unusable JSON schema: ", e.what()));
   }
 }
 
@@ -139,5 +139,9 @@ void GrammarState::Rollback(int count) {
 }
 
 bool GrammarState::terminated() const { return impl_->matcher.IsTerminated(); }
+
+int GrammarState::vocab_size() const {
+  return impl_->grammar->compiled.GetTokenizerInfo().GetVocabSize();
+}
 
 }  // namespace tandem::grammar

@@ -98,6 +98,8 @@ class GrammarState {
   void Rollback(int count);
   // A stop token was accepted after a complete answer.
   bool terminated() const;
+  // The vocabulary the grammar was compiled against (masks are this long).
+  int vocab_size() const;
 
  private:
   struct Impl;

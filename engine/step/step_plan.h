@@ -14,6 +14,10 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 
+namespace tandem::grammar {
+class GrammarState;
+}  // namespace tandem::grammar
+
 namespace tandem::step {
 
 using TokenId = int32_t;
@@ -60,6 +64,13 @@ struct SequenceStep {
   // The sequence's tokens before `tokens` (prompt and generated), for
   // proposers that search them. Set only for Proposer::kNgram.
   std::vector<TokenId> preceding_tokens;
+
+  // Structured output (with sample): the request's grammar. Each of the
+  // step's rows is masked to the tokens it allows there before sampling
+  // (row j after the first j drafted tokens). The worker leaves it as it
+  // found it; the scheduler advances it over the tokens it commits. Not
+  // owned: the scheduler keeps it alive while the step runs.
+  grammar::GrammarState* grammar = nullptr;
 };
 
 // Duplicate KV block `from` into `to` (every layer) before running the step:

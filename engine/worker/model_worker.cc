@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/strings.h"
+#include "engine/grammar/token_grammar.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/self_draft_proposer.h"
@@ -64,6 +65,28 @@ absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Masks row j of `logits` (rows of `vocab`) to the tokens `grammar` allows
+// after the first j tokens of `draft`, and leaves `grammar` as it found it.
+// Rows after a drafted token the grammar refuses keep the mask before it:
+// verification never reaches them, as that token is rejected at its row.
+void MaskRows(grammar::GrammarState& grammar, std::span<const int32_t> draft,
+              std::span<float> logits, size_t vocab) {
+  grammar::TokenMask mask(grammar.vocab_size());
+  int accepted = 0;
+  bool refused = false;
+  for (size_t j = 0; (j + 1) * vocab <= logits.size(); ++j) {
+    if (j > 0 && !refused) refused = !grammar.Accept(draft[j - 1]);
+    if (j > 0 && !refused) ++accepted;
+    if (!refused) grammar.FillMask(&mask);
+    mask.Apply(logits.subspan(j * vocab, vocab));
+  }
+  grammar.Rollback(accepted);
+}
+
+}  // namespace
+
 step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   if (absl::Status s = CheckPlan(plan); !s.ok()) return {s, {}, {}, {}};
   const absl::Duration start_delay = backend_->BeginStep();
@@ -122,7 +145,10 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
   // where a sequence with such drafts asks for logprobs copies every row
   // and verifies every sequence on the host (speculative::Verify): those
   // drafts' emitted tokens are not the rows' samples.
-  bool tokens_only = true;
+  // Structured output masks rows on the host: a step with a grammar takes
+  // the host path below (the tokens are the same either way).
+  bool tokens_only = std::none_of(plan.sequences.begin(), plan.sequences.end(),
+                                  [](const step::SequenceStep& s) { return s.grammar != nullptr; });
   bool any_shares = false;
   std::vector<kernels::RowDraw> draws;
   share_tokens_.tokens.clear();
@@ -234,13 +260,21 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
     if (s.sample) {
       const speculative::Draft& draft = drafts[i];
       const size_t rows = draft.tokens.size() + 1;
-      const std::span<const float> logits(logits_.data() + row * vocab, rows * vocab);
+      const std::span<float> logits(logits_.data() + row * vocab, rows * vocab);
+      // Log-probabilities stay the model's, before the grammar's mask.
+      std::vector<float> unmasked;
+      if (s.grammar != nullptr) {
+        if (s.logprobs > 0) unmasked.assign(logits.begin(), logits.end());
+        MaskRows(*s.grammar, draft.tokens, logits, vocab);
+      }
+      const std::span<const float> model_logits =
+          unmasked.empty() ? std::span<const float>(logits) : std::span<const float>(unmasked);
       speculative::Verification v =
           speculative::Verify(logits, static_cast<int32_t>(vocab), draft, s.sampling, s.draw_index);
       if (s.logprobs > 0) {
         for (size_t t = 0; t < v.tokens.size(); ++t) {
           r.logprobs.push_back(
-              sampling::Logprobs(logits.subspan(t * vocab, vocab), v.tokens[t], s.logprobs));
+              sampling::Logprobs(model_logits.subspan(t * vocab, vocab), v.tokens[t], s.logprobs));
         }
       }
       r.sampled = std::move(v.tokens);

@@ -137,8 +137,14 @@ TEST(OpenAiRequestTest, EachRefusalNamesItsParameter) {
       {R"({"model": "m", "tools": [{"function": {"name": "f", "parameters": 3}}], )" + user + "}",
        "tools[0].function.parameters"},
       {R"({"model": "m", "tool_choice": "required", )" + user + "}", "tool_choice"},
-      {R"({"model": "m", "response_format": {"type": "json_object"}, )" + user + "}",
+      {R"({"model": "m", "response_format": {"type": "xml"}, )" + user + "}",
        "response_format.type"},
+      {R"({"model": "m", "response_format": {"type": "json_schema"}, )" + user + "}",
+       "response_format.json_schema"},
+      {R"({"model": "m", "response_format": {"type": "json_schema", "json_schema": {"schema": 1}},
+          )" +
+           user + "}",
+       "response_format.json_schema.schema"},
       {R"({"model": "m", "top_logprobs": 2, )" + user + "}", "top_logprobs"},
       {R"({"model": "m", "logprobs": true, "top_logprobs": 21, )" + user + "}", "top_logprobs"},
       {R"({"model": "m", "stream_options": {"include_usage": true}, )" + user + "}",
@@ -192,6 +198,24 @@ TEST(OpenAiRequestTest, ToolsAndToolTurnsReachTheGenerateRequest) {
   EXPECT_EQ(r.generate.messages(2).tool_call_id(), "call_1");
   EXPECT_EQ(r.generate.messages(2).name(), "get_weather");
   EXPECT_EQ(r.generate.messages(2).content(), "18 C");
+}
+
+TEST(OpenAiRequestTest, ResponseFormatsReachTheGenerateRequest) {
+  const std::string user = R"("messages": [{"role": "user", "content": "Hi"}])";
+  const ParsedRequest schema = Parsed(R"({"model": "m", "response_format": {"type": "json_schema",
+    "json_schema": {"name": "p", "strict": true, "schema": {"type": "object",
+                    "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}, )" +
+                                      user + "}");
+  EXPECT_EQ(schema.generate.response_format().type(), "json_schema");
+  EXPECT_TRUE(schema.generate.response_format().strict());
+  // The schema keeps the client's key order (properties come out in it).
+  EXPECT_EQ(schema.generate.response_format().json_schema(),
+            R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})");
+  const ParsedRequest object =
+      Parsed(R"({"model": "m", "response_format": {"type": "json_object"}, )" + user + "}");
+  EXPECT_EQ(object.generate.response_format().type(), "json_object");
+  EXPECT_FALSE(object.generate.response_format().strict());
+  EXPECT_FALSE(Parsed(R"({"model": "m", )" + user + "}").generate.has_response_format());
 }
 
 TEST(OpenAiErrorTest, StatusesMapToTheHttpCodesClientsRetryOn) {

@@ -14,6 +14,9 @@ import urllib.error
 import urllib.request
 
 import grpc
+# The reference validator of JSON Schema (installed with kubernetes-validate,
+# scripts/requirements-test.txt).
+import jsonschema
 import openai
 import pytest
 
@@ -481,3 +484,78 @@ def subprocess_render(template_file, conversation):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+# A bounded schema: its longest answer is well under 120 tokens (8 characters
+# of name at up to 4 byte tokens each, three digits, three one-letter tags).
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+PERSON_PROMPT = [{"role": "user", "content": "Describe a person as JSON: name, age and tags."}]
+
+
+def test_json_schema_answers_parse_and_validate_for_fifty_seeds(client):
+    """Structured output at temperature 1.0: every answer is JSON that meets
+    the schema, checked by the jsonschema package; a `length` finish fails."""
+    for seed in range(50):
+        response = client.chat.completions.create(
+            model=MODEL, messages=PERSON_PROMPT, temperature=1.0, seed=seed, max_tokens=120,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "person", "schema": PERSON_SCHEMA,
+                                             "strict": True}})
+        choice = response.choices[0]
+        assert choice.finish_reason == "stop", (seed, choice)
+        answer = json.loads(choice.message.content)
+        jsonschema.validate(answer, PERSON_SCHEMA)
+
+
+def test_masked_drafts_change_no_token(client, daemon):
+    """Drafted tokens are masked like sampled ones, so n-gram speculation
+    (the daemon's default) gives the same structured answers as none."""
+    drafted_before = metric(daemon, "tandem_speculative_drafted_tokens_total")
+    for seed in range(8):
+        answers = [client.chat.completions.create(
+            model=MODEL, messages=PERSON_PROMPT, temperature=1.0, seed=seed, max_tokens=120,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
+            extra_body={"disable_speculation": off}).choices[0].message.content
+            for off in (False, True)]
+        assert answers[0] == answers[1], seed
+    assert metric(daemon, "tandem_speculative_drafted_tokens_total") > drafted_before
+
+
+def test_json_object_answers_are_one_object_streamed_or_whole(client):
+    # json_object bounds nothing: a question with a short answer, so that the
+    # object closes well within max_tokens.
+    capital = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+    whole = client.chat.completions.create(
+        model=MODEL, messages=capital, temperature=0, max_tokens=100,
+        response_format={"type": "json_object"})
+    assert whole.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(whole.choices[0].message.content), dict)
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=capital, temperature=0, max_tokens=100, stream=True,
+        response_format={"type": "json_object"})
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize("response_format,extra,param", [
+    ({"type": "xml"}, {}, "response_format.type"),
+    ({"type": "json_schema"}, {}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}},
+     {}, "response_format.json_schema"),
+    ({"type": "json_object"}, {"extra_body": {"ignore_eos": True}}, "ignore_eos"),
+])
+def test_unusable_response_formats_are_400_naming_the_field(client, response_format, extra, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=QUESTION,
+                                       response_format=response_format, **extra)
+    assert error.value.body["param"] == param, error.value.body
