@@ -1,10 +1,14 @@
 // Request validation on GenerateRequest messages parsed from arbitrary bytes:
 // BuildRequest accepts, or refuses with INVALID_ARGUMENT whose message starts
-// with a field name; what it accepts fits the context.
+// with a field name; what it accepts fits the context. response_format's JSON
+// schemas are user text compiled by the grammar engine against the real
+// vocabulary, so they are fuzzed here too.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "engine/grammar/token_grammar.h"
 #include "fuzz/fuzz_model.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/request_builder.h"
@@ -28,8 +32,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!c.ok()) std::abort();
     return new tokenizer::ChatTemplate(*std::move(c));
   }();
+  static const grammar::GrammarVocabulary* vocabulary = [&] {
+    std::vector<tokenizer::TokenId> stop;
+    if (auto eos = model.tokenizer->special().eos; eos.has_value()) stop.push_back(*eos);
+    return grammar::GrammarVocabulary::Create(*model.tokenizer, stop).release();
+  }();
   constexpr int32_t kContext = 2048;
-  server::ModelLimits limits{model.tokenizer.get(), chat, kContext, 0, nullptr};
+  server::ModelLimits limits{model.tokenizer.get(), chat, kContext, 0, vocabulary};
   auto built = server::BuildRequest(proto, limits, server::RequestDefaults{}, 42);
   if (!built.ok()) {
     if (built.status().code() != absl::StatusCode::kInvalidArgument) std::abort();

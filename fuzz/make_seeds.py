@@ -69,6 +69,16 @@ def request_seeds(out):
                            stop=["\n\n"], logprobs=2),
         pb.GenerateRequest(token_ids=[1, 2, 3], max_tokens=4, stop_token_ids=[2],
                            cache_salt="tenant", workload="chat", expected_output_tokens=64),
+        pb.GenerateRequest(prompt="JSON please", max_tokens=16,
+                           response_format=pb.ResponseFormat(type="json_object")),
+        pb.GenerateRequest(
+            messages=[pb.ChatMessage(role="user", content="A person")], max_tokens=32,
+            response_format=pb.ResponseFormat(
+                type="json_schema", strict=True,
+                json_schema='{"type":"object","properties":{"name":{"type":"string",'
+                            '"maxLength":8},"age":{"type":"integer","minimum":0},'
+                            '"tags":{"type":"array","items":{"enum":["a","b"]}}},'
+                            '"required":["name"]}')),
     ]
     for i, r in enumerate(requests):
         write(os.path.join(out, "fuzz_request"), f"request{i}", r.SerializeToString())
