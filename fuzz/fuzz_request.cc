@@ -1,8 +1,8 @@
 // Request validation on GenerateRequest messages parsed from arbitrary bytes:
 // BuildRequest accepts, or refuses with INVALID_ARGUMENT whose message starts
 // with a field name; what it accepts fits the context. response_format's JSON
-// schemas are user text compiled by the grammar engine against the real
-// vocabulary, so they are fuzzed here too.
+// schemas and forced tool calls' tools are user text compiled by the grammar
+// engine against the real vocabulary, so they are fuzzed here too.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -27,8 +27,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::GenerateRequest proto;
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
   const auto& model = fuzz::Model();
+  // A Hermes-style template over the model's ChatML tokens, so that tools
+  // are rendered and forced tool calls reach the grammar compiler (the
+  // model's own template, which renders no tools, is fuzz_chat_template's).
+  static constexpr std::string_view kHermesTemplate =
+      "{%- if tools %}<|im_start|>system\n<tools>{%- for t in tools %}\n{{ t | tojson }}"
+      "{%- endfor %}\n</tools><|im_end|>\n{%- endif %}{%- for m in messages %}"
+      "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+      "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}";
   static const tokenizer::ChatTemplate* chat = [&] {
-    auto c = tokenizer::ChatTemplate::Create(model.template_text, "", model.tokenizer.get());
+    auto c = tokenizer::ChatTemplate::Create(kHermesTemplate, "", model.tokenizer.get());
     if (!c.ok()) std::abort();
     return new tokenizer::ChatTemplate(*std::move(c));
   }();
@@ -38,7 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return grammar::GrammarVocabulary::Create(*model.tokenizer, stop).release();
   }();
   constexpr int32_t kContext = 2048;
-  server::ModelLimits limits{model.tokenizer.get(), chat, kContext, 0, vocabulary};
+  // Hermes: forced tool calls compile the request's tools into a grammar.
+  server::ModelLimits limits{model.tokenizer.get(),          chat, kContext, 0, vocabulary,
+                             server::ToolCallFormat::kHermes};
   auto built = server::BuildRequest(proto, limits, server::RequestDefaults{}, 42);
   if (!built.ok()) {
     if (built.status().code() != absl::StatusCode::kInvalidArgument) std::abort();

@@ -79,6 +79,13 @@ def request_seeds(out):
                             '"maxLength":8},"age":{"type":"integer","minimum":0},'
                             '"tags":{"type":"array","items":{"enum":["a","b"]}}},'
                             '"required":["name"]}')),
+        pb.GenerateRequest(
+            messages=[pb.ChatMessage(role="user", content="Weather in Paris?")], max_tokens=64,
+            tools=[pb.Tool(name="get_weather",
+                           parameters='{"type":"object","properties":{"city":{"type":"string"}},'
+                                      '"required":["city"]}'),
+                   pb.Tool(name="get_time")],
+            tool_choice="required", parallel_tool_calls=False),
     ]
     for i, r in enumerate(requests):
         write(os.path.join(out, "fuzz_request"), f"request{i}", r.SerializeToString())

@@ -42,8 +42,8 @@ absl::Status GenerationFrontend::Start(const v1::GenerateRequest& request,
   if (!accepting()) {
     return reject(absl::UnavailableError("the server is draining; retry on another instance"));
   }
-  ModelLimits limits{&model_->tokenizer(), &model_->chat_template(), model_->context_length(),
-                     options_.max_prompt_tokens, &model_->grammar()};
+  ModelLimits limits{&model_->tokenizer(),       &model_->chat_template(), model_->context_length(),
+                     options_.max_prompt_tokens, &model_->grammar(),       tool_format_};
   absl::StatusOr<BuiltRequest> built =
       BuildRequest(request, limits, options_.defaults, RandomU64());
   if (!built.ok()) return reject(built.status());

@@ -243,8 +243,35 @@ std::optional<ApiError> ParseTools(const Fields& fields, v1::GenerateRequest& ou
       }
     }
   }
-  if (const json* choice = fields.Get("tool_choice"); choice != nullptr && choice->is_string()) {
-    out.set_tool_choice(choice->get<std::string>());
+  // tool_choice: "none", "auto", "required", or {"type": "function",
+  // "function": {"name": ...}} (the gRPC field takes the name).
+  if (const json* choice = fields.Get("tool_choice"); choice != nullptr && !choice->is_null()) {
+    if (choice->is_string()) {
+      const std::string value = choice->get<std::string>();
+      if (value != "none" && value != "auto" && value != "required") {
+        return Invalid("tool_choice", "must be none, auto, required or a named function");
+      }
+      out.set_tool_choice(value);
+    } else {
+      auto function = choice->is_object() ? choice->find("function") : choice->end();
+      if (!choice->is_object() || function == choice->end() || !function->is_object() ||
+          !function->contains("name") || !(*function)["name"].is_string()) {
+        return Invalid("tool_choice",
+                       R"(must be none, auto, required or {"type": "function", "function": )"
+                       R"({"name": ...}})");
+      }
+      const std::string name = (*function)["name"].get<std::string>();
+      if (name == "none" || name == "auto" || name == "required") {
+        return Invalid("tool_choice.function.name",
+                       StrCat("a tool named '", name, "' cannot be forced by name"));
+      }
+      out.set_tool_choice(name);
+    }
+  }
+  if (fields.Get("parallel_tool_calls") != nullptr) {
+    bool parallel = true;
+    TANDEM_RETURN_IF_ERROR(fields.Bool("parallel_tool_calls", &parallel));
+    out.set_parallel_tool_calls(parallel);
   }
   return std::nullopt;
 }
@@ -317,13 +344,6 @@ std::optional<ApiError> RefuseUnsupported(const Fields& fields, Endpoint endpoin
   }
   if (const json* bias = fields.Get("logit_bias"); bias != nullptr && !bias->empty()) {
     return Unsupported("logit_bias", "logit_bias");
-  }
-  if (const json* choice = fields.Get("tool_choice"); choice != nullptr) {
-    if (!(choice->is_string() && (*choice == "none" || *choice == "auto"))) {
-      return Unsupported("tool_choice",
-                         "forcing a call (required, or a named function: it needs constrained "
-                         "decoding)");
-    }
   }
   if (endpoint == Endpoint::kCompletions) {
     bool echo = false;

@@ -4,9 +4,8 @@
 //
 // Requests: the body of POST /v1/chat/completions or /v1/completions becomes
 // a v1::GenerateRequest; a field Tandem cannot honour is an ApiError naming
-// it, never silently ignored (n > 1, penalties, logit_bias, echo, suffix;
-// tools and structured output until they are built). Fields that change
-// nothing here (user, parallel_tool_calls, metadata, store) are accepted.
+// it, never silently ignored (n > 1, penalties, logit_bias, echo, suffix).
+// Fields that change nothing here (user, metadata, store) are accepted.
 // Unknown fields are ignored, as OpenAI's own server and vLLM do.
 //
 // Responses: one formatter per request turns the GenerateResponse messages

@@ -4,6 +4,7 @@
 
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
+#include "server/forced_tool_call.h"
 
 namespace tandem::server {
 namespace {
@@ -39,6 +40,41 @@ absl::StatusOr<std::shared_ptr<grammar::GrammarState>> GrammarOf(const v1::Respo
       model.grammar->CompileJsonSchema(format.json_schema(), format.strict());
   if (!compiled.ok()) {
     return Invalid("response_format.json_schema", std::string(compiled.status().message()));
+  }
+  return std::make_shared<grammar::GrammarState>(*std::move(compiled));
+}
+
+// The grammar of a forced tool call (tool_choice "required" or a name).
+absl::StatusOr<std::shared_ptr<grammar::GrammarState>> ForcedCallGrammar(
+    const v1::GenerateRequest& proto, const ModelLimits& model) {
+  const std::string& type = proto.response_format().type();
+  if (!type.empty() && type != "text") {
+    return Invalid("response_format",
+                   "cannot go with a forced tool call (tool_choice): the answer is the call");
+  }
+  if (model.grammar == nullptr) {
+    return Invalid("tool_choice", "forcing a call is not available on this server");
+  }
+  if (proto.ignore_eos()) {
+    return Invalid("ignore_eos",
+                   "cannot go with a forced tool call: the answer ends with the model's "
+                   "end-of-turn token after its calls");
+  }
+  size_t schemas = 0;
+  for (const v1::Tool& tool : proto.tools()) schemas += tool.parameters().size();
+  if (schemas > kMaxJsonSchemaBytes) {
+    return Invalid("tools", StrCat("their parameters' schemas exceed ", kMaxJsonSchemaBytes,
+                                   " bytes in all, the most a forced call compiles"));
+  }
+  absl::StatusOr<grammar::GrammarVocabulary::TaggedJson> calls =
+      ForcedToolCalls(model.tool_call_format, proto.tools(), proto.tool_choice(),
+                      !proto.has_parallel_tool_calls() || proto.parallel_tool_calls());
+  if (!calls.ok()) return calls.status();
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> compiled =
+      model.grammar->CompileTaggedJson(*calls);
+  if (!compiled.ok()) {
+    return Invalid("tools", StrCat("a forced call cannot be built from their parameters: ",
+                                   compiled.status().message()));
   }
   return std::make_shared<grammar::GrammarState>(*std::move(compiled));
 }
@@ -176,11 +212,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     return Invalid("tools", "go with messages (the chat template renders them)");
   }
   const std::string& choice = proto.tool_choice();
-  if (!choice.empty() && choice != "auto" && choice != "none") {
+  const bool forced_call = !choice.empty() && choice != "auto" && choice != "none";
+  if (forced_call && proto.tools().empty()) {
     return Invalid("tool_choice",
-                   StrCat("'", choice,
-                          "': forcing a call ('required' or a tool's name) needs constrained "
-                          "decoding, which this server does not do yet; use auto or none"));
+                   StrCat("'", choice, "' forces a call, but the request has no tools"));
   }
   built.parse_tool_calls = !proto.tools().empty() && choice != "none";
   if (!proto.prompt().empty()) {
@@ -299,7 +334,8 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     }
   }
   absl::StatusOr<std::shared_ptr<grammar::GrammarState>> grammar =
-      GrammarOf(proto.response_format(), proto.ignore_eos(), model);
+      forced_call ? ForcedCallGrammar(proto, model)
+                  : GrammarOf(proto.response_format(), proto.ignore_eos(), model);
   if (!grammar.ok()) return grammar.status();
   r.grammar = *std::move(grammar);
   return built;

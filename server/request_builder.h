@@ -13,6 +13,7 @@
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
 #include "scheduler/request.h"
+#include "server/tool_call_parser.h"
 #include "tandem/v1/generate.pb.h"
 
 namespace tandem::server {
@@ -68,8 +69,11 @@ struct ModelLimits {
   int32_t context_length = 0;
   // Longest prompt accepted (--max_prompt_tokens); 0: context_length - 1.
   int32_t max_prompt_tokens = 0;
-  // Structured output's grammars (response_format); null: refused.
+  // Structured output's grammars (response_format, forced tool calls);
+  // null: refused.
   const grammar::GrammarVocabulary* grammar = nullptr;
+  // The tool-call syntax the chat template teaches.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 };
 
 inline constexpr int kMaxStopStrings = 16;

@@ -49,16 +49,18 @@ std::unique_ptr<GrammarVocabulary> GrammarVocabulary::Create(
     const tokenizer::BpeTokenizer& tokenizer, std::span<const TokenId> stop_tokens) {
   // The engine reads each token as the bytes it stands for (VocabType::RAW);
   // an empty string marks a token it must never produce inside the grammar.
-  // Besides control tokens, that is every token with a byte below 0x20:
-  // compact JSON has no raw control characters anywhere, and xgrammar 0.2.9
-  // lets them into strings with minLength/maxLength (its bounded-string rule
-  // excludes only '"', '\\', CR and LF).
+  // Besides control tokens, that is every token with a byte below 0x20
+  // other than LF and CR: JSON written on one line has no raw control
+  // characters anywhere, and xgrammar 0.2.9 lets them into strings with
+  // minLength/maxLength (its bounded-string rule excludes only '"', '\\',
+  // CR and LF). LF stays for the texts around tagged values (tool calls).
   std::vector<std::string> vocabulary(static_cast<size_t>(tokenizer.vocab_size()));
   for (TokenId id = 0; id < tokenizer.vocab_size(); ++id) {
     if (tokenizer.Kind(id) == tokenizer::TokenKind::kControl) continue;
     const std::string& bytes = tokenizer.TokenBytes(id);
-    const bool raw_control = std::any_of(
-        bytes.begin(), bytes.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+    const bool raw_control = std::any_of(bytes.begin(), bytes.end(), [](char c) {
+      return static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\r';
+    });
     if (!raw_control) vocabulary[static_cast<size_t>(id)] = bytes;
   }
   std::vector<int32_t> stops(stop_tokens.begin(), stop_tokens.end());
@@ -91,6 +93,55 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarVocabulary::Compil
 
 std::shared_ptr<const CompiledGrammar> GrammarVocabulary::JsonObject() const {
   return impl_->json_object;
+}
+
+namespace {
+
+// `text` as a Lark string literal (xgrammar reads it as a JSON string):
+// quotes, backslashes and control characters escaped; other bytes (UTF-8
+// included) as they are.
+std::string LarkLiteral(std::string_view text) {
+  std::string out(1, '"');
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (byte < 0x20 || byte == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 15];
+    } else {
+      out += c;
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarVocabulary::CompileTaggedJson(
+    const TaggedJson& spec) const {
+  try {
+    // The value's grammar as the JSON-schema path builds it, referenced from
+    // a Lark grammar that adds the texts around it.
+    xgrammar::Grammar value = xgrammar::Grammar::FromJSONSchema(
+        spec.schema, /*any_whitespace=*/false, /*indent=*/std::nullopt,
+        /*separators=*/std::nullopt, /*strict_mode=*/false);
+    const std::string repeat =
+        spec.repeated ? tandem::StrCat(" (", LarkLiteral(spec.separator), " tagged)*") : "";
+    const std::string open = spec.open.empty() ? "" : LarkLiteral(spec.open);
+    const std::string close = spec.close.empty() ? "" : LarkLiteral(spec.close);
+    const std::string lark =
+        tandem::StrCat("start: tagged", repeat, "\ntagged: ", open, " @value ", close, "\n");
+    return std::make_shared<const CompiledGrammar>(
+        impl_->compiler.CompileLark(lark, {xgrammar::NamedGrammar{"value", std::move(value)}}),
+        impl_->utf8);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(tandem::StrCat("unusable JSON schema: ", e.what()));
+  }
 }
 
 struct GrammarState::Impl {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -54,16 +55,17 @@ class CompiledGrammar;
 class GrammarVocabulary {
  public:
   // Control tokens (TokenKind::kControl) and tokens with raw control bytes
-  // never appear inside structured output (every grammar here is compact
-  // JSON); `stop_tokens` (the end-of-turn tokens) end it once the grammar
-  // is complete.
+  // other than LF and CR never appear inside structured output (JSON on one
+  // line, and the texts around tool calls); `stop_tokens` (the end-of-turn tokens) end it once the
+  // grammar is complete.
   static std::unique_ptr<GrammarVocabulary> Create(const tokenizer::BpeTokenizer& tokenizer,
                                                    std::span<const TokenId> stop_tokens);
   ~GrammarVocabulary();
 
-  // A grammar for answers that are one compact JSON value valid under
-  // `schema` (JSON Schema text). With `strict`, properties and items the
-  // schema does not name are refused even where it does not say so.
+  // A grammar for answers that are one JSON value valid under `schema`
+  // (JSON Schema text), on one line with the separators of Python's
+  // json.dumps and Jinja's tojson (", " and ": ") and no other whitespace. With `strict`,
+  // properties and items the schema does not name are refused even where it does not say so.
   // INVALID_ARGUMENT naming the problem when the schema is not JSON or uses
   // what the engine cannot enforce.
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileJsonSchema(
@@ -71,6 +73,20 @@ class GrammarVocabulary {
   // A grammar for answers that are any one JSON object (response_format
   // json_object).
   std::shared_ptr<const CompiledGrammar> JsonObject() const;
+
+  // A grammar for answers made of JSON values, each written between fixed
+  // texts: tool calls in the form a chat template teaches, e.g.
+  // `<tool_call>\n{"name": ...}\n</tool_call>`. INVALID_ARGUMENT as
+  // CompileJsonSchema's.
+  struct TaggedJson {
+    std::string open;       // text before each value
+    std::string schema;     // JSON Schema each value meets (not strict)
+    std::string close;      // text after each value
+    std::string separator;  // text between values
+    bool repeated = false;  // one value, or one or more
+  };
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileTaggedJson(
+      const TaggedJson& spec) const;
 
   int vocab_size() const;
 

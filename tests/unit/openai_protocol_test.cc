@@ -136,7 +136,11 @@ TEST(OpenAiRequestTest, EachRefusalNamesItsParameter) {
       {R"({"model": "m", "tools": [{"type": "retrieval"}], )" + user + "}", "tools[0].type"},
       {R"({"model": "m", "tools": [{"function": {"name": "f", "parameters": 3}}], )" + user + "}",
        "tools[0].function.parameters"},
-      {R"({"model": "m", "tool_choice": "required", )" + user + "}", "tool_choice"},
+      {R"({"model": "m", "tool_choice": "always", )" + user + "}", "tool_choice"},
+      {R"({"model": "m", "tool_choice": {"type": "function"}, )" + user + "}", "tool_choice"},
+      {R"({"model": "m", "tool_choice": {"function": {"name": "auto"}}, )" + user + "}",
+       "tool_choice.function.name"},
+      {R"({"model": "m", "parallel_tool_calls": "yes", )" + user + "}", "parallel_tool_calls"},
       {R"({"model": "m", "response_format": {"type": "xml"}, )" + user + "}",
        "response_format.type"},
       {R"({"model": "m", "response_format": {"type": "json_schema"}, )" + user + "}",
@@ -198,6 +202,20 @@ TEST(OpenAiRequestTest, ToolsAndToolTurnsReachTheGenerateRequest) {
   EXPECT_EQ(r.generate.messages(2).tool_call_id(), "call_1");
   EXPECT_EQ(r.generate.messages(2).name(), "get_weather");
   EXPECT_EQ(r.generate.messages(2).content(), "18 C");
+  EXPECT_FALSE(r.generate.has_parallel_tool_calls());
+  // Forcing a call: "required", or a named function (the gRPC field takes
+  // the name); parallel_tool_calls as given.
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_EQ(
+      Parsed(R"({"model": "m", "tool_choice": "required", )" + user + "}").generate.tool_choice(),
+      "required");
+  const ParsedRequest named = Parsed(
+      R"({"model": "m", "parallel_tool_calls": false, "tool_choice": {"type": "function",
+          "function": {"name": "get_weather"}}, )" +
+      user + "}");
+  EXPECT_EQ(named.generate.tool_choice(), "get_weather");
+  ASSERT_TRUE(named.generate.has_parallel_tool_calls());
+  EXPECT_FALSE(named.generate.parallel_tool_calls());
 }
 
 TEST(OpenAiRequestTest, ResponseFormatsReachTheGenerateRequest) {

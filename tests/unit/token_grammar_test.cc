@@ -4,12 +4,11 @@
 #include "engine/grammar/token_grammar.h"
 
 #include <initializer_list>
-#include <random>
 
 #include "engine/grammar/utf8_guard.h"
-#include "engine/model/random_model.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/grammar_walk.h"
 
 namespace tandem::grammar {
 namespace {
@@ -28,56 +27,7 @@ constexpr char kPersonSchema[] = R"({
   "additionalProperties": false
 })";
 
-class TokenGrammarTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
-        model::OpenRandomModel("random:smollm2-135m");
-    ASSERT_TRUE(file.ok()) << file.status();
-    file_ = *std::move(file);
-    absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> tok =
-        tokenizer::BpeTokenizer::FromGguf(*file_);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tokenizer_ = *std::move(tok);
-    ASSERT_TRUE(tokenizer_->Find("<|im_end|>").has_value());
-    stop_ = *tokenizer_->Find("<|im_end|>");
-    vocabulary_ = GrammarVocabulary::Create(*tokenizer_, std::vector<TokenId>{stop_});
-  }
-
-  // Walks the grammar drawing uniformly among the allowed tokens (the worst
-  // case for a model: any allowed token is as likely as any other) until the
-  // stop token; the answer's text, or "" when it took over `limit` tokens.
-  std::string RandomAnswer(std::shared_ptr<const CompiledGrammar> grammar, uint32_t seed,
-                           int limit) {
-    GrammarState state(std::move(grammar));
-    TokenMask mask(tokenizer_->vocab_size());
-    std::mt19937 rng(seed);
-    std::vector<TokenId> answer;
-    for (int step = 0; step < limit; ++step) {
-      state.FillMask(&mask);
-      std::vector<TokenId> allowed;
-      for (TokenId id = 0; id < tokenizer_->vocab_size(); ++id) {
-        if (mask.Allows(id)) allowed.push_back(id);
-      }
-      EXPECT_FALSE(allowed.empty());
-      if (allowed.empty()) return "";
-      const TokenId token = allowed[rng() % allowed.size()];
-      EXPECT_TRUE(state.Accept(token));
-      if (token == stop_) {
-        EXPECT_TRUE(state.terminated());
-        return tokenizer_->Decode(answer, /*skip_control=*/false);
-      }
-      answer.push_back(token);
-    }
-    ADD_FAILURE() << "no stop token within " << limit << " tokens";
-    return "";
-  }
-
-  std::unique_ptr<model::GgufFile> file_;
-  std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
-  TokenId stop_ = 0;
-  std::unique_ptr<GrammarVocabulary> vocabulary_;
-};
+class TokenGrammarTest : public testing::GrammarVocabularyTest {};
 
 TEST_F(TokenGrammarTest, FiftySeededAnswersParseAndMatchTheSchema) {
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> grammar =
@@ -192,6 +142,87 @@ TEST_F(TokenGrammarTest, ABadSchemaIsAnInvalidArgument) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.status().message()).find("JSON schema"), std::string::npos);
+}
+
+// Tool calls as a Hermes-style template writes them: the value between
+// texts holding a newline and a quote (escaped into the grammar's text).
+constexpr char kCallSchema[] = R"({"anyOf": [
+  {"type": "object", "properties": {"name": {"const": "get_weather"},
+   "arguments": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                 "required": ["city"], "additionalProperties": false}},
+   "required": ["name", "arguments"], "additionalProperties": false},
+  {"type": "object", "properties": {"name": {"const": "get_time"},
+   "arguments": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                 "required": ["zone"], "additionalProperties": false}},
+   "required": ["name", "arguments"], "additionalProperties": false}]})";
+
+GrammarVocabulary::TaggedJson HermesCalls(bool repeated) {
+  return {"<tool_call \"x\">\n", kCallSchema, "\n</tool_call>", "\n", repeated};
+}
+
+TEST_F(TokenGrammarTest, FiftySeededTaggedCallsParseAndMatchTheirTool) {
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> grammar =
+      vocabulary_->CompileTaggedJson(HermesCalls(/*repeated=*/false));
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  const std::string open = "<tool_call \"x\">\n", close = "\n</tool_call>";
+  for (uint32_t seed = 0; seed < 50; ++seed) {
+    const std::string text = RandomAnswer(*grammar, seed, 200);
+    ASSERT_GT(text.size(), open.size() + close.size()) << "seed " << seed << ": " << text;
+    ASSERT_EQ(text.substr(0, open.size()), open) << text;
+    ASSERT_EQ(text.substr(text.size() - close.size()), close) << text;
+    const std::string value = text.substr(open.size(), text.size() - open.size() - close.size());
+    const json call = json::parse(value, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(call.is_discarded()) << "seed " << seed << ": " << text;
+    ASSERT_EQ(call.size(), 2u) << text;
+    const json& arguments = call.at("arguments");
+    if (call.at("name") == "get_weather") {
+      ASSERT_EQ(arguments.size(), 1u) << text;
+      EXPECT_TRUE(arguments.at("city").is_string()) << text;
+    } else {
+      ASSERT_EQ(call.at("name"), "get_time") << text;
+      ASSERT_EQ(arguments.size(), 1u) << text;
+      EXPECT_TRUE(arguments.at("zone") == "UTC" || arguments.at("zone") == "CET") << text;
+    }
+    // Written as tojson writes it: ", " and ": ", no other whitespace.
+    EXPECT_EQ(value.substr(0, 10), R"({"name": ")") << text;
+    EXPECT_EQ(call.dump().size() + 2 + arguments.size() * 2, value.size()) << text;
+  }
+}
+
+TEST_F(TokenGrammarTest, RepeatedTaggedCallsEndAfterAnyWholeCall) {
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> grammar =
+      vocabulary_->CompileTaggedJson(HermesCalls(/*repeated=*/true));
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  const std::string call =
+      "<tool_call \"x\">\n"
+      R"({"name": "get_time", "arguments": {"zone": "UTC"}})"
+      "\n</tool_call>";
+  GrammarState state(*grammar);
+  TokenMask mask(tokenizer_->vocab_size());
+  for (const std::string& part : {call, "\n" + call}) {
+    bool first = true;
+    for (TokenId token : tokenizer_->Encode(part, false)) {
+      state.FillMask(&mask);
+      // Stop is allowed only between calls (before the second's separator).
+      EXPECT_EQ(mask.Allows(stop_), first && part != call) << part;
+      first = false;
+      ASSERT_TRUE(state.Accept(token)) << part << " at " << tokenizer_->TokenBytes(token);
+    }
+    state.FillMask(&mask);
+    EXPECT_TRUE(mask.Allows(stop_)) << "after a whole call the answer may end";
+  }
+  // Text other than the separator does not follow a call; a call must be whole.
+  EXPECT_FALSE(state.Accept(tokenizer_->Encode("Sure", false).at(0)));
+  ASSERT_TRUE(state.Accept(stop_));
+  EXPECT_TRUE(state.terminated());
+  // A newline inside the JSON value is refused (no free whitespace).
+  GrammarState inside(*grammar);
+  for (TokenId token : tokenizer_->Encode("<tool_call \"x\">\n{", false)) {
+    ASSERT_TRUE(inside.Accept(token));
+  }
+  inside.FillMask(&mask);
+  EXPECT_FALSE(mask.Allows(tokenizer_->Encode("\n", false).at(0)));
+  EXPECT_TRUE(mask.Allows(tokenizer_->Encode("\"", false).at(0)));
 }
 
 }  // namespace

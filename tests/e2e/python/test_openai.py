@@ -463,11 +463,92 @@ def test_tools_and_tool_turns_reach_the_models_template():
         rendered = subprocess_render(f.name, {"messages": conversation, "tools": [WEATHER_TOOL]})
         assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' in rendered
         assert "<tool_response>\n18 C and sunny\n</tool_response>" in rendered
-        # Forcing a call needs constrained decoding: refused, naming it.
-        with pytest.raises(openai.BadRequestError) as error:
-            client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER_TOOL],
-                                           tool_choice="required")
-        assert error.value.body["param"] == "tool_choice"
+    finally:
+        daemon.stop()
+        daemon.kill()
+        os.unlink(f.name)
+
+
+# Bounded tools: a forced call's longest form is well under 120 tokens.
+CITY_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = {t["function"]["name"]: t["function"]["parameters"] for t in (CITY_TOOL, TIME_TOOL)}
+
+
+def assert_valid_calls(message, names=tuple(TOOLS)):
+    assert message.tool_calls, message
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_"), call
+        assert call.function.name in names, call
+        jsonschema.validate(json.loads(call.function.arguments), TOOLS[call.function.name])
+
+
+def test_forced_tool_calls_call_an_offered_tool_with_valid_arguments():
+    """tool_choice required or a named function: the answer is calls in the
+    template's syntax (Hermes here), parsed into tool_calls, whose arguments
+    meet the tool's schema (the jsonschema package checks), greedy and for
+    20 seeds at temperature 1.0; streamed calls equal whole ones."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
+        f.write(HERMES_TEMPLATE)
+    daemon = started(f"--chat_template={f.name}")
+    try:
+        client = client_for(daemon)
+        both = [CITY_TOOL, TIME_TOOL]
+        required = client.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=both, tool_choice="required", temperature=0,
+            max_tokens=200)
+        assert required.choices[0].finish_reason == "tool_calls", required.choices[0]
+        assert not required.choices[0].message.content
+        assert_valid_calls(required.choices[0].message)
+
+        named = {"type": "function", "function": {"name": "get_time"}}
+        whole = client.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=both, tool_choice=named,
+            parallel_tool_calls=False, temperature=0, max_tokens=120)
+        assert whole.choices[0].finish_reason == "tool_calls"
+        assert len(whole.choices[0].message.tool_calls) == 1
+        assert_valid_calls(whole.choices[0].message, names=("get_time",))
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=both, tool_choice=named,
+            parallel_tool_calls=False, temperature=0, max_tokens=120, stream=True))
+        name, arguments = "", ""
+        for chunk in chunks:
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                assert delta.index == 0
+                name += delta.function.name or ""
+                arguments += delta.function.arguments or ""
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        call = whole.choices[0].message.tool_calls[0]
+        assert (name, arguments) == (call.function.name, call.function.arguments)
+
+        for seed in range(20):
+            sampled = client.chat.completions.create(
+                model=MODEL, messages=QUESTION, tools=both, tool_choice="required",
+                parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=120)
+            choice = sampled.choices[0]
+            assert choice.finish_reason == "tool_calls", (seed, choice)
+            assert len(choice.message.tool_calls) == 1, (seed, choice)
+            assert_valid_calls(choice.message)
+
+        # Refusals name the field.
+        for kwargs, param in [
+                ({"tools": both, "tool_choice": {"type": "function",
+                                                 "function": {"name": "get_news"}}},
+                 "tool_choice"),
+                ({"tool_choice": "required"}, "tool_choice"),
+                ({"tools": both, "tool_choice": "required",
+                  "response_format": {"type": "json_object"}}, "response_format"),
+                ({"tools": both, "tool_choice": "required",
+                  "extra_body": {"ignore_eos": True}}, "ignore_eos")]:
+            with pytest.raises(openai.BadRequestError) as error:
+                client.chat.completions.create(model=MODEL, messages=QUESTION, **kwargs)
+            assert error.value.body["param"] == param, (kwargs, error.value.body)
     finally:
         daemon.stop()
         daemon.kill()
