@@ -26,6 +26,11 @@ pb2, pb2_grpc = tandem_e2e.generated_stubs()
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the file's name without .gguf
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Seeded sampled requests in the structured-output checks: 50 json_schema
+# answers and 20 forced calls by default (the issue's bar); CI's ASan stage,
+# where each costs several times more, sets TANDEM_OPENAI_SEEDS=10 (and so 4
+# forced calls). Every seed must pass either way.
+SEEDS = int(os.environ.get("TANDEM_OPENAI_SEEDS", "50"))
 LONG = [{"role": "user", "content": "Write a very long essay about the sea."}]
 
 
@@ -527,7 +532,7 @@ def test_forced_tool_calls_call_an_offered_tool_with_valid_arguments():
         call = whole.choices[0].message.tool_calls[0]
         assert (name, arguments) == (call.function.name, call.function.arguments)
 
-        for seed in range(20):
+        for seed in range(max(1, SEEDS * 2 // 5)):
             sampled = client.chat.completions.create(
                 model=MODEL, messages=QUESTION, tools=both, tool_choice="required",
                 parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=120)
@@ -582,10 +587,10 @@ PERSON_SCHEMA = {
 PERSON_PROMPT = [{"role": "user", "content": "Describe a person as JSON: name, age and tags."}]
 
 
-def test_json_schema_answers_parse_and_validate_for_fifty_seeds(client):
+def test_json_schema_answers_parse_and_validate_for_every_seed(client):
     """Structured output at temperature 1.0: every answer is JSON that meets
     the schema, checked by the jsonschema package; a `length` finish fails."""
-    for seed in range(50):
+    for seed in range(SEEDS):
         response = client.chat.completions.create(
             model=MODEL, messages=PERSON_PROMPT, temperature=1.0, seed=seed, max_tokens=120,
             response_format={"type": "json_schema",
