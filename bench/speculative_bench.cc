@@ -1,5 +1,5 @@
-// tandem-spec-bench: decode speed with speculative decoding off, n-gram and
-// the layer-skip self-draft, on a code-editing workload (the prompt holds a
+// tandem-spec-bench: decode speed with speculative decoding off, n-gram,
+// suffix and the layer-skip self-draft, on a code-editing workload (the prompt holds a
 // 300-line source file and asks for it back with a small change) and a chat
 // workload, at several batch sizes. In-process (ServingModel + Scheduler, no
 // gRPC), so the figures are the engine's and the scheduler's.
@@ -7,7 +7,9 @@
 // For each workload, batch size and mode it prints the per-request decode
 // speed (tokens after the first / time from first to last token), its ratio
 // to "off" measured in the same run, the drafted and accepted tokens, and
-// whether the greedy tokens equal those of "off" (they must).
+// whether the greedy tokens equal those of "off" (they must). With
+// --rounds >= 2 it also gives the median, min and max of the per-round
+// ratios (each round runs every mode once, "off" first).
 //
 //   build/bin/tandem-spec-bench --batches=1,2,4,8
 #include <algorithm>
@@ -206,9 +208,10 @@ std::string FileHead(const std::string& path, int lines) {
 
 step::Proposer ParseMode(const std::string& mode) {
   if (mode == "ngram") return step::Proposer::kNgram;
+  if (mode == "suffix") return step::Proposer::kSuffix;
   if (mode == "draft") return step::Proposer::kDraftModel;
   if (mode == "off") return step::Proposer::kNone;
-  std::fprintf(stderr, "unknown mode '%s' (off, ngram, draft)\n", mode.c_str());
+  std::fprintf(stderr, "unknown mode '%s' (off, ngram, suffix, draft)\n", mode.c_str());
   std::exit(2);
 }
 
@@ -270,9 +273,15 @@ int Main() {
                     requests[0].prompt.size(), requests[0].max_tokens);
       }
       std::map<std::string, Figures> figures;
+      // Each round's per-request decode speed against that round's "off":
+      // the pairs the median and range below come from.
+      std::map<std::string, std::vector<double>> round_ratios;
       for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+        double off_speed = 0;
         for (const std::string& mode : modes) {
           const Figures f = bench.Run(ParseMode(mode), requests, batch);
+          if (mode == "off") off_speed = f.PerRequest();
+          if (off_speed > 0) round_ratios[mode].push_back(f.PerRequest() / off_speed);
           Figures& sum = figures[mode];
           sum.decode_tokens += f.decode_tokens;
           sum.decode_seconds += f.decode_seconds;
@@ -297,6 +306,16 @@ int Main() {
                     f.PerRequest() / off.PerRequest(), f.Total(), f.Total() / off.Total(),
                     static_cast<long long>(f.drafted), static_cast<long long>(f.accepted), rate,
                     f.outputs == off.outputs ? "yes" : "NO");
+        std::vector<double>& ratios = round_ratios[mode];
+        if (mode != "off" && ratios.size() > 1) {
+          std::sort(ratios.begin(), ratios.end());
+          const size_t n = ratios.size();
+          const double median =
+              n % 2 == 1 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+          std::printf(
+              "      per-request ratio over %zu rounds: median %.2fx (min %.2fx, max %.2fx)\n", n,
+              median, ratios.front(), ratios.back());
+        }
         std::fflush(stdout);
       }
     }

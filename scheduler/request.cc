@@ -56,6 +56,8 @@ std::string_view ProposerName(step::Proposer proposer) {
       return "ngram";
     case step::Proposer::kDraftModel:
       return "draft";
+    case step::Proposer::kSuffix:
+      return "suffix";
   }
   return "unknown";
 }

@@ -355,7 +355,7 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     step.proposer = seq.proposer;
     step.draft_limit = limit;
     step.block_table = kv.BlockTable(seq.id);
-    if (seq.proposer == step::Proposer::kNgram) {
+    if (seq.proposer == step::Proposer::kNgram || seq.proposer == step::Proposer::kSuffix) {
       step.preceding_tokens.assign(seq.tokens.begin(), seq.tokens.begin() + seq.computed);
     }
     used += limit;

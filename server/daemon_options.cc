@@ -146,10 +146,11 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "file of accepted API keys, one per line; requests must send 'authorization: Bearer "
           "<key>' (health checks and reflection stay open)");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent");
-ABSL_FLAG(
-    std::string, speculative, "ngram",
-    "speculative decoding for requests that do not opt out: off, ngram (drafts from "
-    "earlier text of the sequence), or draft (a draft model: --draft_model or --draft_layers)");
+ABSL_FLAG(std::string, speculative, "ngram",
+          "speculative decoding for requests that do not opt out: off, ngram (drafts from the "
+          "latest earlier match of the sequence's last tokens), suffix (from the longest earlier "
+          "match, following the copy it is in), or draft (a draft model: --draft_model or "
+          "--draft_layers)");
 ABSL_FLAG(int, spec_max_draft, 8, "most tokens a sequence drafts per step");
 ABSL_FLAG(bool, spec_adaptive, true,
           "choose draft lengths from each sequence's acceptance and the batch's cost (false: "
@@ -325,6 +326,8 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
   options.speculative = absl::GetFlag(FLAGS_speculative);
   if (options.speculative == "ngram") {
     speculation.proposer = step::Proposer::kNgram;
+  } else if (options.speculative == "suffix") {
+    speculation.proposer = step::Proposer::kSuffix;
   } else if (options.speculative == "draft") {
     speculation.proposer = step::Proposer::kDraftModel;
     if (model.draft_layers <= 0 && model.draft_model_path.empty()) {
@@ -335,7 +338,7 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
     speculation.proposer = step::Proposer::kNone;
   } else {
     return FlagError(
-        StrCat("--speculative='", options.speculative, "': expected off, ngram or draft"));
+        StrCat("--speculative='", options.speculative, "': expected off, ngram, suffix or draft"));
   }
   speculation.max_draft = absl::GetFlag(FLAGS_spec_max_draft);
   if (speculation.max_draft < 0)

@@ -98,7 +98,7 @@ struct DaemonOptions {
   scheduler::DispatchOptions dispatch;
   // --admission=slo: refuse a request whose predicted TTFT passes its budget.
   bool admission_by_slo = false;
-  std::string speculative = "ngram";  // off, ngram or draft, as given
+  std::string speculative = "ngram";  // off, ngram, suffix or draft, as given
   RequestPolicy requests;
   ListenOptions listen;
   PoolOptions pool;

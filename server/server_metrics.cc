@@ -204,7 +204,8 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
       cancelled_.Add({{"stage", std::string(scheduler::StageName(stage))}, {"cause", cause}});
     }
   }
-  for (auto proposer : {step::Proposer::kNgram, step::Proposer::kDraftModel}) {
+  for (auto proposer :
+       {step::Proposer::kNgram, step::Proposer::kSuffix, step::Proposer::kDraftModel}) {
     const std::string name(scheduler::ProposerName(proposer));
     drafted_tokens_.Add({{"proposer", name}});
     accepted_tokens_.Add({{"proposer", name}});

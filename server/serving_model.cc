@@ -371,6 +371,9 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                                       static_cast<worker::ModelWorker*>(m->decode_.get())}) {
     if (worker == nullptr) continue;
     worker->EnableNgramProposer(options.ngram_min, options.ngram_max);
+    // Any one-token match may start a copy: the longest is taken, and the
+    // scheduler stops a sequence drafting while its drafts fail.
+    worker->EnableSuffixProposer(/*min_match=*/1);
     if (options.draft_layers > 0) worker->EnableSelfDraftProposer(options.draft_layers);
   }
   model::LlamaModel* decoding_draft = nullptr;

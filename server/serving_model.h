@@ -54,8 +54,9 @@ struct ServingModelOptions {
   int block_size = 16;
   int context_length = 0;  // 0: the model's
   // Speculative decoding proposers the workers offer (the scheduler decides
-  // who uses them): n-gram matches of ngram_min..ngram_max tokens, and a
-  // layer-skip self-draft of the first draft_layers layers (0: none).
+  // who uses them): n-gram matches of ngram_min..ngram_max tokens, suffix
+  // matching (always offered), and a layer-skip self-draft of the first
+  // draft_layers layers (0: none).
   int ngram_min = 1;
   int ngram_max = 3;
   int draft_layers = 0;

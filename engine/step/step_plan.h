@@ -35,6 +35,7 @@ enum class Proposer : uint8_t {
   kNone = 0,
   kNgram = 1,       // the continuation of the latest earlier match of the sequence's last tokens
   kDraftModel = 2,  // the worker's draft model
+  kSuffix = 3,      // the continuation of the longest earlier match, following the copy it is in
 };
 
 // One sequence's work in a step: run `tokens` at positions first_position..,
@@ -62,7 +63,7 @@ struct SequenceStep {
   Proposer proposer = Proposer::kNone;
   int32_t draft_limit = 0;
   // The sequence's tokens before `tokens` (prompt and generated), for
-  // proposers that search them. Set only for Proposer::kNgram.
+  // proposers that search them. Set only for Proposer::kNgram and kSuffix.
   std::vector<TokenId> preceding_tokens;
 
   // Structured output (with sample): the request's grammar. Each of the

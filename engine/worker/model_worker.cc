@@ -7,6 +7,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/self_draft_proposer.h"
+#include "engine/speculative/suffix_proposer.h"
 #include "engine/speculative/verify.h"
 
 namespace tandem::worker {
@@ -17,6 +18,10 @@ ModelWorker::ModelWorker(std::unique_ptr<kernels::Backend> backend,
 
 void ModelWorker::EnableNgramProposer(int32_t min_n, int32_t max_n) {
   ngram_ = std::make_unique<speculative::NgramProposer>(min_n, max_n);
+}
+
+void ModelWorker::EnableSuffixProposer(int32_t min_match) {
+  suffix_ = std::make_unique<speculative::SuffixProposer>(min_match);
 }
 
 void ModelWorker::EnableSelfDraftProposer(int layers) {
@@ -39,9 +44,15 @@ model::LlamaModel* ModelWorker::draft_model() {
 absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
                                         std::vector<speculative::Draft>* drafts) {
   drafts->assign(plan.sequences.size(), speculative::Draft{});
-  for (speculative::DraftProposer* proposer : {ngram_.get(), draft_model_.get()}) {
-    const step::Proposer kind =
-        proposer == ngram_.get() ? step::Proposer::kNgram : step::Proposer::kDraftModel;
+  struct Offered {
+    step::Proposer kind;
+    speculative::DraftProposer* proposer;
+    const char* name;
+  };
+  for (const auto& [kind, proposer, name] :
+       {Offered{step::Proposer::kNgram, ngram_.get(), "n-gram"},
+        Offered{step::Proposer::kSuffix, suffix_.get(), "suffix"},
+        Offered{step::Proposer::kDraftModel, draft_model_.get(), "draft-model"}}) {
     std::vector<speculative::DraftRequest> requests;
     std::vector<size_t> members;
     for (size_t i = 0; i < plan.sequences.size(); ++i) {
@@ -53,8 +64,7 @@ absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
     if (requests.empty()) continue;
     if (proposer == nullptr) {
       return absl::FailedPreconditionError(
-          StrCat("the plan asks for ", kind == step::Proposer::kNgram ? "n-gram" : "draft-model",
-                 " speculation, which this worker does not offer"));
+          StrCat("the plan asks for ", name, " speculation, which this worker does not offer"));
     }
     std::vector<speculative::Draft> proposed;
     if (absl::Status s = proposer->Propose(requests, &proposed); !s.ok()) return s;

@@ -30,6 +30,9 @@ class ModelWorker : public step::Worker {
   // a proposer the worker lacks fail with FailedPrecondition.
   // n-gram drafting with match lengths min_n..max_n.
   void EnableNgramProposer(int32_t min_n, int32_t max_n);
+  // Suffix drafting (longest match, following the copy it is in) with
+  // matches of at least `min_match` tokens.
+  void EnableSuffixProposer(int32_t min_match);
   // Layer-skip self-drafting with the model's first `layers` layers.
   void EnableSelfDraftProposer(int layers);
   // Drafting with a separate draft model (same vocabulary, the same KV block
@@ -69,6 +72,7 @@ class ModelWorker : public step::Worker {
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<speculative::DraftProposer> ngram_;
+  std::unique_ptr<speculative::DraftProposer> suffix_;
   std::unique_ptr<speculative::DraftProposer> draft_model_;
   speculative::DraftModelProposer* separate_draft_ = nullptr;  // draft_model_, when separate
   std::vector<float> logits_;

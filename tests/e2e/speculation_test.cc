@@ -75,16 +75,19 @@ void ExpectMetricsMatch(Daemon& daemon, const std::string& proposer, const Total
                         {label, "position=\"1\""}));
 }
 
-TEST(SpeculationE2eTest, NgramDraftsChangeNoTokenAndAreReportedExactly) {
-  Daemon daemon({"--speculative=ngram", "--spec_adaptive=false", "--spec_max_draft=6"});
+// A proposer that copies from the sequence's own text (ngram, suffix):
+// greedy and seeded answers are those without drafts, and the metrics count
+// exactly what the responses' usage reports.
+void ExpectCopiedDraftsChangeNoTokenAndAreReportedExactly(const std::string& proposer) {
+  Daemon daemon({"--speculative=" + proposer, "--spec_adaptive=false", "--spec_max_draft=6"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
-  EXPECT_THAT(daemon.Log(), HasSubstr("speculative decoding: ngram"));
+  EXPECT_THAT(daemon.Log(), HasSubstr("speculative decoding: " + proposer));
   auto stub = daemon.Stub();
   {
     grpc::ClientContext context;
     v1::ModelInfo info;
     ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
-    EXPECT_EQ(info.speculative(), "ngram");
+    EXPECT_EQ(info.speculative(), proposer);
   }
   Totals totals;
   const Generation drafted = Generate(*stub, CopyRequest());
@@ -105,7 +108,7 @@ TEST(SpeculationE2eTest, NgramDraftsChangeNoTokenAndAreReportedExactly) {
   EXPECT_EQ(plain.last.usage().drafted_tokens(), 0);
   EXPECT_EQ(plain.last.usage().accepted_tokens(), 0);
 
-  // Seeded sampling with n-gram drafts: the very tokens of no drafts.
+  // Seeded sampling with copied drafts: the very tokens of no drafts.
   v1::GenerateRequest sampled = CopyRequest();
   sampled.mutable_sampling()->set_temperature(0.7f);
   sampled.mutable_sampling()->set_seed(99);
@@ -117,8 +120,16 @@ TEST(SpeculationE2eTest, NgramDraftsChangeNoTokenAndAreReportedExactly) {
   totals.drafted += with.last.usage().drafted_tokens();
   totals.accepted += with.last.usage().accepted_tokens();
 
-  ExpectMetricsMatch(daemon, "ngram", totals);
+  ExpectMetricsMatch(daemon, proposer, totals);
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
+TEST(SpeculationE2eTest, NgramDraftsChangeNoTokenAndAreReportedExactly) {
+  ExpectCopiedDraftsChangeNoTokenAndAreReportedExactly("ngram");
+}
+
+TEST(SpeculationE2eTest, SuffixDraftsChangeNoTokenAndAreReportedExactly) {
+  ExpectCopiedDraftsChangeNoTokenAndAreReportedExactly("suffix");
 }
 
 TEST(SpeculationE2eTest, SelfDraftGivesTheSameGreedyTokens) {
@@ -170,7 +181,7 @@ TEST(SpeculationE2eTest, ASeparateDraftModelServesBothWorkers) {
 TEST(SpeculationE2eTest, BadSpeculationFlagsStopTheDaemonWithAClearMessage) {
   const std::string model = PathFromEnv("TANDEM_TEST_MODEL", paths::kTestModel);
   ExpectStartupErrors({
-      {{"--speculative=bogus"}, 2, "--speculative='bogus': expected off, ngram or draft"},
+      {{"--speculative=bogus"}, 2, "--speculative='bogus': expected off, ngram, suffix or draft"},
       {{"--speculative=draft"},
        2,
        "--speculative=draft needs a draft model: set --draft_model or --draft_layers"},

@@ -234,12 +234,16 @@ TEST_F(SpeculativeDecodingTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) 
   std::vector<std::vector<int32_t>> reference;
   for (const Request& r : requests) reference.push_back(Run({}, {r})[0].tokens);
 
-  for (Proposer proposer : {Proposer::kNgram, Proposer::kDraftModel}) {
-    SCOPED_TRACE(proposer == Proposer::kNgram ? "n-gram" : "self-draft");
-    // Alone, with the policy drafting as it would in the daemon.
+  for (Proposer proposer : {Proposer::kNgram, Proposer::kSuffix, Proposer::kDraftModel}) {
+    SCOPED_TRACE(scheduler::ProposerName(proposer));
+    // Alone, with the policy drafting as it would in the daemon. The suffix
+    // proposer, whose drafting is the n-gram proposer's path with other
+    // tokens, alone on the first 8 prompts only (CI time; batched below on
+    // all of them).
     VerificationLog alone_log;
     int64_t drafted = 0, accepted = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
+    const size_t alone = proposer == Proposer::kSuffix ? 8 : requests.size();
+    for (size_t i = 0; i < alone; ++i) {
       const Output out = Run({proposer, true, true}, {requests[i]}, &alone_log)[0];
       EXPECT_EQ(out.tokens, reference[i]) << "prompt " << i << " alone";
       drafted += out.info.usage.drafted_tokens;
@@ -489,23 +493,26 @@ TEST_F(SpeculativeDecodingTest, RejectedDraftsLeaveNoTraceInTheNextStepsLogits) 
   EXPECT_NE(std::memcmp(with_rejected.data(), reference.data(), reference.size() * 4), 0);
 }
 
-// n-gram drafts are point masses: verification keeps a drafted token exactly
-// when plain sampling with the same seed would have drawn it, so seeded
-// outputs are the same tokens, not just the same distribution.
-TEST_F(SpeculativeDecodingTest, SeededSamplingWithNgramDraftsGivesTheSameTokens) {
+// n-gram and suffix drafts are point masses: verification keeps a drafted
+// token exactly when plain sampling with the same seed would have drawn it,
+// so seeded outputs are the same tokens, not just the same distribution.
+TEST_F(SpeculativeDecodingTest, SeededSamplingWithCopiedDraftsGivesTheSameTokens) {
   std::vector<Request> requests;
   for (size_t i = 0; i < 8; ++i) {
     requests.push_back(Sampled(ChatPrompt(Prompts()[10 + i]), 32, 0.8f, 77 + i));
   }
   const std::vector<Output> off = Run({}, requests);
-  VerificationLog log;
-  const std::vector<Output> ngram = Run({Proposer::kNgram, false, false}, requests, &log);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(ngram[i].tokens, off[i].tokens) << "request " << i;
+  for (Proposer proposer : {Proposer::kNgram, Proposer::kSuffix}) {
+    SCOPED_TRACE(scheduler::ProposerName(proposer));
+    VerificationLog log;
+    const std::vector<Output> copied = Run({proposer, false, false}, requests, &log);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(copied[i].tokens, off[i].tokens) << "request " << i;
+    }
+    absl::MutexLock lock(&log.mu);
+    EXPECT_GT(log.accepted, 0);
+    EXPECT_LT(log.accepted, log.drafted);
   }
-  absl::MutexLock lock(&log.mu);
-  EXPECT_GT(log.accepted, 0);
-  EXPECT_LT(log.accepted, log.drafted);
 }
 
 // Two-sample chi-square statistic of two count tables over the same

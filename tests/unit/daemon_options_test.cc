@@ -346,7 +346,7 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
        "--decode_kv_cache_bytes=67108864: needs a decode worker"},
       {{{"block_size", "0"}}, "--block_size=0: must be at least 1"},
       {{{"context_length", "-5"}}, "--context_length=-5: must be >= 0"},
-      {{{"speculative", "bogus"}}, "--speculative='bogus': expected off, ngram or draft"},
+      {{{"speculative", "bogus"}}, "--speculative='bogus': expected off, ngram, suffix or draft"},
       {{{"speculative", "draft"}},
        "--speculative=draft needs a draft model: set --draft_model or --draft_layers"},
       {{{"spec_max_draft", "-1"}}, "--spec_max_draft must be >= 0 (got -1)"},

@@ -1,0 +1,123 @@
+// The suffix proposer (engine/speculative/suffix_proposer.h) on crafted token
+// streams: longest match over latest, resuming a copy past a divergence,
+// following its source, draft bounds, per-sequence matchers.
+#include "engine/speculative/suffix_proposer.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/speculative/ngram_proposer.h"
+
+namespace tandem::speculative {
+namespace {
+
+using Tokens = std::vector<TokenId>;
+
+SuffixMatcher MatcherOf(const Tokens& tokens) {
+  SuffixMatcher matcher;
+  matcher.Append(tokens);
+  return matcher;
+}
+
+TEST(SuffixMatcherTest, TheLongestMatchBeatsTheLatest) {
+  // "1 2 3 4 5" is followed by 10 at the start; the later "3 4 5" by 20.
+  // The tail "1 2 3 4 5" matches five tokens at the start, three later.
+  const Tokens tokens = {1, 2, 3, 4, 5, 10, 9, 3, 4, 5, 20, 1, 2, 3, 4, 5};
+  SuffixMatcher matcher = MatcherOf(tokens);
+  EXPECT_EQ(matcher.Draft(3, 1), (Tokens{10, 9, 3}));
+  // The n-gram proposer (n <= 3) takes the latest "3 4 5".
+  EXPECT_EQ(NgramDraft(tokens, 1, 3, 3), (Tokens{20, 1, 2}));
+}
+
+TEST(SuffixMatcherTest, AmongEqualMatchesTheLatestWins) {
+  SuffixMatcher matcher = MatcherOf({7, 1, 30, 8, 1, 40, 9, 1});
+  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{40, 9}));
+}
+
+// The source: 1 2 [50] 3 4 5 6, and later 60 3 4 5 9 (where "60 3" and
+// "60 3 4 5" match the output's tail better once it replaced 50 with 60).
+const Tokens kSource = {1, 2, 50, 3, 4, 5, 6, 60, 3, 4, 5, 9, 0};
+
+TEST(SuffixMatcherTest, ACopyResumesJustPastWhereItDiverged) {
+  SuffixMatcher matcher = MatcherOf(kSource);
+  matcher.Append(Tokens{1, 2});
+  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{50, 3}));  // copying the start
+  matcher.Append(Tokens{60, 3});                    // the output renames 50 to 60
+  // A fresh search would take "60 3" at 7..8 (two tokens against one); the
+  // copy goes on where it left instead.
+  EXPECT_EQ(matcher.Draft(3, 1), (Tokens{4, 5, 6}));
+  matcher.Append(Tokens{4, 5});
+  // Still following its source, though "60 3 4 5" now matches four tokens
+  // at 7..10 against three.
+  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{6, 60}));
+}
+
+TEST(SuffixMatcherTest, WithoutAnEarlierCopyADivergedTailSearchesAfresh) {
+  SuffixMatcher matcher = MatcherOf(kSource);
+  matcher.Append(Tokens{60, 3});
+  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{4, 5}));
+  EXPECT_EQ(matcher.Draft(5, 1), (Tokens{4, 5, 9, 0, 60}));
+}
+
+TEST(SuffixMatcherTest, DraftsAreBoundedByTheLimitTheStreamAndTheShortestMatch) {
+  SuffixMatcher matcher = MatcherOf({4, 4, 4});
+  EXPECT_EQ(matcher.Draft(5, 1), (Tokens{4}));  // the stream's end bounds it
+  EXPECT_TRUE(matcher.Draft(0, 1).empty());
+  EXPECT_TRUE(MatcherOf({1, 2, 3, 4}).Draft(5, 1).empty());  // nothing repeats
+  EXPECT_TRUE(MatcherOf({5}).Draft(3, 1).empty());
+  // "8 2" matches two tokens: enough for min_match 2, not for 3.
+  EXPECT_EQ(MatcherOf({8, 2, 6, 7, 8, 2}).Draft(2, 2), (Tokens{6, 7}));
+  EXPECT_TRUE(MatcherOf({8, 2, 6, 7, 8, 2}).Draft(2, 3).empty());
+  // The longest match counted is kMaxMatch: a long repeat still drafts.
+  Tokens periodic;
+  for (int i = 0; i < 300; ++i) periodic.push_back(i % 100);
+  EXPECT_EQ(MatcherOf(periodic).Draft(64, 1).size(), 64u);
+}
+
+step::SequenceStep Step(uint64_t id, const Tokens& all) {
+  step::SequenceStep s;
+  s.sequence_id = id;
+  s.preceding_tokens.assign(all.begin(), all.end() - 1);
+  s.tokens = {all.back()};
+  return s;
+}
+
+TEST(SuffixProposerTest, EachSequenceDraftsFromItsOwnTokensAcrossSteps) {
+  SuffixProposer proposer(1);
+  Tokens a = kSource, b = {7, 8, 9, 7, 8};
+  a.insert(a.end(), {1, 2});
+  std::vector<Draft> drafts;
+  step::SequenceStep sa = Step(1, a), sb = Step(2, b);
+  ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&sa, 2}, {&sb, 4}}, &drafts).ok());
+  ASSERT_EQ(drafts.size(), 2u);
+  EXPECT_EQ(drafts[0].tokens, (Tokens{50, 3}));
+  EXPECT_EQ(drafts[1].tokens, (Tokens{9, 7, 8}));
+  EXPECT_TRUE(drafts[0].probabilities.empty());
+  // The next step of sequence 1 grows its matcher: the divergence and the
+  // resumed copy are seen (as in ACopyResumesJustPastWhereItDiverged).
+  a.insert(a.end(), {60, 3});
+  sa = Step(1, a);
+  ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&sa, 3}}, &drafts).ok());
+  EXPECT_EQ(drafts[0].tokens, (Tokens{4, 5, 6}));
+  EXPECT_EQ(proposer.tracked(), 2u);
+  // A sequence whose tokens are not what its matcher holds starts over.
+  sa = Step(1, {5, 6, 5});
+  ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&sa, 3}}, &drafts).ok());
+  EXPECT_EQ(drafts[0].tokens, (Tokens{6, 5}));
+}
+
+TEST(SuffixProposerTest, SequencesThatStopAskingAreDropped) {
+  SuffixProposer proposer(1);
+  std::vector<Draft> drafts;
+  step::SequenceStep gone = Step(1, {1, 2, 1}), staying = Step(2, {3, 4, 3});
+  ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&gone, 1}, {&staying, 1}}, &drafts).ok());
+  for (uint64_t call = 0; call < SuffixProposer::kIdleCalls + 64; ++call) {
+    ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&staying, 1}}, &drafts).ok());
+  }
+  EXPECT_EQ(proposer.tracked(), 1u);
+  EXPECT_EQ(drafts[0].tokens, (Tokens{4}));
+}
+
+}  // namespace
+}  // namespace tandem::speculative
