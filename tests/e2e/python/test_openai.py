@@ -602,19 +602,27 @@ def test_json_schema_answers_parse_and_validate_for_every_seed(client):
         jsonschema.validate(answer, PERSON_SCHEMA)
 
 
-def test_masked_drafts_change_no_token(client, daemon):
+def test_masked_drafts_change_no_token():
     """Drafted tokens are masked like sampled ones, so n-gram speculation
-    (the daemon's default) gives the same structured answers as none."""
-    drafted_before = metric(daemon, "tandem_speculative_drafted_tokens_total")
-    for seed in range(8):
-        answers = [client.chat.completions.create(
-            model=MODEL, messages=PERSON_PROMPT, temperature=1.0, seed=seed, max_tokens=120,
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
-            extra_body={"disable_speculation": off}).choices[0].message.content
-            for off in (False, True)]
-        assert answers[0] == answers[1], seed
-    assert metric(daemon, "tandem_speculative_drafted_tokens_total") > drafted_before
+    gives the same structured answers as none. Drafting is forced
+    (--spec_adaptive=false): the adaptive policy drafts only where its
+    start-up cost measurement says it pays, which a busy or sanitized machine
+    may not show."""
+    daemon = started("--speculative=ngram", "--spec_adaptive=false", "--spec_max_draft=4")
+    try:
+        client = client_for(daemon)
+        for seed in range(8):
+            answers = [client.chat.completions.create(
+                model=MODEL, messages=PERSON_PROMPT, temperature=1.0, seed=seed, max_tokens=120,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
+                extra_body={"disable_speculation": off}).choices[0].message.content
+                for off in (False, True)]
+            assert answers[0] == answers[1], seed
+        assert metric(daemon, "tandem_speculative_drafted_tokens_total") > 0
+    finally:
+        daemon.stop()
+        daemon.kill()
 
 
 def test_json_object_answers_are_one_object_streamed_or_whole(client):
