@@ -1,8 +1,15 @@
 // tandem-spec-bench: decode speed with speculative decoding off, n-gram,
 // suffix and the layer-skip self-draft, on a code-editing workload (the prompt holds a
-// 300-line source file and asks for it back with a small change) and a chat
-// workload, at several batch sizes. In-process (ServingModel + Scheduler, no
-// gRPC), so the figures are the engine's and the scheduler's.
+// 300-line source file and asks for it back with a small change), a chat
+// workload, and agent sessions (the code edit, then --session_turns - 1 more
+// turns that each send the conversation so far and ask for another edit of
+// the whole file; figures from turn 2 on), at several batch sizes (sessions:
+// one at a time). In-process (ServingModel + Scheduler, no gRPC), so the
+// figures are the engine's and the scheduler's.
+//
+// Modes: off, ngram, suffix (with the cache of finished requests' text,
+// emptied before each run), suffix-own (each request's own tokens only),
+// draft (the self-draft).
 //
 // For each workload, batch size and mode it prints the per-request decode
 // speed (tokens after the first / time from first to last token), its ratio
@@ -44,7 +51,12 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}
 ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"off", "ngram", "draft"}),
           "speculation modes to compare (off always runs first: the peer)");
 ABSL_FLAG(std::vector<std::string>, workloads, std::vector<std::string>({"code", "chat"}),
-          "workloads: code, chat");
+          "workloads: code, chat, session");
+ABSL_FLAG(int, session_turns, 5, "turns of a session (workload session)");
+ABSL_FLAG(int64_t, speculation_cache_bytes, int64_t{64} << 20,
+          "the suffix cache's budget (mode suffix)");
+ABSL_FLAG(double, suffix_length_factor, 0,
+          "suffix drafts of at most this times the tokens the copy agrees with (0: no bound)");
 ABSL_FLAG(int, draft_layers, 20, "layers of the self-draft (mode draft)");
 ABSL_FLAG(int, max_draft, 8, "drafted tokens per sequence and step, at most");
 ABSL_FLAG(bool, adaptive, true, "adaptive draft lengths (as the daemon runs by default)");
@@ -118,6 +130,15 @@ struct Figures {
   double Total() const { return wall_seconds > 0 ? decode_tokens / wall_seconds : 0; }
 };
 
+step::Proposer ParseMode(const std::string& mode) {
+  if (mode == "ngram") return step::Proposer::kNgram;
+  if (mode == "suffix" || mode == "suffix-own") return step::Proposer::kSuffix;
+  if (mode == "draft") return step::Proposer::kDraftModel;
+  if (mode == "off") return step::Proposer::kNone;
+  std::fprintf(stderr, "unknown mode '%s' (off, ngram, suffix, suffix-own, draft)\n", mode.c_str());
+  std::exit(2);
+}
+
 class Bench {
  public:
   explicit Bench(server::ServingModel* model) : model_(model) {}
@@ -139,18 +160,9 @@ class Bench {
   }
 
   // Runs the requests in groups of `batch` concurrent ones on a scheduler
-  // with `proposer`.
-  Figures Run(step::Proposer proposer, const std::vector<Request>& requests, int batch) {
-    scheduler::SchedulerOptions options;
-    options.max_batched_tokens = 512;
-    options.block_size = model_->block_size();
-    options.kv_blocks = model_->kv_blocks();
-    options.context_length = model_->context_length();
-    options.speculation.proposer = proposer;
-    options.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
-    options.speculation.adaptive = absl::GetFlag(FLAGS_adaptive);
-    options.speculation.cost = model_->step_cost();
-    scheduler::Scheduler s(options, 1024, model_->prefill_worker());
+  // speculating as `mode`.
+  Figures RunBatches(const std::string& mode, const std::vector<Request>& requests, int batch) {
+    scheduler::Scheduler s(Options(mode), 1024, model_->prefill_worker());
     // Every prompt is prefilled (into the prefix cache) before timing, so a
     // timed batch decodes together instead of waiting on its own prefills.
     {
@@ -158,6 +170,7 @@ class Bench {
       for (const Request& r : requests) warm.push_back(Submit(s, Greedy(r.prompt, 1)));
       for (auto& sink : warm) sink->Wait();
     }
+    ClearCache();  // of the warm-up's texts
     Figures f;
     for (size_t first = 0; first < requests.size(); first += static_cast<size_t>(batch)) {
       std::vector<std::shared_ptr<Sink>> sinks;
@@ -181,7 +194,64 @@ class Bench {
     return f;
   }
 
+  // Each session's turns one after another: turn 1 is the session's first
+  // request; each later turn sends the conversation so far (its answers
+  // opened with the code fence, as prefilled) and the next instruction.
+  // Figures count turns 2 and later.
+  Figures RunSessions(const std::string& mode,
+                      const std::vector<std::vector<std::string>>& sessions, int32_t max_tokens) {
+    ClearCache();
+    scheduler::Scheduler s(Options(mode), 1024, model_->prefill_worker());
+    Figures f;
+    for (const std::vector<std::string>& turns : sessions) {
+      std::vector<tokenizer::ChatMessage> messages;
+      for (size_t turn = 0; turn < turns.size(); ++turn) {
+        messages.push_back({"user", turns[turn]});
+        std::vector<int32_t> prompt =
+            *model_->chat_template().Encode(model_->tokenizer(), messages);
+        for (int32_t t : model_->tokenizer().Encode(kFence, false)) prompt.push_back(t);
+        const Result r = Submit(s, Greedy(std::move(prompt), max_tokens))->Wait();
+        messages.push_back(
+            {"assistant", std::string(kFence) + model_->tokenizer().Decode(r.tokens, true)});
+        f.outputs.push_back(r.tokens);
+        if (turn == 0) continue;
+        const scheduler::Timeline& t = r.info.timeline;
+        f.decode_tokens += static_cast<double>(r.tokens.size()) - 1;
+        f.decode_seconds += absl::ToDoubleSeconds(t.finished - t.first_token);
+        f.wall_seconds += absl::ToDoubleSeconds(t.finished - t.first_token);
+        f.drafted += r.info.usage.drafted_tokens;
+        f.accepted += r.info.usage.accepted_tokens;
+      }
+    }
+    return f;
+  }
+
+  static constexpr const char* kFence = "```cpp\n";
+
  private:
+  void ClearCache() {
+    if (model_->suffix_cache() != nullptr) model_->suffix_cache()->Clear();
+  }
+
+  scheduler::SchedulerOptions Options(const std::string& mode) const {
+    scheduler::SchedulerOptions options;
+    options.max_batched_tokens = 512;
+    options.block_size = model_->block_size();
+    options.kv_blocks = model_->kv_blocks();
+    options.context_length = model_->context_length();
+    options.speculation.proposer = ParseMode(mode);
+    options.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
+    options.speculation.adaptive = absl::GetFlag(FLAGS_adaptive);
+    options.speculation.cost = model_->step_cost();
+    if (mode == "suffix") {
+      options.on_finished_text = [cache = model_->suffix_cache()](std::string_view salt,
+                                                                  std::span<const int32_t> tokens) {
+        cache->Add(salt, tokens);
+      };
+    }
+    return options;
+  }
+
   std::shared_ptr<Sink> Submit(scheduler::Scheduler& s, Request r) {
     auto sink = std::make_shared<Sink>();
     r.sink = sink;
@@ -206,15 +276,6 @@ std::string FileHead(const std::string& path, int lines) {
   return text;
 }
 
-step::Proposer ParseMode(const std::string& mode) {
-  if (mode == "ngram") return step::Proposer::kNgram;
-  if (mode == "suffix") return step::Proposer::kSuffix;
-  if (mode == "draft") return step::Proposer::kDraftModel;
-  if (mode == "off") return step::Proposer::kNone;
-  std::fprintf(stderr, "unknown mode '%s' (off, ngram, suffix, draft)\n", mode.c_str());
-  std::exit(2);
-}
-
 int Main() {
   server::ServingModelOptions options;
   options.model_path = absl::GetFlag(FLAGS_model);
@@ -222,6 +283,8 @@ int Main() {
   options.decode_worker = false;
   options.kv_cache_bytes = int64_t{1} << 30;
   options.draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  options.speculation_cache_bytes = absl::GetFlag(FLAGS_speculation_cache_bytes);
+  options.suffix_length_factor = absl::GetFlag(FLAGS_suffix_length_factor);
   auto model = server::ServingModel::Load(options);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
@@ -232,11 +295,12 @@ int Main() {
   std::printf(
       "model %s, %d threads, step cost %.2f ms + %.2f ms/token + %.2f ms (+ %.2f ms per extra "
       "row) per 1,000 context tokens, self-draft %d layers (%.2f ms + %.2f ms/sequence a "
-      "round), max draft %d, %s\n",
+      "round), max draft %d, %s, suffix length factor %.2f, suffix cache %lld bytes\n",
       options.model_path.c_str(), options.threads, c.fixed, c.per_token, 1000 * c.per_context,
       1000 * c.per_context_extra, options.draft_layers, c.draft_fixed, c.draft_per_token,
       absl::GetFlag(FLAGS_max_draft),
-      absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length");
+      absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length",
+      options.suffix_length_factor, static_cast<long long>(options.speculation_cache_bytes));
 
   const std::string code =
       FileHead(absl::GetFlag(FLAGS_code_file), absl::GetFlag(FLAGS_code_lines));
@@ -251,7 +315,19 @@ int Main() {
       const int batch = std::stoi(batch_text);
       const int count = batch == 1 ? absl::GetFlag(FLAGS_batch1_requests) : batch;
       std::vector<Request> requests;
+      std::vector<std::vector<std::string>> sessions;
       for (int i = 0; i < count; ++i) {
+        if (workload == "session") {
+          std::vector<std::string> turns = {"Here is a source file:\n```cpp\n" + code + "```\n" +
+                                            kEdits[i % 8] +
+                                            " and return the whole file, otherwise unchanged."};
+          for (int turn = 1; turn < absl::GetFlag(FLAGS_session_turns); ++turn) {
+            turns.push_back(std::string("Also: ") + kEdits[(i + turn) % 8] +
+                            ", and return the whole file again.");
+          }
+          sessions.push_back(std::move(turns));
+          continue;
+        }
         if (workload == "code") {
           // The file first (every edit of it shares that prefix, as an
           // agent's successive requests do), then the instruction.
@@ -268,7 +344,14 @@ int Main() {
               bench.Greedy(bench.Chat(kChats[i % 8]), absl::GetFlag(FLAGS_chat_tokens)));
         }
       }
-      if (batch_text == absl::GetFlag(FLAGS_batches)[0]) {
+      if (workload == "session" && batch_text == absl::GetFlag(FLAGS_batches)[0]) {
+        std::printf(
+            "# session: %d sessions of %d turns, one at a time, up to %d generated a turn; "
+            "figures from turn 2 on\n",
+            count, absl::GetFlag(FLAGS_session_turns), absl::GetFlag(FLAGS_code_tokens));
+      } else if (workload == "session") {
+        continue;  // sessions run one at a time: one batch size is enough
+      } else if (batch_text == absl::GetFlag(FLAGS_batches)[0]) {
         std::printf("# %s: prompt %zu tokens, up to %d generated\n", workload.c_str(),
                     requests[0].prompt.size(), requests[0].max_tokens);
       }
@@ -279,7 +362,10 @@ int Main() {
       for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
         double off_speed = 0;
         for (const std::string& mode : modes) {
-          const Figures f = bench.Run(ParseMode(mode), requests, batch);
+          const Figures f =
+              workload == "session"
+                  ? bench.RunSessions(mode, sessions, absl::GetFlag(FLAGS_code_tokens))
+                  : bench.RunBatches(mode, requests, batch);
           if (mode == "off") off_speed = f.PerRequest();
           if (off_speed > 0) round_ratios[mode].push_back(f.PerRequest() / off_speed);
           Figures& sum = figures[mode];

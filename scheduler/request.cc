@@ -62,4 +62,16 @@ std::string_view ProposerName(step::Proposer proposer) {
   return "unknown";
 }
 
+std::string_view DraftSourceName(step::DraftSource source) {
+  switch (source) {
+    case step::DraftSource::kRequest:
+      return "request";
+    case step::DraftSource::kGlobal:
+      return "global";
+    case step::DraftSource::kModel:
+      return "model";
+  }
+  return "unknown";
+}
+
 }  // namespace tandem::scheduler

@@ -81,8 +81,10 @@ enum class Stage : uint8_t {
 std::string_view PathName(Path path);
 // "queued", "prefill", "handoff", "decode": for logs and metric labels.
 std::string_view StageName(Stage stage);
-// "none", "ngram", "draft": for logs and metric labels.
+// "none", "ngram", "suffix", "draft": for logs and metric labels.
 std::string_view ProposerName(step::Proposer proposer);
+// "request", "global", "model": for metric labels.
+std::string_view DraftSourceName(step::DraftSource source);
 std::string_view PathReasonName(PathReason reason);
 
 struct Usage {

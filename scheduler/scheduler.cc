@@ -288,7 +288,8 @@ void Scheduler::Loop() {
         stats.predicted = absl::Microseconds(static_cast<int64_t>(lane.predicted_ms * 1000.0));
         stats.compute = compute;
         for (const step::SequenceResult& r : c.result.sequences) {
-          if (r.drafted > 0) stats.verifications.push_back({r.proposer, r.drafted, r.accepted});
+          if (r.drafted > 0)
+            stats.verifications.push_back({r.proposer, r.draft_source, r.drafted, r.accepted});
         }
         observer_(stats);
       }

@@ -78,6 +78,7 @@ struct StepStats {
   // Speculative decoding: one entry per sequence that verified drafts.
   struct Verification {
     step::Proposer proposer = step::Proposer::kNone;
+    step::DraftSource source = step::DraftSource::kRequest;
     int32_t drafted = 0;
     int32_t accepted = 0;
   };

@@ -329,7 +329,7 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     if (cap <= 0) continue;
     steps.push_back(i);
     seqs.push_back(seq);
-    candidates.push_back({seq->acceptance.rate(), cap, length});
+    candidates.push_back({seq->acceptance.rate(), cap, length, seq->acceptance.probe_due()});
   }
   if (candidates.empty()) return 0;
   const int64_t other_tokens = plan.TokenCount() - static_cast<int64_t>(candidates.size());
@@ -358,6 +358,7 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     if (seq.proposer == step::Proposer::kNgram || seq.proposer == step::Proposer::kSuffix) {
       step.preceding_tokens.assign(seq.tokens.begin(), seq.tokens.begin() + seq.computed);
     }
+    if (seq.proposer == step::Proposer::kSuffix) step.cache_salt = seq.request.cache_salt;
     used += limit;
   }
   return used;
@@ -829,6 +830,9 @@ void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status wh
   seq->timeline.finished = options_.clock();
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) {
     policy_.Record(seq->request, seq->generated);
+  }
+  if (options_.on_finished_text && reason != FinishReason::kError) {
+    options_.on_finished_text(seq->request.cache_salt, seq->tokens);
   }
   FinishInfo info;
   info.reason = reason;

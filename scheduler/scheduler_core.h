@@ -67,6 +67,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -127,6 +128,11 @@ struct SchedulerOptions {
   // is idle is spent on prompts later, but never as one stall longer than
   // this (the inter-token tail stays bounded).
   double slo_max_gap = 2.0;
+  // When set, called with each finished request's cache salt and tokens
+  // (prompt, then output) unless it ended in an error: the text suffix
+  // drafting copies from across requests (speculative::SuffixCache::Add).
+  // Called on the scheduler's thread, with its state locked: must be quick.
+  std::function<void(std::string_view salt, std::span<const TokenId> tokens)> on_finished_text;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 

@@ -20,11 +20,13 @@ AcceptanceEstimate::AcceptanceEstimate(double prior)
 
 void AcceptanceEstimate::Record(int32_t drafted, int32_t accepted) {
   if (drafted <= 0) return;
+  idle_steps_ = 0;
   accepted_ = accepted_ * kDecay + accepted;
   rejected_ = rejected_ * kDecay + (accepted < drafted ? 1.0 : 0.0);
 }
 
 void AcceptanceEstimate::Idle() {
+  ++idle_steps_;
   accepted_ = accepted_ * kIdleRecovery + prior_ * kPriorWeight * (1.0 - kIdleRecovery);
   rejected_ = rejected_ * kIdleRecovery + (1.0 - prior_) * kPriorWeight * (1.0 - kIdleRecovery);
 }
@@ -87,6 +89,12 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
     yield += best_gain;
     time += best_cost;
     --budget;
+  }
+  for (size_t i = 0; i < candidates.size() && budget > 0; ++i) {
+    if (candidates[i].probe && k[i] == 0 && candidates[i].max_draft > 0) {
+      k[i] = 1;
+      --budget;
+    }
   }
   return k;
 }

@@ -55,9 +55,13 @@ struct SpeculationOptions {
 // verifications (a geometric model: each drafted token is accepted with the
 // same probability, until the first rejection), with older evidence decaying.
 // A sequence that stopped drafting gathers no evidence, so each step it
-// spends without drafts moves the estimate slowly back to the prior: it
-// drafts again (one token first) about every 20 steps, which finds the
-// copied stretches of an output again at a small cost when there are none.
+// spends without drafts moves the estimate slowly back to the prior, and
+// after kProbeAfter such steps it is due a probe: one drafted token whatever
+// the cost model says (at long contexts, where a verified row costs most of
+// a step, even the prior's acceptance does not pay for a token, and the
+// sequence would never draft again). So copied stretches of an output are
+// found again, at the cost of one row every kProbeAfter steps when there
+// are none.
 class AcceptanceEstimate {
  public:
   // `prior`: the rate assumed before any evidence (worth two observations).
@@ -66,22 +70,28 @@ class AcceptanceEstimate {
   // A decode step without drafts.
   void Idle();
   double rate() const;
+  // Whether the sequence has gone kProbeAfter decode steps without drafts.
+  bool probe_due() const { return idle_steps_ >= kProbeAfter; }
+  static constexpr int32_t kProbeAfter = 32;
 
  private:
   double prior_;
   double accepted_;
   double rejected_;
+  int32_t idle_steps_ = 0;  // decode steps since the last verification
 };
 
 struct DraftCandidate {
   double acceptance = 0.0;  // AcceptanceEstimate::rate()
   int32_t max_draft = 0;    // the most this sequence may draft (context, max_tokens, KV)
   int32_t context = 0;      // tokens its attention reads (its length)
+  bool probe = false;       // AcceptanceEstimate::probe_due(): draft one token whatever it costs
 };
 
 // Draft lengths for the decode sequences of one step (same order), using at
 // most `budget` drafted tokens in all. `other_tokens`: tokens of the step
-// that are not decodes (they add to its time, not to its yield).
+// that are not decodes (they add to its time, not to its yield). A
+// candidate due a probe drafts at least one token while the budget lasts.
 std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, int32_t budget,
                                     int64_t other_tokens, const SpeculationOptions& options);
 

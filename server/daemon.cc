@@ -111,12 +111,17 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   sched.decode_kv_blocks = model.decode_kv_blocks();
   sched.context_length = model.context_length();
   sched.speculation.cost = model.step_cost();
+  if (std::shared_ptr<speculative::SuffixCache> cache = model.suffix_cache()) {
+    sched.on_finished_text = [cache](std::string_view salt, std::span<const step::TokenId> tokens) {
+      cache->Add(salt, tokens);
+    };
+  }
   const scheduler::StepCostModel& c = sched.speculation.cost;
   const ServingModelOptions& m = options.model;
   spdlog::info(
       "speculative decoding: {} (up to {} drafted tokens, {}); step cost {:.2f} ms + {:.2f} "
       "ms/token + {:.2f} ms (+ {:.2f} ms per extra row) per 1,000 context tokens of a "
-      "sequence{}",
+      "sequence{}{}",
       options.speculative, sched.speculation.max_draft,
       sched.speculation.adaptive ? "adaptive" : "fixed", c.fixed, c.per_token, 1000 * c.per_context,
       1000 * c.per_context_extra,
@@ -126,6 +131,11 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
                         m.draft_model_path.empty()
                             ? fmt::format("the first {} layers", m.draft_layers)
                             : m.draft_model_path)
+          : std::string(),
+      model.suffix_cache() != nullptr
+          ? fmt::format("; suffix cache of recent text {} MiB, drafts up to {}x what a copy "
+                        "agrees with",
+                        m.speculation_cache_bytes >> 20, m.suffix_length_factor)
           : std::string());
   return sched;
 }
@@ -358,6 +368,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       p.scheduler.get(), p.model->block_size(), hands_off ? *threshold : -1,
       options.auto_threshold ? std::optional(disagg_costs) : std::nullopt,
       [service] { return service->open_calls(); }, slo ? "slo" : "threshold");
+  p.scheduler_collector->set_suffix_cache(p.model->suffix_cache());
   if (const std::string& address = options.listen.metrics; !address.empty()) {
     try {
       p.exposer = std::make_unique<prometheus::Exposer>(address);

@@ -151,10 +151,21 @@ ABSL_FLAG(std::string, speculative, "ngram",
           "latest earlier match of the sequence's last tokens), suffix (from the longest earlier "
           "match, following the copy it is in), or draft (a draft model: --draft_model or "
           "--draft_layers)");
-ABSL_FLAG(int, spec_max_draft, 8, "most tokens a sequence drafts per step");
+ABSL_FLAG(int, spec_max_draft, -1,
+          "most tokens a sequence drafts per step; -1: 32 with --speculative=suffix (which drafts "
+          "long while a long span is copied), 8 otherwise");
 ABSL_FLAG(bool, spec_adaptive, true,
           "choose draft lengths from each sequence's acceptance and the batch's cost (false: "
           "always --spec_max_draft)");
+ABSL_FLAG(int64_t, speculation_cache_bytes, int64_t{64} << 20,
+          "with --speculative=suffix: bytes of recent requests' text (prompts and outputs) kept "
+          "to draft from across requests, per cache salt; the oldest is evicted first, and "
+          "--kv_cache_memory_fraction counts it on the CPU; 0: each request drafts from its own "
+          "text only");
+ABSL_FLAG(double, spec_suffix_length_factor, 2,
+          "with --speculative=suffix: a draft is at most this times the tokens its copy agrees "
+          "with so far (its match and the tokens followed since); 0: only --spec_max_draft bounds "
+          "it");
 ABSL_FLAG(int, ngram_min, 1, "shortest match the n-gram proposer looks up");
 ABSL_FLAG(int, ngram_max, 3, "longest match the n-gram proposer looks up");
 ABSL_FLAG(std::string, draft_model, "",
@@ -341,9 +352,25 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
         StrCat("--speculative='", options.speculative, "': expected off, ngram, suffix or draft"));
   }
   speculation.max_draft = absl::GetFlag(FLAGS_spec_max_draft);
-  if (speculation.max_draft < 0)
-    return FlagError(StrCat("--spec_max_draft must be >= 0 (got ", speculation.max_draft, ")"));
+  if (speculation.max_draft < -1) {
+    return FlagError(StrCat("--spec_max_draft must be >= 0, or -1 for the proposer's default (got ",
+                            speculation.max_draft, ")"));
+  }
+  if (speculation.max_draft == -1) {
+    speculation.max_draft = speculation.proposer == step::Proposer::kSuffix ? 32 : 8;
+  }
   speculation.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  const int64_t cache_bytes = absl::GetFlag(FLAGS_speculation_cache_bytes);
+  if (cache_bytes < 0) {
+    return FlagError(StrCat("--speculation_cache_bytes=", cache_bytes, ": must be >= 0"));
+  }
+  // The cache is kept (and its memory taken) only where it is read.
+  model.speculation_cache_bytes = speculation.proposer == step::Proposer::kSuffix ? cache_bytes : 0;
+  model.suffix_length_factor = absl::GetFlag(FLAGS_spec_suffix_length_factor);
+  if (!(model.suffix_length_factor >= 0)) {
+    return FlagError(
+        StrCat("--spec_suffix_length_factor=", model.suffix_length_factor, ": must be >= 0"));
+  }
   return absl::OkStatus();
 }
 

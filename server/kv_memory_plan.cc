@@ -13,11 +13,12 @@ absl::StatusOr<KvMemoryPlan> PlanKvMemory(const model::GgufFile& model,
                                           const kernels::KvCacheShape& shape,
                                           const model::GgufFile* draft,
                                           const kernels::Backend& backend,
-                                          int64_t decode_kv_cache_bytes) {
+                                          int64_t decode_kv_cache_bytes, int64_t host_bytes) {
   KvMemoryPlan plan;
   absl::StatusOr<int64_t> weights = model::LlamaModel::WeightBytes(model, backend);
   if (!weights.ok()) return weights.status();
   plan.fixed_bytes = *weights + std::max<int64_t>(0, decode_kv_cache_bytes);
+  if (backend.MemoryIsHost()) plan.fixed_bytes += std::max<int64_t>(0, host_bytes);
   plan.bytes_per_block = static_cast<int64_t>(shape.BytesPerBlock());
   if (draft != nullptr) {
     absl::StatusOr<int64_t> draft_weights = model::LlamaModel::WeightBytes(*draft, backend);

@@ -14,8 +14,10 @@ namespace tandem::server {
 
 struct KvMemoryPlan {
   // Taken whatever the cache's size: the device copies of the model's and a
-  // separate draft model's weights (rotary tables included), and
-  // --decode_kv_cache_bytes (the decode lane's own pages).
+  // separate draft model's weights (rotary tables included),
+  // --decode_kv_cache_bytes (the decode lane's own pages), and, when the
+  // backend's memory is the host's, the host memory the daemon keeps
+  // besides (--speculation_cache_bytes).
   int64_t fixed_bytes = 0;
   // The pages one block id takes: the model's, plus a separate draft
   // model's (it keeps as many blocks as the model, in its own shape).
@@ -23,12 +25,13 @@ struct KvMemoryPlan {
 };
 
 // `shape` is the model's KV shape (its block count unused); `draft` may be
-// null. Errors are the model files' (a draft that is not a model).
+// null; `host_bytes`: host memory the daemon takes beside the backend's.
+// Errors are the model files' (a draft that is not a model).
 absl::StatusOr<KvMemoryPlan> PlanKvMemory(const model::GgufFile& model,
                                           const kernels::KvCacheShape& shape,
                                           const model::GgufFile* draft,
                                           const kernels::Backend& backend,
-                                          int64_t decode_kv_cache_bytes);
+                                          int64_t decode_kv_cache_bytes, int64_t host_bytes = 0);
 
 // floor(fraction * max(0, free_bytes - fixed_bytes) / bytes_per_block).
 // REQUIRES plan.bytes_per_block > 0.

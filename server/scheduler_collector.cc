@@ -129,6 +129,25 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
          Sample{{{"measure", "chunk_step"}}, auto_costs_->chunk_step / 1000},
          Sample{{{"measure", "chunk_with_decode"}}, auto_costs_->chunk_with_decode / 1000}}));
   }
+  if (suffix_cache_ != nullptr) {
+    const speculative::SuffixCache::Stats cache = suffix_cache_->stats();
+    families.push_back(Family("tandem_speculation_cache_bytes",
+                              "Bytes the suffix cache of recent requests' text holds, as its "
+                              "budget (--speculation_cache_bytes) counts them.",
+                              MetricType::Gauge, static_cast<double>(cache.bytes)));
+    families.push_back(Family("tandem_speculation_cache_tokens",
+                              "Tokens of recent requests' text the suffix cache holds.",
+                              MetricType::Gauge, static_cast<double>(cache.tokens)));
+    families.push_back(Family("tandem_speculation_cache_texts",
+                              "Requests' texts (prompt and output) the suffix cache holds.",
+                              MetricType::Gauge, static_cast<double>(cache.texts)));
+    families.push_back(Family("tandem_speculation_cache_evictions_total",
+                              "Texts evicted from the suffix cache to stay within its budget.",
+                              MetricType::Counter, static_cast<double>(cache.evicted_texts)));
+    families.push_back(Family("tandem_speculation_cache_refusals_total",
+                              "Texts not kept in the suffix cache: larger than its budget alone.",
+                              MetricType::Counter, static_cast<double>(cache.refused_texts)));
+  }
   return families;
 }
 

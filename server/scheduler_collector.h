@@ -4,10 +4,13 @@
 #define TANDEM_SERVER_SCHEDULER_COLLECTOR_H_
 
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "engine/speculative/suffix_cache.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "scheduler/scheduler.h"
@@ -36,6 +39,12 @@ class SchedulerCollector final : public prometheus::Collectable {
         policy_(std::move(policy)),
         start_(absl::Now()) {}
 
+  // Also exports the suffix cache's size and evictions (before the
+  // collector is registered).
+  void set_suffix_cache(std::shared_ptr<const speculative::SuffixCache> cache) {
+    suffix_cache_ = std::move(cache);
+  }
+
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
@@ -45,6 +54,7 @@ class SchedulerCollector final : public prometheus::Collectable {
   std::optional<scheduler::DisaggregationCosts> auto_costs_;
   std::function<int64_t()> open_calls_;
   std::string policy_;
+  std::shared_ptr<const speculative::SuffixCache> suffix_cache_;
   absl::Time start_;
 };
 

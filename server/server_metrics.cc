@@ -37,6 +37,7 @@ prometheus::Histogram::BucketBoundaries ServerMetrics::TokenBuckets() {
 prometheus::Histogram::BucketBoundaries ServerMetrics::AcceptedLengthBuckets() {
   prometheus::Histogram::BucketBoundaries b;
   for (double v = 0; v <= 16; ++v) b.push_back(v);
+  for (double v : {20, 24, 28, 32, 48, 64}) b.push_back(v);  // long suffix copies
   return b;
 }
 
@@ -163,9 +164,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                                      "decode-worker steps.")
                            .Add({})),
       drafted_tokens_(CounterFamily(registry, "tandem_speculative_drafted_tokens_total",
-                                    "Tokens drafted by speculative decoding and verified.")),
+                                    "Tokens drafted by speculative decoding and verified, by "
+                                    "proposer and by what the draft copied (source).")),
       accepted_tokens_(CounterFamily(registry, "tandem_speculative_accepted_tokens_total",
-                                     "Drafted tokens the model accepted.")),
+                                     "Drafted tokens the model accepted, by proposer and "
+                                     "source.")),
       accepted_length_(HistogramFamily(registry, "tandem_speculative_accepted_length",
                                        "Drafted tokens accepted per verification (a decode "
                                        "step yields this plus one).")),
@@ -207,9 +210,17 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
   for (auto proposer :
        {step::Proposer::kNgram, step::Proposer::kSuffix, step::Proposer::kDraftModel}) {
     const std::string name(scheduler::ProposerName(proposer));
-    drafted_tokens_.Add({{"proposer", name}});
-    accepted_tokens_.Add({{"proposer", name}});
     accepted_length_.Add({{"proposer", name}}, AcceptedLengthBuckets());
+  }
+  for (auto [proposer, source] :
+       {std::pair{step::Proposer::kNgram, step::DraftSource::kRequest},
+        std::pair{step::Proposer::kSuffix, step::DraftSource::kRequest},
+        std::pair{step::Proposer::kSuffix, step::DraftSource::kGlobal},
+        std::pair{step::Proposer::kDraftModel, step::DraftSource::kModel}}) {
+    const prometheus::Labels labels = {{"proposer", std::string(scheduler::ProposerName(proposer))},
+                                       {"source", std::string(scheduler::DraftSourceName(source))}};
+    drafted_tokens_.Add(labels);
+    accepted_tokens_.Add(labels);
   }
 }
 
@@ -229,8 +240,10 @@ void ServerMetrics::OnStep(const scheduler::StepStats& step) {
   }
   for (const scheduler::StepStats::Verification& v : step.verifications) {
     const std::string proposer(scheduler::ProposerName(v.proposer));
-    drafted_tokens_.Add({{"proposer", proposer}}).Increment(v.drafted);
-    accepted_tokens_.Add({{"proposer", proposer}}).Increment(v.accepted);
+    const prometheus::Labels by_source = {
+        {"proposer", proposer}, {"source", std::string(scheduler::DraftSourceName(v.source))}};
+    drafted_tokens_.Add(by_source).Increment(v.drafted);
+    accepted_tokens_.Add(by_source).Increment(v.accepted);
     accepted_length_.Add({{"proposer", proposer}}, AcceptedLengthBuckets()).Observe(v.accepted);
     for (int32_t position = 1; position <= v.drafted; ++position) {
       const std::string p = std::to_string(position);

@@ -53,7 +53,8 @@ class ServerMetrics {
   static prometheus::Histogram::BucketBoundaries TokenBuckets();
   // 10 us to 100 ms: a decode step's wait for the compute.
   static prometheus::Histogram::BucketBoundaries StartDelayBuckets();
-  // Accepted drafted tokens per verification: 0, 1, 2, ... 16.
+  // Accepted drafted tokens per verification: 0, 1, 2, ... 16, then 20,
+  // 24, 28, 32, 48, 64.
   static prometheus::Histogram::BucketBoundaries AcceptedLengthBuckets();
 
  private:
@@ -93,7 +94,7 @@ class ServerMetrics {
   // time without it.
   prometheus::Histogram& decode_start_delay_;
   prometheus::Counter& prefill_yielded_;
-  // Speculative decoding, per proposer (and draft position).
+  // Speculative decoding, per proposer (and source, or draft position).
   prometheus::Family<prometheus::Counter>& drafted_tokens_;
   prometheus::Family<prometheus::Counter>& accepted_tokens_;
   prometheus::Family<prometheus::Histogram>& accepted_length_;

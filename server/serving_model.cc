@@ -274,8 +274,9 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
       return absl::Status(free.status().code(),
                           StrCat("--kv_cache_memory_fraction: ", free.status().message()));
     }
-    absl::StatusOr<KvMemoryPlan> plan = PlanKvMemory(
-        *m->file_, shape, draft_file.get(), **prefill_backend, options.decode_kv_cache_bytes);
+    absl::StatusOr<KvMemoryPlan> plan =
+        PlanKvMemory(*m->file_, shape, draft_file.get(), **prefill_backend,
+                     options.decode_kv_cache_bytes, options.speculation_cache_bytes);
     if (!plan.ok()) return plan.status();
     kv_cache_bytes = KvBlocksFromFreeMemory(options.kv_cache_memory_fraction, *free, *plan) *
                      static_cast<int64_t>(shape.BytesPerBlock());
@@ -283,6 +284,9 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
         StrCat("--kv_cache_memory_fraction=", options.kv_cache_memory_fraction, " (",
                kv_cache_bytes, " bytes of ", *free, " free, less ", plan->fixed_bytes,
                " for the weights", options.decode_kv_cache_bytes > 0 ? " and the decode KV" : "",
+               options.speculation_cache_bytes > 0 && (*prefill_backend)->MemoryIsHost()
+                   ? " and the suffix cache"
+                   : "",
                draft_file != nullptr ? ", with the draft model's pages" : "", ")");
   }
   // Block ids are 32-bit: more blocks than that is a flag error, not a
@@ -367,13 +371,23 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   }
   m->prefill_ = std::make_unique<prefill::PrefillWorker>(*std::move(prefill_backend),
                                                          *std::move(prefill_model));
+  if (options.speculation_cache_bytes > 0) {
+    m->suffix_cache_ = std::make_shared<speculative::SuffixCache>(options.speculation_cache_bytes);
+  }
+  if (options.suffix_length_factor < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("--spec_suffix_length_factor=", options.suffix_length_factor, ": must be >= 0"));
+  }
   for (worker::ModelWorker* worker : {static_cast<worker::ModelWorker*>(m->prefill_.get()),
                                       static_cast<worker::ModelWorker*>(m->decode_.get())}) {
     if (worker == nullptr) continue;
     worker->EnableNgramProposer(options.ngram_min, options.ngram_max);
     // Any one-token match may start a copy: the longest is taken, and the
     // scheduler stops a sequence drafting while its drafts fail.
-    worker->EnableSuffixProposer(/*min_match=*/1);
+    speculative::SuffixDraftOptions suffix;
+    suffix.min_match = 1;
+    suffix.length_factor = options.suffix_length_factor;
+    worker->EnableSuffixProposer(suffix, m->suffix_cache_);
     if (options.draft_layers > 0) worker->EnableSelfDraftProposer(options.draft_layers);
   }
   model::LlamaModel* decoding_draft = nullptr;

@@ -17,6 +17,7 @@
 #include "engine/model/gguf_file.h"
 #include "engine/model/model_config.h"
 #include "engine/prefill/prefill_worker.h"
+#include "engine/speculative/suffix_cache.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
 #include "engine/tokenizer/chat_template.h"
 #include "scheduler/disaggregation_policy.h"
@@ -60,6 +61,12 @@ struct ServingModelOptions {
   int ngram_min = 1;
   int ngram_max = 3;
   int draft_layers = 0;
+  // Suffix drafting: drafts of at most suffix_length_factor x the tokens a
+  // copy agrees with (0: no such bound), and a cache of recent requests'
+  // text of this many bytes to copy from across requests (0: none;
+  // suffix_cache() feeds it).
+  double suffix_length_factor = 0;
+  int64_t speculation_cache_bytes = 0;
   // A separate draft model file (same vocabulary); empty: none. Its KV uses
   // the same block ids as the target's, in storage of its own (extra memory:
   // kv_blocks x its bytes per block).
@@ -103,6 +110,10 @@ class ServingModel {
   }
   step::Worker* prefill_worker() { return prefill_.get(); }
   step::Worker* decode_worker() { return decode_.get(); }  // null when there is none
+  // Recent requests' text that suffix drafting copies from (shared by the
+  // workers; the scheduler adds each finished request's), or null when
+  // options.speculation_cache_bytes is 0.
+  const std::shared_ptr<speculative::SuffixCache>& suffix_cache() const { return suffix_cache_; }
 
  private:
   ServingModel() = default;
@@ -125,6 +136,7 @@ class ServingModel {
   std::string dtype_;
   std::vector<std::string> warnings_;
   scheduler::StepCostModel step_cost_;
+  std::shared_ptr<speculative::SuffixCache> suffix_cache_;
   int context_length_ = 0;
   int kv_blocks_ = 0;
   int decode_kv_blocks_ = 0;

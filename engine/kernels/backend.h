@@ -181,6 +181,9 @@ class Backend {
   virtual absl::StatusOr<int64_t> FreeMemoryBytes() const {
     return absl::UnimplementedError(name() + " cannot tell how much memory is free");
   }
+  // Whether that memory is the host's (so what the daemon keeps on the host
+  // beside the model, such as the suffix cache, comes out of it too).
+  virtual bool MemoryIsHost() const { return true; }
   // Bytes of that memory UploadWeight(dtype, rows, cols, ...) will take.
   virtual int64_t WeightBytes(DType /*dtype*/, int64_t /*rows*/, int64_t /*cols*/) const {
     return 0;

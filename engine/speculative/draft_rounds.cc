@@ -8,7 +8,9 @@ namespace tandem::speculative {
 absl::Status DraftRounds(model::LlamaModel& model, int layers,
                          std::span<const DraftRequest> requests, const FirstRound* first_round,
                          std::vector<Draft>* drafts) {
-  drafts->assign(requests.size(), Draft{});
+  Draft empty;
+  empty.source = step::DraftSource::kModel;
+  drafts->assign(requests.size(), empty);
   std::vector<TokenId> next(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) next[i] = requests[i].step->tokens.back();
   const size_t vocab = static_cast<size_t>(model.config().vocab);

@@ -33,6 +33,7 @@ struct Draft {
   // 0): that distribution over the vocabulary at each drafted position.
   // Empty when each drafted token is a certain guess (a point mass).
   std::vector<std::vector<float>> probabilities;
+  step::DraftSource source = step::DraftSource::kRequest;
 };
 
 class DraftProposer {

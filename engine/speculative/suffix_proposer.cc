@@ -1,6 +1,7 @@
 #include "engine/speculative/suffix_proposer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/check.h"
 
@@ -9,12 +10,22 @@ namespace tandem::speculative {
 void SuffixMatcher::Append(std::span<const TokenId> tokens) {
   for (TokenId token : tokens) {
     const auto position = static_cast<int64_t>(tokens_.size());
-    if (source_ >= 0) {
-      if (tokens_[static_cast<size_t>(source_)] == token) {
+    if (copying_ != Where::kNone) {
+      const TokenId expected = copying_ == Where::kOwn ? tokens_[static_cast<size_t>(source_)]
+                                                       : cache_copy_[static_cast<size_t>(source_)];
+      if (expected == token) {
         ++source_;
+        ++agreed_;
+        // A cache copy used up: the next draft looks the cache up again
+        // (where the copy's text goes on, it matches the longest).
+        if (copying_ == Where::kCache && source_ == static_cast<int64_t>(cache_copy_.size())) {
+          copying_ = Where::kNone;
+          left_at_ = -1;
+        }
       } else {
+        left_in_ = copying_;
         left_at_ = source_;
-        source_ = -1;
+        copying_ = Where::kNone;
       }
     }
     tokens_.push_back(token);
@@ -32,51 +43,126 @@ int32_t SuffixMatcher::MatchBefore(int64_t a, int64_t b) const {
   return length;
 }
 
-std::vector<TokenId> SuffixMatcher::Draft(int32_t limit, int32_t min_match) {
+int32_t SuffixMatcher::CopyMatchBefore(int64_t start) const {
   const auto size = static_cast<int64_t>(tokens_.size());
-  if (limit <= 0 || size < 2) return {};
-  if (source_ < 0) {
-    // Candidates: every earlier occurrence p of the last token; the copy
-    // would start at p + 1.
-    const std::vector<int32_t>& occurrences = positions_[tokens_.back()];
-    const int64_t usable = static_cast<int64_t>(occurrences.size()) - 1;  // less the last token
-    const int64_t oldest = std::max<int64_t>(0, usable - kMaxCandidates);
-    int64_t chosen = -1;
-    // Resume a copy that diverged: the nearest start just past where it left
-    // (the output skipped or replaced a few tokens and goes on as before).
-    if (left_at_ >= 0) {
-      for (int64_t i = oldest; i < usable; ++i) {
-        const int64_t start = occurrences[static_cast<size_t>(i)] + 1;
-        if (start > left_at_ + kResyncWindow) break;  // increasing: none further
-        if (start > left_at_ && MatchBefore(start, size) >= min_match) {
-          chosen = start;
-          break;
-        }
-      }
-    }
-    // Otherwise the longest match; among equals the latest.
-    if (chosen < 0) {
-      int32_t best = min_match - 1;
-      for (int64_t i = usable - 1; i >= oldest; --i) {
-        const int64_t start = occurrences[static_cast<size_t>(i)] + 1;
-        const int32_t match = MatchBefore(start, size);
-        if (match > best) {
-          best = match;
-          chosen = start;
-          if (match == kMaxMatch) break;
-        }
-      }
-    }
-    if (chosen < 0) return {};
-    source_ = chosen;
-    left_at_ = -1;
+  int32_t length = 0;
+  while (length < kMaxMatch && start - 1 - length >= 0 && size - 1 - length >= 0 &&
+         cache_copy_[static_cast<size_t>(start - 1 - length)] ==
+             tokens_[static_cast<size_t>(size - 1 - length)]) {
+    ++length;
   }
-  const int64_t end = std::min(size, source_ + limit);
-  return std::vector<TokenId>(tokens_.begin() + source_, tokens_.begin() + end);
+  return length;
 }
 
-SuffixProposer::SuffixProposer(int32_t min_match) : min_match_(min_match) {
-  TANDEM_CHECK(min_match >= 1, "the suffix proposer's shortest match must be at least 1");
+bool SuffixMatcher::Resume(int32_t min_match) {
+  const auto size = static_cast<int64_t>(tokens_.size());
+  if (left_in_ == Where::kCache) {
+    // The nearest start just past where the copy left, inside what was
+    // taken from the cache, with something left to copy.
+    const auto end =
+        std::min<int64_t>(left_at_ + kResyncWindow, static_cast<int64_t>(cache_copy_.size()) - 1);
+    for (int64_t start = left_at_ + 1; start <= end; ++start) {
+      const int32_t match = CopyMatchBefore(start);
+      if (match >= min_match) {
+        copying_ = Where::kCache;
+        source_ = start;
+        agreed_ = match;
+        return true;
+      }
+    }
+    return false;
+  }
+  // In the stream: the nearest occurrence of the last token just past where
+  // the copy left (the output skipped or replaced a few tokens and goes on
+  // as before).
+  const std::vector<int32_t>& occurrences = positions_[tokens_.back()];
+  const int64_t usable = static_cast<int64_t>(occurrences.size()) - 1;  // less the last token
+  for (int64_t i = std::max<int64_t>(0, usable - kMaxCandidates); i < usable; ++i) {
+    const int64_t start = occurrences[static_cast<size_t>(i)] + 1;
+    if (start > left_at_ + kResyncWindow) break;  // increasing: none further
+    if (start <= left_at_) continue;
+    const int32_t match = MatchBefore(start, size);
+    if (match >= min_match) {
+      copying_ = Where::kOwn;
+      source_ = start;
+      agreed_ = match;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool SuffixMatcher::Search(const SuffixDraftOptions& options) {
+  const auto size = static_cast<int64_t>(tokens_.size());
+  // The stream: every earlier occurrence p of the last token (the copy
+  // would start at p + 1); the longest match, among equals the latest.
+  int64_t chosen = -1;
+  int32_t best = options.min_match - 1;
+  const std::vector<int32_t>& occurrences = positions_[tokens_.back()];
+  const int64_t usable = static_cast<int64_t>(occurrences.size()) - 1;  // less the last token
+  for (int64_t i = usable - 1; i >= std::max<int64_t>(0, usable - kMaxCandidates); --i) {
+    const int64_t start = occurrences[static_cast<size_t>(i)] + 1;
+    const int32_t match = MatchBefore(start, size);
+    if (match > best) {
+      best = match;
+      chosen = start;
+      if (match == kMaxMatch) break;
+    }
+  }
+  // The cache, when it matches longer than the request's own tokens (which
+  // are the more likely to be copied on a tie).
+  if (options.cache != nullptr && best < kMaxMatch) {
+    const size_t tail = std::min<size_t>(tokens_.size(), kMaxMatch);
+    const SuffixMatch match = options.cache->Longest(
+        options.salt, std::span<const TokenId>(tokens_).last(tail), best + 1);
+    if (match.position >= 0) {
+      cache_copy_ = options.cache->Continuation(options.salt, match.position, kCacheCopy);
+      if (!cache_copy_.empty()) {
+        copying_ = Where::kCache;
+        source_ = 0;
+        agreed_ = match.length;
+        return true;
+      }
+    }
+  }
+  if (chosen < 0) return false;
+  copying_ = Where::kOwn;
+  source_ = chosen;
+  agreed_ = best;
+  return true;
+}
+
+SuffixDraft SuffixMatcher::Draft(int32_t limit, const SuffixDraftOptions& options) {
+  if (limit <= 0 || tokens_.empty()) return {};
+  if (copying_ == Where::kNone) {
+    const bool found = (left_at_ >= 0 && Resume(options.min_match)) || Search(options);
+    if (!found) return {};
+    left_in_ = Where::kNone;
+    left_at_ = -1;
+  }
+  int64_t count = limit;
+  if (options.length_factor > 0) {
+    count = std::min<int64_t>(
+        count,
+        std::max<int64_t>(1, static_cast<int64_t>(std::floor(options.length_factor * agreed_))));
+  }
+  SuffixDraft draft;
+  if (copying_ == Where::kOwn) {
+    const int64_t end = std::min(static_cast<int64_t>(tokens_.size()), source_ + count);
+    draft.tokens.assign(tokens_.begin() + source_, tokens_.begin() + end);
+  } else {
+    const int64_t end = std::min(static_cast<int64_t>(cache_copy_.size()), source_ + count);
+    draft.tokens.assign(cache_copy_.begin() + source_, cache_copy_.begin() + end);
+    draft.source = step::DraftSource::kGlobal;
+  }
+  return draft;
+}
+
+SuffixProposer::SuffixProposer(SuffixDraftOptions options, std::shared_ptr<const SuffixCache> cache)
+    : options_(options), cache_(std::move(cache)) {
+  TANDEM_CHECK(options.min_match >= 1, "the suffix proposer's shortest match must be at least 1");
+  TANDEM_CHECK(options.length_factor >= 0, "the suffix proposer's length factor must be >= 0");
+  options_.cache = cache_.get();
 }
 
 absl::Status SuffixProposer::Propose(std::span<const DraftRequest> requests,
@@ -100,7 +186,11 @@ absl::Status SuffixProposer::Propose(std::span<const DraftRequest> requests,
       const TokenId token = at(k);
       tracked.matcher.Append(std::span<const TokenId>(&token, 1));
     }
-    (*drafts)[i].tokens = tracked.matcher.Draft(requests[i].limit, min_match_);
+    SuffixDraftOptions options = options_;
+    options.salt = s.cache_salt;
+    SuffixDraft draft = tracked.matcher.Draft(requests[i].limit, options);
+    (*drafts)[i].tokens = std::move(draft.tokens);
+    (*drafts)[i].source = draft.source;
   }
   // Sequences that stopped asking (finished, or drafting nothing for long)
   // are dropped; one that asks again rebuilds its matcher.

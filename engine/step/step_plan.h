@@ -8,6 +8,7 @@
 #define TANDEM_ENGINE_STEP_STEP_PLAN_H_
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,13 @@ enum class Proposer : uint8_t {
   kSuffix = 3,      // the continuation of the longest earlier match, following the copy it is in
 };
 
+// Where a draft came from.
+enum class DraftSource : uint8_t {
+  kRequest = 0,  // the sequence's own tokens (n-gram, suffix)
+  kGlobal = 1,   // other requests' text of the same cache salt (suffix)
+  kModel = 2,    // a draft model
+};
+
 // One sequence's work in a step: run `tokens` at positions first_position..,
 // with KV for all earlier positions already in `block_table`'s blocks, which
 // also have room for these tokens.
@@ -65,6 +73,9 @@ struct SequenceStep {
   // The sequence's tokens before `tokens` (prompt and generated), for
   // proposers that search them. Set only for Proposer::kNgram and kSuffix.
   std::vector<TokenId> preceding_tokens;
+  // The request's cache salt (Proposer::kSuffix): drafts may copy earlier
+  // requests' text only from requests of the same salt.
+  std::string cache_salt;
 
   // Structured output (with sample): the request's grammar. Each of the
   // step's rows is masked to the tokens it allows there before sampling
@@ -111,6 +122,7 @@ struct SequenceResult {
   // accepted. The step computed the KV of `tokens` and of the accepted
   // drafts, nothing more.
   Proposer proposer = Proposer::kNone;
+  DraftSource draft_source = DraftSource::kRequest;
   int32_t drafted = 0;
   int32_t accepted = 0;
 };

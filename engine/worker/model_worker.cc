@@ -20,8 +20,9 @@ void ModelWorker::EnableNgramProposer(int32_t min_n, int32_t max_n) {
   ngram_ = std::make_unique<speculative::NgramProposer>(min_n, max_n);
 }
 
-void ModelWorker::EnableSuffixProposer(int32_t min_match) {
-  suffix_ = std::make_unique<speculative::SuffixProposer>(min_match);
+void ModelWorker::EnableSuffixProposer(const speculative::SuffixDraftOptions& options,
+                                       std::shared_ptr<const speculative::SuffixCache> cache) {
+  suffix_ = std::make_unique<speculative::SuffixProposer>(options, std::move(cache));
 }
 
 void ModelWorker::EnableSelfDraftProposer(int layers) {
@@ -248,6 +249,7 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
         }
         r.sampled = std::move(v.tokens);
         r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
+        r.draft_source = draft.source;
         r.drafted = static_cast<int32_t>(draft.tokens.size());
         r.accepted = v.accepted;
         row += rows;
@@ -289,6 +291,7 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
       }
       r.sampled = std::move(v.tokens);
       r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
+      r.draft_source = draft.source;
       r.drafted = static_cast<int32_t>(draft.tokens.size());
       r.accepted = v.accepted;
       row += rows;

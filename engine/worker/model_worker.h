@@ -17,6 +17,7 @@
 #include "engine/model/llama_model.h"
 #include "engine/speculative/draft_model_proposer.h"
 #include "engine/speculative/proposer.h"
+#include "engine/speculative/suffix_proposer.h"
 #include "engine/step/step_plan.h"
 
 namespace tandem::worker {
@@ -30,9 +31,10 @@ class ModelWorker : public step::Worker {
   // a proposer the worker lacks fail with FailedPrecondition.
   // n-gram drafting with match lengths min_n..max_n.
   void EnableNgramProposer(int32_t min_n, int32_t max_n);
-  // Suffix drafting (longest match, following the copy it is in) with
-  // matches of at least `min_match` tokens.
-  void EnableSuffixProposer(int32_t min_match);
+  // Suffix drafting (longest match, following the copy it is in), also
+  // from earlier requests' text in `cache` when set (shared by workers).
+  void EnableSuffixProposer(const speculative::SuffixDraftOptions& options,
+                            std::shared_ptr<const speculative::SuffixCache> cache);
   // Layer-skip self-drafting with the model's first `layers` layers.
   void EnableSelfDraftProposer(int layers);
   // Drafting with a separate draft model (same vocabulary, the same KV block

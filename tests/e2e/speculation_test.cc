@@ -75,6 +75,56 @@ void ExpectMetricsMatch(Daemon& daemon, const std::string& proposer, const Total
                         {label, "position=\"1\""}));
 }
 
+double Metric(Daemon& daemon, const std::string& name, const std::vector<std::string>& labels) {
+  const std::optional<std::string> metrics = HttpGet(daemon.metrics_port(), "/metrics");
+  EXPECT_TRUE(metrics.has_value());
+  if (!metrics.has_value()) return -1;
+  if (labels.empty()) {
+    // An unlabelled gauge: the line "name value".
+    std::istringstream lines(*metrics);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+    }
+    return -1;
+  }
+  return LabelledSum(*metrics, name, labels);
+}
+
+// The suffix cache of a --speculative=suffix daemon that has finished four
+// requests (`first` among them, unsalted): a request drafts from an earlier
+// request's text of its own salt (the whole answer, copied), never from
+// another salt's; the metrics count the texts and the drafts by source.
+void ExpectSuffixCacheDraftsAcrossRequestsOfOneSalt(Daemon& daemon, const Generation& first) {
+  EXPECT_EQ(Metric(daemon, "tandem_speculation_cache_texts", {}), 4);
+  EXPECT_GT(Metric(daemon, "tandem_speculation_cache_bytes", {}), 0);
+  const std::vector<std::string> global = {"proposer=\"suffix\"", "source=\"global\""};
+  auto stub = daemon.Stub();
+  v1::GenerateRequest salted = CopyRequest();
+  salted.set_cache_salt("tenant-a");
+  const Generation a1 = Generate(*stub, salted);
+  ASSERT_TRUE(a1.status.ok()) << a1.status.error_message();
+  const double global_accepted = Metric(daemon, "tandem_speculative_accepted_tokens_total", global);
+  const double global_drafted = Metric(daemon, "tandem_speculative_drafted_tokens_total", global);
+  // A second request of that salt copies the first one's answer.
+  const Generation a2 = Generate(*stub, salted);
+  ASSERT_TRUE(a2.status.ok());
+  EXPECT_EQ(a2.token_ids, first.token_ids);
+  EXPECT_GE(Metric(daemon, "tandem_speculative_accepted_tokens_total", global) - global_accepted,
+            static_cast<double>(first.token_ids.size()) / 2)
+      << "most of the answer is accepted from the earlier request's text";
+  // Another salt's request drafts nothing from either tenant's text.
+  salted.set_cache_salt("tenant-b");
+  const double before_b = Metric(daemon, "tandem_speculative_drafted_tokens_total", global);
+  const Generation b = Generate(*stub, salted);
+  ASSERT_TRUE(b.status.ok());
+  EXPECT_EQ(b.token_ids, first.token_ids);
+  EXPECT_GT(b.last.usage().drafted_tokens(), 0) << "from its own prompt";
+  EXPECT_EQ(Metric(daemon, "tandem_speculative_drafted_tokens_total", global), before_b);
+  EXPECT_GE(before_b, global_drafted);
+  EXPECT_EQ(Metric(daemon, "tandem_speculation_cache_texts", {}), 7);
+}
+
 // A proposer that copies from the sequence's own text (ngram, suffix):
 // greedy and seeded answers are those without drafts, and the metrics count
 // exactly what the responses' usage reports.
@@ -121,6 +171,7 @@ void ExpectCopiedDraftsChangeNoTokenAndAreReportedExactly(const std::string& pro
   totals.accepted += with.last.usage().accepted_tokens();
 
   ExpectMetricsMatch(daemon, proposer, totals);
+  if (proposer == "suffix") ExpectSuffixCacheDraftsAcrossRequestsOfOneSalt(daemon, drafted);
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 

@@ -179,6 +179,13 @@ TEST(KvMemoryPlanTest, ADraftModelsWeightsAndPagesComeOutOfTheSameMemory) {
   ASSERT_TRUE(own_decode.ok());
   EXPECT_EQ(server::KvBlocksFromFreeMemory(0.5, *weights + 1000 * block, *own_decode), 400);
 
+  // So is the suffix cache's budget, host memory like this backend's.
+  absl::StatusOr<server::KvMemoryPlan> suffix_cache =
+      server::PlanKvMemory(*file, shape, nullptr, backend, 0, 100 * block);
+  ASSERT_TRUE(suffix_cache.ok());
+  EXPECT_EQ(suffix_cache->fixed_bytes, *weights + 100 * block);
+  EXPECT_EQ(server::KvBlocksFromFreeMemory(0.5, *weights + 1000 * block, *suffix_cache), 450);
+
   // The same file as a draft: twice the weights, and each block id has two
   // blocks of pages.
   absl::StatusOr<server::KvMemoryPlan> drafted =

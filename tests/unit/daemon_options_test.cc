@@ -71,6 +71,8 @@ TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerUnderTheSlo
   EXPECT_FALSE(options->scheduler.remote_decode);
   EXPECT_EQ(options->scheduler.speculation.proposer, step::Proposer::kNgram);
   EXPECT_EQ(options->speculative, "ngram");
+  EXPECT_EQ(options->scheduler.speculation.max_draft, 8);
+  EXPECT_EQ(options->model.speculation_cache_bytes, 0) << "kept only for suffix drafting";
   EXPECT_EQ(options->dispatch.pacing.interval, absl::Milliseconds(40));
   EXPECT_EQ(options->dispatch.pacing.prefill_min_share, 0.5);
   EXPECT_EQ(options->max_queued_requests, 256);
@@ -280,6 +282,24 @@ TEST(DaemonOptionsTest, AThresholdChoosesTheThresholdPolicy) {
   EXPECT_EQ(o->dispatch.policy, scheduler::DispatchPolicy::kPaced);
 }
 
+TEST(DaemonOptionsTest, SuffixSpeculationDraftsLongFromACacheOfRecentText) {
+  absl::FlagSaver saver;
+  absl::StatusOr<DaemonOptions> suffix = OptionsWith({{"speculative", "suffix"}});
+  ASSERT_TRUE(suffix.ok()) << suffix.status();
+  EXPECT_EQ(suffix->scheduler.speculation.proposer, step::Proposer::kSuffix);
+  EXPECT_EQ(suffix->scheduler.speculation.max_draft, 32);
+  EXPECT_EQ(suffix->model.speculation_cache_bytes, int64_t{64} << 20);
+  EXPECT_EQ(suffix->model.suffix_length_factor, 2.0);
+  absl::StatusOr<DaemonOptions> set = OptionsWith({{"speculative", "suffix"},
+                                                   {"spec_max_draft", "12"},
+                                                   {"speculation_cache_bytes", "1048576"},
+                                                   {"spec_suffix_length_factor", "0.5"}});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->scheduler.speculation.max_draft, 12);
+  EXPECT_EQ(set->model.speculation_cache_bytes, 1048576);
+  EXPECT_EQ(set->model.suffix_length_factor, 0.5);
+}
+
 TEST(DaemonOptionsTest, SpeculationAndFaultFlagsBecomeTheirOptions) {
   absl::FlagSaver saver;
   absl::StatusOr<DaemonOptions> options = OptionsWith({{"speculative", "draft"},
@@ -349,7 +369,10 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"speculative", "bogus"}}, "--speculative='bogus': expected off, ngram, suffix or draft"},
       {{{"speculative", "draft"}},
        "--speculative=draft needs a draft model: set --draft_model or --draft_layers"},
-      {{{"spec_max_draft", "-1"}}, "--spec_max_draft must be >= 0 (got -1)"},
+      {{{"spec_max_draft", "-2"}},
+       "--spec_max_draft must be >= 0, or -1 for the proposer's default (got -2)"},
+      {{{"speculation_cache_bytes", "-1"}}, "--speculation_cache_bytes=-1: must be >= 0"},
+      {{{"spec_suffix_length_factor", "-0.5"}}, "--spec_suffix_length_factor=-0.5: must be >= 0"},
       {{{"max_batched_tokens", "0"}}, "--max_batched_tokens=0: must be at least 1"},
       {{{"max_running", "0"}}, "--max_running=0: must be at least 1"},
       {{{"max_queued_requests", "0"}}, "--max_queued_requests=0: must be at least 1"},

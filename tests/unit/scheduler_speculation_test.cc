@@ -257,3 +257,64 @@ TEST(SchedulerSpeculationTest, StopTokensInsideAcceptedDraftsEndTheRequestThere)
 
 }  // namespace
 }  // namespace tandem::scheduler
+
+namespace tandem::scheduler {
+namespace {
+
+// The text each finished request leaves for suffix drafting across
+// requests: its salt, and its prompt then output, exactly once.
+TEST(SchedulerSpeculationTest, FinishedRequestsLeaveTheirTextUnderTheirSalt) {
+  SchedulerOptions options = Options(64, 128, step::Proposer::kSuffix);
+  std::vector<std::pair<std::string, std::vector<TokenId>>> texts;
+  options.on_finished_text = [&](std::string_view salt, std::span<const TokenId> tokens) {
+    texts.emplace_back(std::string(salt), std::vector<TokenId>(tokens.begin(), tokens.end()));
+  };
+  SchedulerCore core(options);
+  testing::FakeWorker worker(options.kv_blocks, kBlockSize);
+  auto salted = std::make_shared<Record>(), cancelled = std::make_shared<Record>(),
+       failed = std::make_shared<Record>();
+  Request r = MakeRequest(5, 12, salted, 1);
+  r.cache_salt = "tenant-a";
+  const std::vector<TokenId> salted_prompt = r.prompt;
+  core.Add(1, std::move(r));
+  core.Add(2, MakeRequest(4, 50, cancelled, 2));
+  const std::vector<TokenId> cancelled_prompt = MakeRequest(4, 50, nullptr, 2).prompt;
+  bool saw_salted_draft = false;
+  for (int step = 0; step < 200 && salted->finishes == 0; ++step) {
+    step::StepPlan plan = core.Schedule(Lane::kPrefill);
+    for (const step::SequenceStep& s : plan.sequences) {
+      if (s.draft_limit == 0) continue;
+      EXPECT_EQ(s.cache_salt, s.sequence_id == 1 ? "tenant-a" : "") << "sequence " << s.sequence_id;
+      saw_salted_draft |= s.sequence_id == 1;
+    }
+    core.Update(Lane::kPrefill, plan, worker.Execute(plan));
+  }
+  ASSERT_EQ(salted->finishes, 1);
+  EXPECT_TRUE(saw_salted_draft);
+  ASSERT_EQ(texts.size(), 1u);
+  std::vector<TokenId> expected = salted_prompt;
+  expected.insert(expected.end(), salted->tokens.begin(), salted->tokens.end());
+  EXPECT_EQ(texts[0].first, "tenant-a");
+  EXPECT_EQ(texts[0].second, expected);
+
+  // A cancelled request's text counts too (what it generated is the
+  // model's); one that ended in an error leaves nothing.
+  core.Cancel(2, FinishReason::kCancelled, absl::CancelledError("client"));
+  ASSERT_EQ(texts.size(), 2u);
+  expected = cancelled_prompt;
+  expected.insert(expected.end(), cancelled->tokens.begin(), cancelled->tokens.end());
+  EXPECT_EQ(texts[1].first, "");
+  EXPECT_EQ(texts[1].second, expected);
+  core.Add(3, MakeRequest(6, 10, failed, 3));
+  step::StepPlan plan = core.Schedule(Lane::kPrefill);
+  step::StepResult error;
+  error.status = absl::InternalError("the worker failed");
+  core.Update(Lane::kPrefill, plan, error);
+  ASSERT_EQ(failed->finishes, 1);
+  EXPECT_EQ(failed->finish->reason, FinishReason::kError);
+  EXPECT_EQ(texts.size(), 2u);
+  EXPECT_EQ(core.free_blocks(), 128);
+}
+
+}  // namespace
+}  // namespace tandem::scheduler

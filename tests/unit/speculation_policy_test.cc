@@ -49,6 +49,41 @@ TEST(AcceptanceEstimateTest, IdleStepsBringTheEstimateBackToThePrior) {
   EXPECT_NEAR(e.rate(), 0.5, 1e-6);
 }
 
+// At a long context a verified row costs most of a step, so even the
+// prior's acceptance never pays for a token: without probes a sequence that
+// starts there never drafts, and never learns that its output is a copy.
+TEST(AcceptanceEstimateTest, ASequenceThatNeverDraftsIsProbedAndThenDraftsWhatPays) {
+  SpeculationOptions o = Ngram(4.3, 2.3);
+  o.cost.per_context = 3.2 / 1000;
+  o.cost.per_context_extra = 1.9 / 1000;
+  AcceptanceEstimate e(0.5);
+  auto allocate = [&] {
+    const std::vector<DraftCandidate> one = {{e.rate(), 100, 5000, e.probe_due()}};
+    return AllocateDrafts(one, 128, 0, o)[0];
+  };
+  int32_t steps = 0;
+  while (allocate() == 0) {
+    e.Idle();
+    ASSERT_LT(++steps, 1000) << "never drafts";
+  }
+  EXPECT_EQ(steps, AcceptanceEstimate::kProbeAfter);
+  EXPECT_EQ(allocate(), 1) << "a probe is one token";
+  EXPECT_FALSE(
+      AllocateDrafts(std::vector<DraftCandidate>{{e.rate(), 100, 5000, false}}, 128, 0, o)[0] > 0)
+      << "the cost model alone would not draft";
+  // The probe is accepted (a copy): drafting pays from now on, and grows.
+  e.Record(1, 1);
+  EXPECT_FALSE(e.probe_due());
+  EXPECT_GE(allocate(), 1);
+  for (int i = 0; i < 6; ++i) e.Record(allocate(), allocate());
+  EXPECT_GE(allocate(), 4);
+  // A probe never takes what the budget or the sequence's cap do not allow.
+  const std::vector<DraftCandidate> capped = {{0.5, 0, 5000, true}};
+  EXPECT_EQ(AllocateDrafts(capped, 128, 0, o)[0], 0);
+  const std::vector<DraftCandidate> probing = {{0.5, 100, 5000, true}};
+  EXPECT_EQ(AllocateDrafts(probing, 0, 0, o)[0], 0);
+}
+
 TEST(AllocateDraftsTest, DraftsLongWhenAcceptanceIsHighAndVerificationCheap) {
   // Batch 1, a step costs 10 + 1 per token: a 0.9 acceptance pays for a long draft.
   const std::vector<DraftCandidate> one = {{0.9, 100}};

@@ -20,19 +20,32 @@ SuffixMatcher MatcherOf(const Tokens& tokens) {
   return matcher;
 }
 
+// The tokens of a draft from the matcher's own stream (no cache, no length
+// factor).
+Tokens Drafted(SuffixMatcher& matcher, int32_t limit, int32_t min_match) {
+  SuffixDraftOptions options;
+  options.min_match = min_match;
+  SuffixDraft draft = matcher.Draft(limit, options);
+  EXPECT_EQ(draft.source, step::DraftSource::kRequest);
+  return draft.tokens;
+}
+Tokens Drafted(SuffixMatcher&& matcher, int32_t limit, int32_t min_match) {
+  return Drafted(matcher, limit, min_match);
+}
+
 TEST(SuffixMatcherTest, TheLongestMatchBeatsTheLatest) {
   // "1 2 3 4 5" is followed by 10 at the start; the later "3 4 5" by 20.
   // The tail "1 2 3 4 5" matches five tokens at the start, three later.
   const Tokens tokens = {1, 2, 3, 4, 5, 10, 9, 3, 4, 5, 20, 1, 2, 3, 4, 5};
   SuffixMatcher matcher = MatcherOf(tokens);
-  EXPECT_EQ(matcher.Draft(3, 1), (Tokens{10, 9, 3}));
+  EXPECT_EQ(Drafted(matcher, 3, 1), (Tokens{10, 9, 3}));
   // The n-gram proposer (n <= 3) takes the latest "3 4 5".
   EXPECT_EQ(NgramDraft(tokens, 1, 3, 3), (Tokens{20, 1, 2}));
 }
 
 TEST(SuffixMatcherTest, AmongEqualMatchesTheLatestWins) {
   SuffixMatcher matcher = MatcherOf({7, 1, 30, 8, 1, 40, 9, 1});
-  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{40, 9}));
+  EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{40, 9}));
 }
 
 // The source: 1 2 [50] 3 4 5 6, and later 60 3 4 5 9 (where "60 3" and
@@ -42,37 +55,37 @@ const Tokens kSource = {1, 2, 50, 3, 4, 5, 6, 60, 3, 4, 5, 9, 0};
 TEST(SuffixMatcherTest, ACopyResumesJustPastWhereItDiverged) {
   SuffixMatcher matcher = MatcherOf(kSource);
   matcher.Append(Tokens{1, 2});
-  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{50, 3}));  // copying the start
-  matcher.Append(Tokens{60, 3});                    // the output renames 50 to 60
+  EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{50, 3}));  // copying the start
+  matcher.Append(Tokens{60, 3});                       // the output renames 50 to 60
   // A fresh search would take "60 3" at 7..8 (two tokens against one); the
   // copy goes on where it left instead.
-  EXPECT_EQ(matcher.Draft(3, 1), (Tokens{4, 5, 6}));
+  EXPECT_EQ(Drafted(matcher, 3, 1), (Tokens{4, 5, 6}));
   matcher.Append(Tokens{4, 5});
   // Still following its source, though "60 3 4 5" now matches four tokens
   // at 7..10 against three.
-  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{6, 60}));
+  EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{6, 60}));
 }
 
 TEST(SuffixMatcherTest, WithoutAnEarlierCopyADivergedTailSearchesAfresh) {
   SuffixMatcher matcher = MatcherOf(kSource);
   matcher.Append(Tokens{60, 3});
-  EXPECT_EQ(matcher.Draft(2, 1), (Tokens{4, 5}));
-  EXPECT_EQ(matcher.Draft(5, 1), (Tokens{4, 5, 9, 0, 60}));
+  EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{4, 5}));
+  EXPECT_EQ(Drafted(matcher, 5, 1), (Tokens{4, 5, 9, 0, 60}));
 }
 
 TEST(SuffixMatcherTest, DraftsAreBoundedByTheLimitTheStreamAndTheShortestMatch) {
   SuffixMatcher matcher = MatcherOf({4, 4, 4});
-  EXPECT_EQ(matcher.Draft(5, 1), (Tokens{4}));  // the stream's end bounds it
-  EXPECT_TRUE(matcher.Draft(0, 1).empty());
-  EXPECT_TRUE(MatcherOf({1, 2, 3, 4}).Draft(5, 1).empty());  // nothing repeats
-  EXPECT_TRUE(MatcherOf({5}).Draft(3, 1).empty());
+  EXPECT_EQ(Drafted(matcher, 5, 1), (Tokens{4}));  // the stream's end bounds it
+  EXPECT_TRUE(Drafted(matcher, 0, 1).empty());
+  EXPECT_TRUE(Drafted(MatcherOf({1, 2, 3, 4}), 5, 1).empty());  // nothing repeats
+  EXPECT_TRUE(Drafted(MatcherOf({5}), 3, 1).empty());
   // "8 2" matches two tokens: enough for min_match 2, not for 3.
-  EXPECT_EQ(MatcherOf({8, 2, 6, 7, 8, 2}).Draft(2, 2), (Tokens{6, 7}));
-  EXPECT_TRUE(MatcherOf({8, 2, 6, 7, 8, 2}).Draft(2, 3).empty());
+  EXPECT_EQ(Drafted(MatcherOf({8, 2, 6, 7, 8, 2}), 2, 2), (Tokens{6, 7}));
+  EXPECT_TRUE(Drafted(MatcherOf({8, 2, 6, 7, 8, 2}), 2, 3).empty());
   // The longest match counted is kMaxMatch: a long repeat still drafts.
   Tokens periodic;
   for (int i = 0; i < 300; ++i) periodic.push_back(i % 100);
-  EXPECT_EQ(MatcherOf(periodic).Draft(64, 1).size(), 64u);
+  EXPECT_EQ(Drafted(MatcherOf(periodic), 64, 1).size(), 64u);
 }
 
 step::SequenceStep Step(uint64_t id, const Tokens& all) {
@@ -84,7 +97,7 @@ step::SequenceStep Step(uint64_t id, const Tokens& all) {
 }
 
 TEST(SuffixProposerTest, EachSequenceDraftsFromItsOwnTokensAcrossSteps) {
-  SuffixProposer proposer(1);
+  SuffixProposer proposer(SuffixDraftOptions{});
   Tokens a = kSource, b = {7, 8, 9, 7, 8};
   a.insert(a.end(), {1, 2});
   std::vector<Draft> drafts;
@@ -108,7 +121,7 @@ TEST(SuffixProposerTest, EachSequenceDraftsFromItsOwnTokensAcrossSteps) {
 }
 
 TEST(SuffixProposerTest, SequencesThatStopAskingAreDropped) {
-  SuffixProposer proposer(1);
+  SuffixProposer proposer(SuffixDraftOptions{});
   std::vector<Draft> drafts;
   step::SequenceStep gone = Step(1, {1, 2, 1}), staying = Step(2, {3, 4, 3});
   ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&gone, 1}, {&staying, 1}}, &drafts).ok());

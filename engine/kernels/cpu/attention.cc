@@ -39,27 +39,58 @@ struct Task {
 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 Load8(const uint16_t* p) { return LoadHalf8(p); }
 
+// head_dim 64: the eight lanes whose sum (HorizontalSum) is q . k: two
+// chains of products over the 64 dimensions, added lane by lane.
+template <typename T>
+inline __m256 DotLanes64(const __m256* q, const T* k) {
+  __m256 acc0 = _mm256_mul_ps(q[0], Load8(k));
+  __m256 acc1 = _mm256_mul_ps(q[1], Load8(k + 8));
+  acc0 = _mm256_fmadd_ps(q[2], Load8(k + 16), acc0);
+  acc1 = _mm256_fmadd_ps(q[3], Load8(k + 24), acc1);
+  acc0 = _mm256_fmadd_ps(q[4], Load8(k + 32), acc0);
+  acc1 = _mm256_fmadd_ps(q[5], Load8(k + 40), acc1);
+  acc0 = _mm256_fmadd_ps(q[6], Load8(k + 48), acc0);
+  acc1 = _mm256_fmadd_ps(q[7], Load8(k + 56), acc1);
+  return _mm256_add_ps(acc0, acc1);
+}
+
+// The HorizontalSum of each of v[0..8), as the lanes of one vector: the
+// same additions in the same association ((l0+l4)+(l2+l6)) + ((l1+l5)+
+// (l3+l7)), eight at a time (so bitwise equal to summing each alone, at a
+// third of the shuffles).
+inline __m256 HorizontalSums8(const __m256* v) {
+  __m256 halves[4];  // [v(2i) l0+l4 .. l3+l7 | v(2i+1) l0+l4 .. l3+l7]
+  for (int i = 0; i < 4; ++i) {
+    halves[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                              _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  // Per 128-bit lane, of keys (a, b): [a s0+s2, a s1+s3, b s0+s2, b s1+s3].
+  const __m256 pairs0 = _mm256_add_ps(_mm256_shuffle_ps(halves[0], halves[1], 0x44),
+                                      _mm256_shuffle_ps(halves[0], halves[1], 0xEE));
+  const __m256 pairs1 = _mm256_add_ps(_mm256_shuffle_ps(halves[2], halves[3], 0x44),
+                                      _mm256_shuffle_ps(halves[2], halves[3], 0xEE));
+  // Sums of v0, v2, v4, v6 | v1, v3, v5, v7, then in key order.
+  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs0, pairs1, 0x88),
+                                    _mm256_shuffle_ps(pairs0, pairs1, 0xDD));
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // head_dim 64: scores[j] = scale * (q . rows[j]) for j in [0, n). The same
-// operations whether the rows are floats or halves (converted exactly), so a
-// query's scores do not depend on which form its task reads.
+// operations whether the rows are floats or halves (converted exactly), and
+// whether a key falls in a group of eight or not, so a query's scores do not
+// depend on which form its task reads or on how many keys it sees.
 template <typename T>
 void ScoreRows64(const float* q, const T* const* rows, int n, float scale, float* scores) {
-  const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
-  const __m256 q2 = _mm256_loadu_ps(q + 16), q3 = _mm256_loadu_ps(q + 24);
-  const __m256 q4 = _mm256_loadu_ps(q + 32), q5 = _mm256_loadu_ps(q + 40);
-  const __m256 q6 = _mm256_loadu_ps(q + 48), q7 = _mm256_loadu_ps(q + 56);
-  for (int j = 0; j < n; ++j) {
-    const T* k = rows[j];
-    __m256 acc0 = _mm256_mul_ps(q0, Load8(k));
-    __m256 acc1 = _mm256_mul_ps(q1, Load8(k + 8));
-    acc0 = _mm256_fmadd_ps(q2, Load8(k + 16), acc0);
-    acc1 = _mm256_fmadd_ps(q3, Load8(k + 24), acc1);
-    acc0 = _mm256_fmadd_ps(q4, Load8(k + 32), acc0);
-    acc1 = _mm256_fmadd_ps(q5, Load8(k + 40), acc1);
-    acc0 = _mm256_fmadd_ps(q6, Load8(k + 48), acc0);
-    acc1 = _mm256_fmadd_ps(q7, Load8(k + 56), acc1);
-    scores[j] = HorizontalSum(_mm256_add_ps(acc0, acc1)) * scale;
+  __m256 qv[8];
+  for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 lanes[8];
+    for (int i = 0; i < 8; ++i) lanes[i] = DotLanes64(qv, rows[j + i]);
+    _mm256_storeu_ps(scores + j, _mm256_mul_ps(HorizontalSums8(lanes), vscale));
   }
+  for (; j < n; ++j) scores[j] = HorizontalSum(DotLanes64(qv, rows[j])) * scale;
 }
 
 // head_dim 64: acc[0..64) += p[j] * rows[j] for j in [0, n), in order of j.
@@ -119,9 +150,18 @@ void AccumulateBlock(float* acc, const float* p, const float* values, int n, int
 
 // Replaces scores[0..n) by exp(scores - max) and returns their sum.
 float ExpAndSum(float* scores, int64_t n) {
+  // The maximum is exact in any order.
   float max = scores[0];
-  for (int64_t j = 1; j < n; ++j) max = std::max(max, scores[j]);
   int64_t j = 0;
+#ifdef TANDEM_CPU_AVX2
+  if (n >= 8) {
+    __m256 vmax8 = _mm256_loadu_ps(scores);
+    for (j = 8; j + 8 <= n; j += 8) vmax8 = _mm256_max_ps(vmax8, _mm256_loadu_ps(scores + j));
+    max = HorizontalMax(vmax8);
+  }
+#endif
+  for (; j < n; ++j) max = std::max(max, scores[j]);
+  j = 0;
   float sum = 0.0f;
 #ifdef TANDEM_CPU_AVX2
   const __m256 vmax = _mm256_set1_ps(max);

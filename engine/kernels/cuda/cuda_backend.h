@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   // cudaMemGetInfo's free bytes on the backend's device.
   absl::StatusOr<int64_t> FreeMemoryBytes() const override;
+  bool MemoryIsHost() const override { return false; }
   // bf16 for matrices; float32 vectors stay float32 (a float32 matrix has
   // both). Both lanes' backends hold the same device copies of a weight
   // (SharedDeviceCopy), so the model's weights take this once per process.

@@ -1,0 +1,104 @@
+// tandem-attention-bench: what the CPU paged attention costs a decode step
+// and a verification of drafted tokens: one sequence of --context cached
+// tokens, R query rows at its end (R = 1: a decode token; R > 1: the token
+// and R - 1 drafts), the shape of --heads/--kv_heads/--head_dim, on
+// --threads threads. Prints the median time of --repeats calls per R, its
+// ratio to R = 1, and the cost of each row beyond the first.
+//
+//   build/bin/tandem-attention-bench --context=4000 --rows=1,2,4,8,16,32
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "engine/kernels/cpu/attention.h"
+#include "engine/kernels/cpu/compute_pool.h"
+#include "engine/kernels/half.h"
+
+ABSL_FLAG(int, context, 4000, "cached tokens before the query rows");
+ABSL_FLAG(std::vector<std::string>, rows,
+          std::vector<std::string>({"1", "2", "4", "8", "16", "32"}),
+          "query rows per call (a decode token and its drafts)");
+ABSL_FLAG(int, heads, 9, "query heads (SmolLM2-135M: 9)");
+ABSL_FLAG(int, kv_heads, 3, "KV heads (SmolLM2-135M: 3)");
+ABSL_FLAG(int, head_dim, 64, "head dimension");
+ABSL_FLAG(int, layers, 30, "layers per step (the time printed is one step's, all layers)");
+ABSL_FLAG(int, threads, 2, "compute threads");
+ABSL_FLAG(int, repeats, 21, "timed steps per row count (the median is printed)");
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int kBlockSize = 16;
+
+int Main() {
+  const int context = absl::GetFlag(FLAGS_context);
+  const int heads = absl::GetFlag(FLAGS_heads), kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  const int head_dim = absl::GetFlag(FLAGS_head_dim), layers = absl::GetFlag(FLAGS_layers);
+  int max_rows = 1;
+  for (const std::string& r : absl::GetFlag(FLAGS_rows))
+    max_rows = std::max(max_rows, std::stoi(r));
+  const int positions = context + max_rows;
+  const int blocks = (positions + kBlockSize - 1) / kBlockSize;
+  // Random keys and values (halves), blocks in a shuffled order as a
+  // running cache holds them.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t pool_halves = static_cast<size_t>(blocks) * kBlockSize * kv_heads * head_dim;
+  std::vector<uint16_t> k(pool_halves), v(pool_halves);
+  for (size_t i = 0; i < pool_halves; ++i) {
+    k[i] = FloatToHalf(normal(rng));
+    v[i] = FloatToHalf(normal(rng));
+  }
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = b;
+  std::shuffle(table.begin(), table.end(), rng);
+  const KvLayerView kv{k.data(), v.data(), kBlockSize, kv_heads, head_dim};
+  const AttentionShape shape{heads, kv_heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
+  std::vector<float> q(static_cast<size_t>(max_rows) * heads * head_dim),
+      out(static_cast<size_t>(max_rows) * heads * head_dim);
+  for (float& x : q) x = normal(rng);
+
+  ComputePool pool(absl::GetFlag(FLAGS_threads));
+  ComputeLane& lane = pool.lane(LanePriority::kLatency);
+  std::vector<std::vector<float>> scratch;
+  std::printf("context %d, %d heads, %d KV heads, head_dim %d, %d layers, %d threads\n", context,
+              heads, kv_heads, head_dim, layers, pool.size());
+  std::printf("%5s %10s %9s %14s\n", "rows", "step ms", "vs 1 row", "ms/extra row");
+  double one_row = 0;
+  for (const std::string& text : absl::GetFlag(FLAGS_rows)) {
+    const int rows = std::stoi(text);
+    const AttentionSpan span{0, rows, context, table};
+    const Matrix qm{q.data(), rows, int64_t{heads} * head_dim};
+    const Matrix om{out.data(), rows, int64_t{heads} * head_dim};
+    std::vector<double> ms;
+    for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int l = 0; l < layers; ++l) {
+        PagedAttention(lane, scratch, kv, qm, shape, std::span<const AttentionSpan>(&span, 1), om);
+      }
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    if (rows == 1) one_row = median;
+    std::printf("%5d %10.3f %8.2fx %14.3f\n", rows, median, one_row > 0 ? median / one_row : 0.0,
+                rows > 1 && one_row > 0 ? (median - one_row) / (rows - 1) : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cpu
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::kernels::cpu::Main();
+}
