@@ -429,8 +429,8 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     seq->tokens.insert(seq->tokens.end(), r.sampled.begin(), r.sampled.begin() + accepted);
     seq->computed += static_cast<int32_t>(s.tokens.size()) + accepted;
     Kv(lane).Commit(seq->id, seq->tokens, seq->computed);
+    if (s.draft_limit > 0) seq->acceptance.Record(r.drafted, accepted);
     if (r.drafted > 0) {
-      seq->acceptance.Record(r.drafted, accepted);
       seq->drafted += r.drafted;
       seq->accepted += accepted;
     }

@@ -19,8 +19,8 @@ AcceptanceEstimate::AcceptanceEstimate(double prior)
     : prior_(prior), accepted_(prior * kPriorWeight), rejected_((1.0 - prior) * kPriorWeight) {}
 
 void AcceptanceEstimate::Record(int32_t drafted, int32_t accepted) {
-  if (drafted <= 0) return;
   idle_steps_ = 0;
+  if (drafted <= 0) return;
   accepted_ = accepted_ * kDecay + accepted;
   rejected_ = rejected_ * kDecay + (accepted < drafted ? 1.0 : 0.0);
 }

@@ -66,6 +66,10 @@ class AcceptanceEstimate {
  public:
   // `prior`: the rate assumed before any evidence (worth two observations).
   explicit AcceptanceEstimate(double prior = 0.5);
+  // A step that planned drafts: its verification (drafted > 0), or none
+  // because the proposer found nothing to draft (drafted 0: no evidence,
+  // but the probe clock restarts, so a sequence the proposer has nothing
+  // for is not probed step after step).
   void Record(int32_t drafted, int32_t accepted);
   // A decode step without drafts.
   void Idle();

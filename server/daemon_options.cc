@@ -1,5 +1,6 @@
 #include "server/daemon_options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <tuple>
@@ -367,9 +368,9 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
   // The cache is kept (and its memory taken) only where it is read.
   model.speculation_cache_bytes = speculation.proposer == step::Proposer::kSuffix ? cache_bytes : 0;
   model.suffix_length_factor = absl::GetFlag(FLAGS_spec_suffix_length_factor);
-  if (!(model.suffix_length_factor >= 0)) {
-    return FlagError(
-        StrCat("--spec_suffix_length_factor=", model.suffix_length_factor, ": must be >= 0"));
+  if (!(model.suffix_length_factor >= 0) || !std::isfinite(model.suffix_length_factor)) {
+    return FlagError(StrCat("--spec_suffix_length_factor=", model.suffix_length_factor,
+                            ": must be a finite number >= 0"));
   }
   return absl::OkStatus();
 }

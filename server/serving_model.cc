@@ -1,6 +1,7 @@
 #include "server/serving_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -374,9 +375,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   if (options.speculation_cache_bytes > 0) {
     m->suffix_cache_ = std::make_shared<speculative::SuffixCache>(options.speculation_cache_bytes);
   }
-  if (options.suffix_length_factor < 0) {
+  if (!(options.suffix_length_factor >= 0) || !std::isfinite(options.suffix_length_factor)) {
     return absl::InvalidArgumentError(
-        StrCat("--spec_suffix_length_factor=", options.suffix_length_factor, ": must be >= 0"));
+        StrCat("--spec_suffix_length_factor=", options.suffix_length_factor,
+               ": must be a finite number >= 0"));
   }
   for (worker::ModelWorker* worker : {static_cast<worker::ModelWorker*>(m->prefill_.get()),
                                       static_cast<worker::ModelWorker*>(m->decode_.get())}) {

@@ -28,6 +28,7 @@ struct SuffixCache::Corpus {
     std::vector<int64_t> positions;  // increasing; those before first_live are evicted
     size_t first_live = 0;
   };
+  std::string salt;
   std::deque<TokenId> tokens;  // positions base .. end() - 1
   int64_t base = 0;
   absl::flat_hash_map<TokenId, Occurrences> index;
@@ -48,14 +49,17 @@ void SuffixCache::Add(std::string_view salt, std::span<const TokenId> tokens) {
   // The most the text can cost on its own: every token a new id.
   const int64_t alone = kBytesPerSalt + static_cast<int64_t>(salt.size()) + kept * kBytesPerToken +
                         static_cast<int64_t>(tokens.size()) * kBytesPerTokenId;
+  const bool negative = std::any_of(tokens.begin(), tokens.end(), [](TokenId t) { return t < 0; });
   std::lock_guard<std::mutex> lock(mu_);
-  if (alone > budget_bytes_) {
+  if (alone > budget_bytes_ || negative) {
     ++refused_texts_;
     return;
   }
   std::unique_ptr<Corpus>& slot = corpora_[Key(salt)];
   if (slot == nullptr) {
     slot = std::make_unique<Corpus>();
+    slot->salt = std::string(salt);
+    slot->base = next_base_;
     bytes_ += kBytesPerSalt + static_cast<int64_t>(salt.size());
   }
   Corpus& corpus = *slot;
@@ -67,19 +71,18 @@ void SuffixCache::Add(std::string_view salt, std::span<const TokenId> tokens) {
     it->second.positions.push_back(position);
   }
   corpus.tokens.push_back(kSeparator);
+  next_base_ = std::max(next_base_, corpus.end());
   bytes_ += kept * kBytesPerToken;
   tokens_ += static_cast<int64_t>(tokens.size());
-  texts_.emplace_back(std::string(salt), kept);
+  texts_.emplace_back(&corpus, kept);
   // The text just kept fits alone, so this stops before evicting it.
   while (bytes_ > budget_bytes_) EvictOldest();
 }
 
 void SuffixCache::EvictOldest() {
-  auto [salt, count] = std::move(texts_.front());
+  auto [kept, count] = texts_.front();
   texts_.pop_front();
-  auto found = corpora_.find(Key(salt));
-  TANDEM_CHECK(found != corpora_.end(), "a kept text's salt has no index");
-  Corpus& corpus = *found->second;
+  Corpus& corpus = *kept;
   for (int64_t i = 0; i < count; ++i) {
     const TokenId token = corpus.tokens.front();
     corpus.tokens.pop_front();
@@ -104,16 +107,16 @@ void SuffixCache::EvictOldest() {
   }
   bytes_ -= count * kBytesPerToken;
   if (corpus.tokens.empty()) {
-    bytes_ -= kBytesPerSalt + static_cast<int64_t>(salt.size());
-    corpora_.erase(found);
+    bytes_ -= kBytesPerSalt + static_cast<int64_t>(corpus.salt.size());
+    corpora_.erase(Key(corpus.salt));  // destroys the corpus: last use above
   }
   ++evicted_texts_;
 }
 
 void SuffixCache::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  corpora_.clear();
   texts_.clear();
+  corpora_.clear();
   bytes_ = 0;
   tokens_ = 0;
 }
@@ -133,8 +136,27 @@ SuffixCache::Stats SuffixCache::stats() const {
 
 SuffixMatch SuffixCache::Longest(std::string_view salt, std::span<const TokenId> tail,
                                  int32_t min_match) const {
-  if (tail.empty()) return {};
   std::lock_guard<std::mutex> lock(mu_);
+  return LongestLocked(salt, tail, min_match);
+}
+
+std::vector<TokenId> SuffixCache::Continuation(std::string_view salt, int64_t position,
+                                               int32_t limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ContinuationLocked(salt, position, limit);
+}
+
+SuffixCache::Copy SuffixCache::LongestCopy(std::string_view salt, std::span<const TokenId> tail,
+                                           int32_t min_match, int32_t limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const SuffixMatch match = LongestLocked(salt, tail, min_match);
+  if (match.position < 0) return {};
+  return {match.length, ContinuationLocked(salt, match.position, limit)};
+}
+
+SuffixMatch SuffixCache::LongestLocked(std::string_view salt, std::span<const TokenId> tail,
+                                       int32_t min_match) const {
+  if (tail.empty()) return {};
   auto found = corpora_.find(Key(salt));
   if (found == corpora_.end()) return {};
   const Corpus& corpus = *found->second;
@@ -163,10 +185,9 @@ SuffixMatch SuffixCache::Longest(std::string_view salt, std::span<const TokenId>
   return best;
 }
 
-std::vector<TokenId> SuffixCache::Continuation(std::string_view salt, int64_t position,
-                                               int32_t limit) const {
+std::vector<TokenId> SuffixCache::ContinuationLocked(std::string_view salt, int64_t position,
+                                                     int32_t limit) const {
   std::vector<TokenId> out;
-  std::lock_guard<std::mutex> lock(mu_);
   auto found = corpora_.find(Key(salt));
   if (found == corpora_.end()) return out;
   const Corpus& corpus = *found->second;

@@ -44,10 +44,13 @@ struct SuffixMatch {
 
 class SuffixCache {
  public:
-  // What the budget counts: each kept token (its id and its place in the
-  // index), each distinct token id of a salt's index, and each salt.
-  static constexpr int64_t kBytesPerToken = sizeof(TokenId) + sizeof(int64_t);
-  static constexpr int64_t kBytesPerTokenId = 64;
+  // What the budget counts, estimates of what is allocated: each kept token
+  // (its id, and its place in the index with room for the index lists'
+  // doubling and their evicted entries awaiting compaction), each distinct
+  // token id of a salt's index (a hash slot and a list), and each salt
+  // (its index and its name).
+  static constexpr int64_t kBytesPerToken = sizeof(TokenId) + 2 * sizeof(int64_t);
+  static constexpr int64_t kBytesPerTokenId = 96;
   static constexpr int64_t kBytesPerSalt = 256;
 
   // REQUIRES: budget_bytes > 0.
@@ -58,7 +61,8 @@ class SuffixCache {
 
   // Keeps one request's text (prompt, then output) under its salt, evicting
   // the oldest texts (of any salt) until all fit the budget. A text that
-  // could not fit alone is not kept. Matches never span two texts.
+  // could not fit alone, or that holds a negative id, is not kept. Matches
+  // never span two texts.
   void Add(std::string_view salt, std::span<const TokenId> tokens);
 
   // Drops every text (the counters since start stay): for benchmarks that
@@ -81,23 +85,41 @@ class SuffixCache {
   // kSuffixMaxCandidates occurrences of tail's last token; among equals the
   // latest), with at least `min_match` matching and a non-empty
   // continuation. None when the salt has no text or nothing matches.
+  // Positions never repeat: a salt emptied and filled again continues from
+  // where the cache's positions had got to.
   SuffixMatch Longest(std::string_view salt, std::span<const TokenId> tail,
                       int32_t min_match) const;
   // Up to `limit` tokens of `salt`'s text from `position` on, stopping at
   // the end of the text it is in. Empty when that text was evicted.
   std::vector<TokenId> Continuation(std::string_view salt, int64_t position, int32_t limit) const;
+  // Longest() and then Continuation() of what it found, under one lock:
+  // the match's length and up to `limit` tokens of its continuation (none
+  // when nothing matches).
+  struct Copy {
+    int32_t length = 0;
+    std::vector<TokenId> tokens;
+  };
+  Copy LongestCopy(std::string_view salt, std::span<const TokenId> tail, int32_t min_match,
+                   int32_t limit) const;
 
  private:
   struct Corpus;
-  // Drops the oldest text. REQUIRES: texts are kept.
+  // Drops the oldest text. REQUIRES: texts are kept; mu_ held.
   void EvictOldest();
+  // mu_ held.
+  SuffixMatch LongestLocked(std::string_view salt, std::span<const TokenId> tail,
+                            int32_t min_match) const;
+  std::vector<TokenId> ContinuationLocked(std::string_view salt, int64_t position,
+                                          int32_t limit) const;
 
   const int64_t budget_bytes_;
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Corpus>> corpora_;
-  // Kept texts, oldest first: their salt and tokens (the separator after
-  // each text included).
-  std::deque<std::pair<std::string, int64_t>> texts_;
+  // Kept texts, oldest first: their salt's corpus and tokens (the
+  // separator after each text included).
+  std::deque<std::pair<Corpus*, int64_t>> texts_;
+  // Where the next new salt's positions start (past every position given).
+  int64_t next_base_ = 0;
   int64_t bytes_ = 0;
   int64_t tokens_ = 0;
   uint64_t evicted_texts_ = 0;

@@ -113,16 +113,14 @@ bool SuffixMatcher::Search(const SuffixDraftOptions& options) {
   // are the more likely to be copied on a tie).
   if (options.cache != nullptr && best < kMaxMatch) {
     const size_t tail = std::min<size_t>(tokens_.size(), kMaxMatch);
-    const SuffixMatch match = options.cache->Longest(
-        options.salt, std::span<const TokenId>(tokens_).last(tail), best + 1);
-    if (match.position >= 0) {
-      cache_copy_ = options.cache->Continuation(options.salt, match.position, kCacheCopy);
-      if (!cache_copy_.empty()) {
-        copying_ = Where::kCache;
-        source_ = 0;
-        agreed_ = match.length;
-        return true;
-      }
+    SuffixCache::Copy copy = options.cache->LongestCopy(
+        options.salt, std::span<const TokenId>(tokens_).last(tail), best + 1, kCacheCopy);
+    if (!copy.tokens.empty()) {
+      cache_copy_ = std::move(copy.tokens);
+      copying_ = Where::kCache;
+      source_ = 0;
+      agreed_ = copy.length;
+      return true;
     }
   }
   if (chosen < 0) return false;
@@ -142,9 +140,10 @@ SuffixDraft SuffixMatcher::Draft(int32_t limit, const SuffixDraftOptions& option
   }
   int64_t count = limit;
   if (options.length_factor > 0) {
-    count = std::min<int64_t>(
-        count,
-        std::max<int64_t>(1, static_cast<int64_t>(std::floor(options.length_factor * agreed_))));
+    // In double, so that any factor (however large) bounds nothing beyond
+    // the limit.
+    const double bound = std::max(1.0, std::floor(options.length_factor * agreed_));
+    if (bound < static_cast<double>(limit)) count = static_cast<int64_t>(bound);
   }
   SuffixDraft draft;
   if (copying_ == Where::kOwn) {

@@ -105,7 +105,6 @@ void ExpectSuffixCacheDraftsAcrossRequestsOfOneSalt(Daemon& daemon, const Genera
   const Generation a1 = Generate(*stub, salted);
   ASSERT_TRUE(a1.status.ok()) << a1.status.error_message();
   const double global_accepted = Metric(daemon, "tandem_speculative_accepted_tokens_total", global);
-  const double global_drafted = Metric(daemon, "tandem_speculative_drafted_tokens_total", global);
   // A second request of that salt copies the first one's answer.
   const Generation a2 = Generate(*stub, salted);
   ASSERT_TRUE(a2.status.ok());
@@ -121,7 +120,6 @@ void ExpectSuffixCacheDraftsAcrossRequestsOfOneSalt(Daemon& daemon, const Genera
   EXPECT_EQ(b.token_ids, first.token_ids);
   EXPECT_GT(b.last.usage().drafted_tokens(), 0) << "from its own prompt";
   EXPECT_EQ(Metric(daemon, "tandem_speculative_drafted_tokens_total", global), before_b);
-  EXPECT_GE(before_b, global_drafted);
   EXPECT_EQ(Metric(daemon, "tandem_speculation_cache_texts", {}), 7);
 }
 

@@ -77,6 +77,19 @@ TEST(AcceptanceEstimateTest, ASequenceThatNeverDraftsIsProbedAndThenDraftsWhatPa
   EXPECT_GE(allocate(), 1);
   for (int i = 0; i < 6; ++i) e.Record(allocate(), allocate());
   EXPECT_GE(allocate(), 4);
+  // A probe the proposer had nothing for restarts the probe clock: the next
+  // one is kProbeAfter idle steps later, not the very next step.
+  AcceptanceEstimate none(0.5);
+  for (int i = 0; i < AcceptanceEstimate::kProbeAfter; ++i) none.Idle();
+  ASSERT_TRUE(none.probe_due());
+  const double before = none.rate();
+  none.Record(0, 0);
+  EXPECT_FALSE(none.probe_due());
+  EXPECT_DOUBLE_EQ(none.rate(), before) << "no evidence";
+  for (int i = 0; i < AcceptanceEstimate::kProbeAfter - 1; ++i) none.Idle();
+  EXPECT_FALSE(none.probe_due());
+  none.Idle();
+  EXPECT_TRUE(none.probe_due());
   // A probe never takes what the budget or the sequence's cap do not allow.
   const std::vector<DraftCandidate> capped = {{0.5, 0, 5000, true}};
   EXPECT_EQ(AllocateDrafts(capped, 128, 0, o)[0], 0);

@@ -126,6 +126,30 @@ TEST(SuffixCacheTest, ManyEvictionsKeepMatchesRight) {
   EXPECT_EQ(cache.Longest("", Tokens{389}, 1).position, -1) << "evicted";
 }
 
+TEST(SuffixCacheTest, ATextWithANegativeIdIsNotKept) {
+  SuffixCache cache(1 << 20);
+  cache.Add("", Tokens{1, -1, 2});
+  EXPECT_EQ(cache.stats().refused_texts, 1u);
+  EXPECT_EQ(cache.stats().texts, 0);
+  EXPECT_EQ(cache.Longest("", Tokens{1}, 1).position, -1);
+}
+
+TEST(SuffixCacheTest, PositionsAreNeverReusedAfterASaltEmpties) {
+  SuffixCache cache(1 << 20);
+  cache.Add("", Tokens{1, 2, 3});
+  const int64_t old = cache.Longest("", Tokens{1}, 1).position;
+  cache.Clear();
+  cache.Add("", Tokens{7, 8, 9});
+  EXPECT_TRUE(cache.Continuation("", old, 2).empty()) << "the old text is gone, not replaced";
+  const SuffixMatch now = cache.Longest("", Tokens{7}, 1);
+  EXPECT_GT(now.position, old);
+  EXPECT_EQ(cache.Continuation("", now.position, 2), (Tokens{8, 9}));
+  const SuffixCache::Copy copy = cache.LongestCopy("", Tokens{5, 7}, 1, 1);
+  EXPECT_EQ(copy.length, 1);
+  EXPECT_EQ(copy.tokens, (Tokens{8}));
+  EXPECT_TRUE(cache.LongestCopy("", Tokens{5, 7}, 2, 1).tokens.empty());
+}
+
 TEST(SuffixCacheTest, ClearDropsEveryTextAndKeepsWorking) {
   SuffixCache cache(1 << 20);
   cache.Add("a", Tokens{1, 2, 3});
@@ -192,9 +216,11 @@ TEST(SuffixMatcherCacheTest, ACacheCopyResumesPastADivergence) {
   SuffixMatcher matcher;
   matcher.Append(Tokens{20, 21});
   EXPECT_EQ(matcher.Draft(2, WithCache(cache, "")).tokens, (Tokens{22, 23}));
+  // A later text where "24" goes on otherwise: a fresh search for "50 24"
+  // matches one token in both texts and takes the latest (99).
+  cache.Add("", Tokens{24, 99});
   matcher.Append(Tokens{22, 50, 24});  // 23 replaced by 50
-  // Resumed after "24" in the copy (a fresh search would find the same
-  // here; the copy is kept without a lookup).
+  // Resumed after "24" in the copy instead.
   const SuffixDraft draft = matcher.Draft(3, WithCache(cache, ""));
   EXPECT_EQ(draft.tokens, (Tokens{25, 26, 27}));
   EXPECT_EQ(draft.source, step::DraftSource::kGlobal);
