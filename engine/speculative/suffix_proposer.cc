@@ -33,6 +33,13 @@ void SuffixMatcher::Append(std::span<const TokenId> tokens) {
   }
 }
 
+bool SuffixMatcher::StartCopy(Where where, int64_t source, int32_t agreed) {
+  copying_ = where;
+  source_ = source;
+  agreed_ = agreed;
+  return true;
+}
+
 int32_t SuffixMatcher::MatchBefore(int64_t a, int64_t b) const {
   int32_t length = 0;
   while (length < kMaxMatch && a - 1 - length >= 0 &&
@@ -64,10 +71,7 @@ bool SuffixMatcher::Resume(int32_t min_match) {
     for (int64_t start = left_at_ + 1; start <= end; ++start) {
       const int32_t match = CopyMatchBefore(start);
       if (match >= min_match) {
-        copying_ = Where::kCache;
-        source_ = start;
-        agreed_ = match;
-        return true;
+        return StartCopy(Where::kCache, start, match);
       }
     }
     return false;
@@ -83,10 +87,7 @@ bool SuffixMatcher::Resume(int32_t min_match) {
     if (start <= left_at_) continue;
     const int32_t match = MatchBefore(start, size);
     if (match >= min_match) {
-      copying_ = Where::kOwn;
-      source_ = start;
-      agreed_ = match;
-      return true;
+      return StartCopy(Where::kOwn, start, match);
     }
   }
   return false;
@@ -117,17 +118,11 @@ bool SuffixMatcher::Search(const SuffixDraftOptions& options) {
         options.salt, std::span<const TokenId>(tokens_).last(tail), best + 1, kCacheCopy);
     if (!copy.tokens.empty()) {
       cache_copy_ = std::move(copy.tokens);
-      copying_ = Where::kCache;
-      source_ = 0;
-      agreed_ = copy.length;
-      return true;
+      return StartCopy(Where::kCache, 0, copy.length);
     }
   }
   if (chosen < 0) return false;
-  copying_ = Where::kOwn;
-  source_ = chosen;
-  agreed_ = best;
-  return true;
+  return StartCopy(Where::kOwn, chosen, best);
 }
 
 SuffixDraft SuffixMatcher::Draft(int32_t limit, const SuffixDraftOptions& options) {

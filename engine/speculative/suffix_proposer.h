@@ -74,6 +74,9 @@ class SuffixMatcher {
   int32_t MatchBefore(int64_t a, int64_t b) const;
   // Tokens equal going backwards from cache_copy_[start - 1] and the tail.
   int32_t CopyMatchBefore(int64_t start) const;
+  // Starts following `where` at `source` with `agreed` tokens matched;
+  // returns true.
+  bool StartCopy(Where where, int64_t source, int32_t agreed);
   // Picks a copy up again near left_at_; false when none fits.
   bool Resume(int32_t min_match);
   // The longest match in the stream or the cache; false when none.
