@@ -38,7 +38,10 @@ def free_port():
     """A port of 127.0.0.1 that is free now, drawn from below the ephemeral
     range (where outgoing connections take their source ports, so a client of
     a test running beside this one cannot take it before the daemon binds it),
-    as common/free_port.h does for the C++ tests."""
+    as common/free_port.h does for the C++ tests, and reserved across
+    processes in the same directory (tandem-port-reservations under the temp
+    dir) so that two launchers side by side never draw the same port before
+    either daemon binds it."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral_low = int(f.read().split()[0])
@@ -53,8 +56,38 @@ def free_port():
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return s.getsockname()[1]
+            port = s.getsockname()[1]
+        if reserve_port(port):
+            return port
     raise RuntimeError("no free port on 127.0.0.1")
+
+
+PORT_RESERVATION_SECONDS = 300
+
+
+def reserve_port(port):
+    """Whether `port` is now reserved for this caller (see free_port)."""
+    directory = os.path.join(os.environ.get("TMPDIR") or "/tmp", "tandem-port-reservations")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return True  # no reservations possible here
+    path = os.path.join(directory, str(port))
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return True
+        except FileExistsError:
+            pass
+        except OSError:
+            return True
+        try:
+            if time.time() - os.stat(path).st_mtime < PORT_RESERVATION_SECONDS:
+                return False
+            os.unlink(path)  # lapsed: take it over
+        except OSError:
+            pass
+    return False
 
 
 class Daemon:
