@@ -243,12 +243,7 @@ class Bench {
     options.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
     options.speculation.adaptive = absl::GetFlag(FLAGS_adaptive);
     options.speculation.cost = model_->step_cost();
-    if (mode == "suffix" && model_->suffix_cache() != nullptr) {
-      options.on_finished_text = [cache = model_->suffix_cache()](std::string_view salt,
-                                                                  std::span<const int32_t> tokens) {
-        cache->Add(salt, tokens);
-      };
-    }
+    if (mode == "suffix") options.on_finished_text = model_->SuffixCacheFeed();
     return options;
   }
 

@@ -111,11 +111,7 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   sched.decode_kv_blocks = model.decode_kv_blocks();
   sched.context_length = model.context_length();
   sched.speculation.cost = model.step_cost();
-  if (std::shared_ptr<speculative::SuffixCache> cache = model.suffix_cache()) {
-    sched.on_finished_text = [cache](std::string_view salt, std::span<const step::TokenId> tokens) {
-      cache->Add(salt, tokens);
-    };
-  }
+  sched.on_finished_text = model.SuffixCacheFeed();
   const scheduler::StepCostModel& c = sched.speculation.cost;
   const ServingModelOptions& m = options.model;
   spdlog::info(

@@ -4,8 +4,11 @@
 #define TANDEM_SERVER_SERVING_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -114,6 +117,14 @@ class ServingModel {
   // workers; the scheduler adds each finished request's), or null when
   // options.speculation_cache_bytes is 0.
   const std::shared_ptr<speculative::SuffixCache>& suffix_cache() const { return suffix_cache_; }
+  // What SchedulerOptions::on_finished_text takes to feed suffix_cache()
+  // (null without one).
+  std::function<void(std::string_view, std::span<const step::TokenId>)> SuffixCacheFeed() const {
+    if (suffix_cache_ == nullptr) return nullptr;
+    return [cache = suffix_cache_](std::string_view salt, std::span<const step::TokenId> tokens) {
+      cache->Add(salt, tokens);
+    };
+  }
 
  private:
   ServingModel() = default;
