@@ -1,11 +1,11 @@
 // tandem-spec-bench: decode speed with speculative decoding off, n-gram,
 // suffix and the layer-skip self-draft, on a code-editing workload (the prompt holds a
-// 300-line source file and asks for it back with a small change), a chat
-// workload, and agent sessions (the code edit, then --session_turns - 1 more
-// turns that each send the conversation so far and ask for another edit of
-// the whole file; figures from turn 2 on), at several batch sizes (sessions:
-// one at a time). In-process (ServingModel + Scheduler, no gRPC), so the
-// figures are the engine's and the scheduler's.
+// 300-line source file and asks for it back with a small change), whole-file
+// edits of ten repository files (edits: a rename, an added parameter or a
+// changed literal), a chat workload, and agent sessions (the code edit, then --session_turns - 1
+// more turns that each send the conversation so far and ask for another edit of the whole file;
+// figures from turn 2 on), at several batch sizes (sessions: one at a time). In-process
+// (ServingModel + Scheduler, no gRPC), so the figures are the engine's and the scheduler's.
 //
 // Modes: off, ngram, suffix (with the cache of finished requests' text,
 // emptied before each run), suffix-own (each request's own tokens only),
@@ -20,6 +20,7 @@
 //
 //   build/bin/tandem-spec-bench --batches=1,2,4,8
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -51,7 +52,16 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}
 ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"off", "ngram", "draft"}),
           "speculation modes to compare (off always runs first: the peer)");
 ABSL_FLAG(std::vector<std::string>, workloads, std::vector<std::string>({"code", "chat"}),
-          "workloads: code, chat, session");
+          "workloads: code, chat, session, edits");
+ABSL_FLAG(
+    std::vector<std::string>, edit_files,
+    std::vector<std::string>({"scheduler/fault_injection.cc", "server/forced_tool_call.cc",
+                              "server/grpc_auth.cc", "engine/speculative/draft_rounds.cc",
+                              "server/grpc_server.cc", "engine/speculative/draft_model_proposer.cc",
+                              "scheduler/speculation_policy.cc", "engine/speculative/verify.cc",
+                              "scheduler/step_dispatcher.cc", "scheduler/step_time_model.cc"}),
+    "source files of the edits workload (500-2,000 tokens each), one request each");
+ABSL_FLAG(int, edit_tokens, 768, "max_tokens of an edits request");
 ABSL_FLAG(int, session_turns, 5, "turns of a session (workload session)");
 ABSL_FLAG(int64_t, speculation_cache_bytes, int64_t{64} << 20,
           "the suffix cache's budget (mode suffix)");
@@ -70,6 +80,81 @@ namespace tandem {
 namespace {
 
 using scheduler::Request;
+
+// Whole-file edits (workload edits): request i asks for the whole of file
+// i back with one change, of kind i % 3: an identifier renamed everywhere
+// (the file's most frequent one of 6+ characters), a parameter added to its
+// first function (and its calls), or an integer literal changed everywhere.
+std::string EditInstruction(const std::string& code, int kind) {
+  std::map<std::string, int> counts;
+  std::string first_function, first_literal;
+  static const char* const kCommon[] = {"const",   "return",  "static_cast", "include", "namespace",
+                                        "int64_t", "int32_t", "size_t",      "uint8_t", "std",
+                                        "string",  "vector",  "tandem",      "double",  "struct",
+                                        "public",  "private", "override",    "nullptr", "status"};
+  bool line_start = true, in_directive = false, in_comment = false;
+  for (size_t i = 0; i < code.size();) {
+    const char c = code[i];
+    if (c == '\n') {
+      line_start = true;
+      in_directive = in_comment = false;
+      ++i;
+      continue;
+    }
+    if (line_start && c == '#') in_directive = true;
+    if (c == '/' && i + 1 < code.size() && code[i + 1] == '/') in_comment = true;
+    line_start = false;
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t end = i;
+      while (end < code.size() &&
+             (std::isalnum(static_cast<unsigned char>(code[end])) || code[end] == '_')) {
+        ++end;
+      }
+      const std::string word = code.substr(i, end - i);
+      if (!in_directive && !in_comment) {
+        bool common = false;
+        for (const char* k : kCommon) common = common || word == k;
+        if (!common && word.size() >= 6) ++counts[word];
+        // A definition's name: the last identifier before '(' on a line
+        // that starts at column 0 (not a statement inside a body).
+        if (first_function.empty() && end < code.size() && code[end] == '(' && !common) {
+          const size_t line_begin = code.rfind('\n', i) + 1;
+          if (!std::isspace(static_cast<unsigned char>(code[line_begin])) && word != "TEST") {
+            first_function = word;
+          }
+        }
+      }
+      i = end;
+      continue;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      size_t end = i;
+      while (end < code.size() && std::isdigit(static_cast<unsigned char>(code[end]))) ++end;
+      if (first_literal.empty() && !in_directive && !in_comment && end - i >= 2) {
+        first_literal = code.substr(i, end - i);
+      }
+      i = end;
+      continue;
+    }
+    ++i;
+  }
+  std::string frequent;
+  int best = 0;
+  for (const auto& [word, n] : counts) {
+    if (n > best) best = n, frequent = word;
+  }
+  if (kind == 1 && !first_function.empty()) {
+    return "Add a last parameter `bool verbose` to the function `" + first_function +
+           "` (and pass `false` wherever the file calls it)";
+  }
+  if (kind == 2 && !first_literal.empty()) {
+    return "Change the number " + first_literal + " to " +
+           std::to_string(2 * std::stoll(first_literal)) + " everywhere in the file";
+  }
+  const std::string renamed =
+      frequent + (std::isupper(static_cast<unsigned char>(frequent[0])) ? "V2" : "_v2");
+  return "Rename `" + frequent + "` to `" + renamed + "` everywhere";
+}
 
 // Small edits an agent asks for; each request of a batch gets its own.
 constexpr const char* kEdits[] = {
@@ -311,7 +396,25 @@ int Main() {
       const int count = batch == 1 ? absl::GetFlag(FLAGS_batch1_requests) : batch;
       std::vector<Request> requests;
       std::vector<std::vector<std::string>> sessions;
-      for (int i = 0; i < count; ++i) {
+      const std::vector<std::string>& edit_files = absl::GetFlag(FLAGS_edit_files);
+      if (workload == "edits") {
+        if (batch != 1) continue;  // whole-file edits run one at a time
+        std::printf("# edits: one request per file, one at a time, up to %d generated:\n",
+                    absl::GetFlag(FLAGS_edit_tokens));
+        for (size_t f = 0; f < edit_files.size(); ++f) {
+          const std::string file = FileHead(edit_files[f], 1 << 30);
+          const std::string instruction = EditInstruction(file, static_cast<int>(f % 3));
+          std::vector<int32_t> tokens =
+              bench.Chat("Here is a source file:\n```cpp\n" + file + "```\n" + instruction +
+                         ", and return the whole file.");
+          for (int32_t t : (*model)->tokenizer().Encode("```cpp\n", false)) tokens.push_back(t);
+          std::printf("#   %s: %zu tokens of file, %zu of prompt; %s\n", edit_files[f].c_str(),
+                      (*model)->tokenizer().Encode(file, false).size(), tokens.size(),
+                      instruction.c_str());
+          requests.push_back(bench.Greedy(std::move(tokens), absl::GetFlag(FLAGS_edit_tokens)));
+        }
+      }
+      for (int i = 0; i < count && workload != "edits"; ++i) {
         if (workload == "session") {
           std::vector<std::string> turns = {"Here is a source file:\n```cpp\n" + code + "```\n" +
                                             kEdits[i % 8] +
@@ -346,7 +449,7 @@ int Main() {
             count, absl::GetFlag(FLAGS_session_turns), absl::GetFlag(FLAGS_code_tokens));
       } else if (workload == "session") {
         continue;  // sessions run one at a time: one batch size is enough
-      } else if (batch_text == absl::GetFlag(FLAGS_batches)[0]) {
+      } else if (batch_text == absl::GetFlag(FLAGS_batches)[0] && workload != "edits") {
         std::printf("# %s: prompt %zu tokens, up to %d generated\n", workload.c_str(),
                     requests[0].prompt.size(), requests[0].max_tokens);
       }

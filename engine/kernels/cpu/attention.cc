@@ -5,6 +5,13 @@
 
 #include "engine/kernels/cpu/simd.h"
 
+// GCC 12 reports the undefined pass-through operand inside AVX-512
+// intrinsics (_mm512_undefined_ps) as maybe-uninitialized once they are
+// inlined (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace tandem::kernels::cpu {
 namespace {
 
@@ -17,7 +24,7 @@ constexpr int kRowTile = 16;
 // Tasks with at most this many queries read K and V as halves in place
 // (measured: converting them first cost a decode batch of 32 a fifth of its
 // time); larger ones convert each block once for all their queries.
-constexpr int kInPlaceMaxQueries = 4;
+constexpr int kInPlaceMaxQueries = 8;
 #ifdef TANDEM_CPU_AVX2
 constexpr bool kInPlaceSupported = true;
 #else
@@ -103,6 +110,77 @@ void AccumulateRows64(float* acc, const float* p, const T* const* rows, int n) {
     for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, Load8(rows[j] + 8 * i), a[i]);
   }
   for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+#endif
+
+#ifdef TANDEM_CPU_AVX512
+// The same kernels with 16-lane vectors, for several queries at once that
+// share each key's (or value's) loads and conversion. Every query's
+// arithmetic is the 8-lane kernels' (so bitwise equal to them, and to
+// itself whatever queries it runs with): a 16-lane chunk of dimensions
+// [16c, 16c + 16) holds DotLanes64's acc0 chain in its low half and acc1's
+// in its high half, and value accumulation is element-wise.
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// DotLanes64(q, k) for a key loaded as k[0..4): acc0 + acc1.
+inline __m256 DotLanes64(const __m512* q, const __m512* k) {
+  __m512 acc = _mm512_mul_ps(q[0], k[0]);
+  acc = _mm512_fmadd_ps(q[1], k[1], acc);
+  acc = _mm512_fmadd_ps(q[2], k[2], acc);
+  acc = _mm512_fmadd_ps(q[3], k[3], acc);
+  const __m256 high = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE));
+  return _mm256_add_ps(_mm512_castps512_ps256(acc), high);
+}
+
+// ScoreRows64 for NQ queries: scores[b][j] = scale * (q[b] . rows[j]).
+template <int NQ, typename T>
+void ScoreRows64Multi(const float* const* q, const T* const* rows, int n, float scale,
+                      float* const* scores) {
+  __m512 qv[NQ][4];
+  for (int b = 0; b < NQ; ++b) {
+    for (int c = 0; c < 4; ++c) qv[b][c] = _mm512_loadu_ps(q[b] + 16 * c);
+  }
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 lanes[NQ][8];
+    for (int i = 0; i < 8; ++i) {
+      const __m512 k[4] = {Load16(rows[j + i]), Load16(rows[j + i] + 16), Load16(rows[j + i] + 32),
+                           Load16(rows[j + i] + 48)};
+      for (int b = 0; b < NQ; ++b) lanes[b][i] = DotLanes64(qv[b], k);
+    }
+    for (int b = 0; b < NQ; ++b) {
+      _mm256_storeu_ps(scores[b] + j, _mm256_mul_ps(HorizontalSums8(lanes[b]), vscale));
+    }
+  }
+  for (; j < n; ++j) {
+    const __m512 k[4] = {Load16(rows[j]), Load16(rows[j] + 16), Load16(rows[j] + 32),
+                         Load16(rows[j] + 48)};
+    for (int b = 0; b < NQ; ++b) scores[b][j] = HorizontalSum(DotLanes64(qv[b], k)) * scale;
+  }
+}
+
+// AccumulateRows64 for NQ queries: acc[b] += p[b][j] * rows[j], in order of j.
+template <int NQ, typename T>
+void AccumulateRows64Multi(float* const* acc, const float* const* p, const T* const* rows, int n) {
+  __m512 a[NQ][4];
+  for (int b = 0; b < NQ; ++b) {
+    for (int c = 0; c < 4; ++c) a[b][c] = _mm512_loadu_ps(acc[b] + 16 * c);
+  }
+  for (int j = 0; j < n; ++j) {
+    const __m512 v[4] = {Load16(rows[j]), Load16(rows[j] + 16), Load16(rows[j] + 32),
+                         Load16(rows[j] + 48)};
+    for (int b = 0; b < NQ; ++b) {
+      const __m512 pj = _mm512_set1_ps(p[b][j]);
+      for (int c = 0; c < 4; ++c) a[b][c] = _mm512_fmadd_ps(pj, v[c], a[b][c]);
+    }
+  }
+  for (int b = 0; b < NQ; ++b) {
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[b] + 16 * c, a[b][c]);
+  }
 }
 #endif
 
@@ -220,25 +298,108 @@ void HalfRows(const uint16_t* pool, const KvLayerView& kv, std::span<const int32
   }
 }
 
+// The queries of one task: query i = (row r, head h) with i = r * heads + h.
+struct TaskQueries {
+  std::vector<const float*> q;  // its query vector
+  std::vector<float*> scores;   // its scores (then probabilities) over keys [0, keys)
+  std::vector<float*> out;      // its output row
+  std::vector<int64_t> keys;    // keys it sees: [0, position + 1)
+};
+
+#ifdef TANDEM_CPU_AVX512
+// Queries scored together (two keep their products and lane sums in
+// registers) and accumulated together (four keep 16 accumulators).
+constexpr int kScoreGroup = 2;
+constexpr int kAccumulateGroup = 4;
+
+// Runs kernel(begin, count, offset, n) over the queries that see keys of
+// the block [first, first + n): consecutive queries in groups of `group`
+// jointly over the keys they all see, then each alone over the rest of its
+// own (a query's arithmetic does not depend on which way a key is reached).
+template <int group, typename Kernel>
+void ForQueryGroups(const TaskQueries& tq, int64_t first, int n, Kernel kernel) {
+  const int queries = static_cast<int>(tq.keys.size());
+  auto visible = [&](int i) {
+    return static_cast<int>(std::clamp<int64_t>(tq.keys[static_cast<size_t>(i)] - first, 0, n));
+  };
+  for (int begin = 0; begin < queries; begin += group) {
+    const int count = std::min(group, queries - begin);
+    int common = n;
+    for (int b = 0; b < count; ++b) common = std::min(common, visible(begin + b));
+    if (count == group && common > 0) {
+      kernel(begin, group, 0, common);
+    } else {
+      common = 0;
+    }
+    for (int b = 0; b < count; ++b) {
+      const int rest = visible(begin + b) - common;
+      if (rest > 0) kernel(begin + b, 1, common, rest);
+    }
+  }
+}
+
+template <typename T>
+void ScoreQueries64(const TaskQueries& tq, const T* const* rows, int64_t first, int n,
+                    float scale) {
+  ForQueryGroups<kScoreGroup>(tq, first, n, [&](int begin, int count, int offset, int keys) {
+    float* scores[kScoreGroup];
+    for (int b = 0; b < count; ++b) {
+      scores[b] = tq.scores[static_cast<size_t>(begin + b)] + first + offset;
+    }
+    const float* const* q = &tq.q[static_cast<size_t>(begin)];
+    if (count == kScoreGroup) {
+      ScoreRows64Multi<kScoreGroup>(q, rows + offset, keys, scale, scores);
+    } else {
+      ScoreRows64Multi<1>(q, rows + offset, keys, scale, scores);
+    }
+  });
+}
+
+template <typename T>
+void AccumulateQueries64(const TaskQueries& tq, const T* const* rows, int64_t first, int n) {
+  ForQueryGroups<kAccumulateGroup>(tq, first, n, [&](int begin, int count, int offset, int keys) {
+    const float* p[kAccumulateGroup];
+    for (int b = 0; b < count; ++b) {
+      p[b] = tq.scores[static_cast<size_t>(begin + b)] + first + offset;
+    }
+    float* const* acc = &tq.out[static_cast<size_t>(begin)];
+    if (count == kAccumulateGroup) {
+      AccumulateRows64Multi<kAccumulateGroup>(acc, p, rows + offset, keys);
+    } else {
+      AccumulateRows64Multi<1>(acc, p, rows + offset, keys);
+    }
+  });
+}
+#endif
+
 void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
              const AttentionSpan& span, std::vector<float>& scratch, Matrix out) {
   const int head_dim = shape.head_dim;
   const int heads = task.head_end - task.head_begin;
   const int rows = task.row_end - task.row_begin;
   const int queries = heads * rows;
-  // Query i = (row r, head h) with i = r * heads + h; it sees keys
-  // [0, first_position + r + 1).
   const int64_t max_keys = int64_t{span.first_position} + task.row_end;
   const size_t score_stride = static_cast<size_t>(max_keys);
   scratch.resize(score_stride * static_cast<size_t>(queries) +
                  static_cast<size_t>(kKeyBlock) * static_cast<size_t>(head_dim));
-  float* scores = scratch.data();
-  float* block = scores + score_stride * static_cast<size_t>(queries);
-  auto keys_of = [&](int i) {
-    return int64_t{span.first_position} + task.row_begin + i / heads + 1;
+  float* block = scratch.data() + score_stride * static_cast<size_t>(queries);
+  TaskQueries tq;
+  for (int i = 0; i < queries; ++i) {
+    const int64_t row = int64_t{span.first_row} + task.row_begin + i / heads;
+    const int64_t column = int64_t{task.head_begin + i % heads} * head_dim;
+    tq.q.push_back(q.Row(row) + column);
+    tq.scores.push_back(scratch.data() + score_stride * static_cast<size_t>(i));
+    tq.out.push_back(out.Row(row) + column);
+    tq.keys.push_back(int64_t{span.first_position} + task.row_begin + i / heads + 1);
+  }
+  auto visible = [&](int i, int64_t first, int n) {
+    return std::min<int64_t>(n, tq.keys[static_cast<size_t>(i)] - first);
   };
-  auto query_row = [&](int i) { return int64_t{span.first_row} + task.row_begin + i / heads; };
-  auto query_head = [&](int i) { return task.head_begin + i % heads; };
+#ifdef TANDEM_CPU_AVX512
+  const bool vector64 = head_dim == 64;
+#else
+  constexpr bool vector64 = false;
+#endif
 
   // A few queries (a decode step) read the halves in place; converting them
   // to floats first pays only when many queries (a prompt chunk) share them.
@@ -246,57 +407,81 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   const bool in_place = kInPlaceSupported && head_dim == 64 && queries <= kInPlaceMaxQueries;
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    const uint16_t* rows[kKeyBlock];
+    const uint16_t* half_rows[kKeyBlock];
     if (in_place) {
-      HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, rows);
+      HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, half_rows);
     } else {
       ConvertBlock(kv.k, kv, span.block_table, task.kv_head, first, n, block);
     }
+#ifdef TANDEM_CPU_AVX512
+    if (vector64) {
+      if (in_place) {
+        ScoreQueries64(tq, half_rows, first, n, shape.scale);
+      } else {
+        const float* float_rows[kKeyBlock];
+        for (int j = 0; j < n; ++j) float_rows[j] = block + int64_t{j} * 64;
+        ScoreQueries64(tq, float_rows, first, n, shape.scale);
+      }
+      continue;
+    }
+#endif
     for (int i = 0; i < queries; ++i) {
-      const int64_t visible = std::min<int64_t>(n, keys_of(i) - first);
-      if (visible <= 0) continue;
-      const float* qi = q.Row(query_row(i)) + int64_t{query_head(i)} * head_dim;
-      float* si = scores + score_stride * static_cast<size_t>(i) + first;
+      const int64_t seen = visible(i, first, n);
+      if (seen <= 0) continue;
+      float* si = tq.scores[static_cast<size_t>(i)] + first;
 #ifdef TANDEM_CPU_AVX2
       if (in_place) {
-        ScoreRows64(qi, rows, static_cast<int>(visible), shape.scale, si);
+        ScoreRows64(tq.q[static_cast<size_t>(i)], half_rows, static_cast<int>(seen), shape.scale,
+                    si);
         continue;
       }
 #endif
-      ScoreBlock(qi, block, static_cast<int>(visible), head_dim, shape.scale, si);
+      ScoreBlock(tq.q[static_cast<size_t>(i)], block, static_cast<int>(seen), head_dim, shape.scale,
+                 si);
     }
   }
   std::vector<float> sums(static_cast<size_t>(queries));
   for (int i = 0; i < queries; ++i) {
     sums[static_cast<size_t>(i)] =
-        ExpAndSum(scores + score_stride * static_cast<size_t>(i), keys_of(i));
-    std::memset(out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim, 0,
-                sizeof(float) * static_cast<size_t>(head_dim));
+        ExpAndSum(tq.scores[static_cast<size_t>(i)], tq.keys[static_cast<size_t>(i)]);
+    std::memset(tq.out[static_cast<size_t>(i)], 0, sizeof(float) * static_cast<size_t>(head_dim));
   }
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    const uint16_t* rows[kKeyBlock];
+    const uint16_t* half_rows[kKeyBlock];
     if (in_place) {
-      HalfRows(kv.v, kv, span.block_table, task.kv_head, first, n, rows);
+      HalfRows(kv.v, kv, span.block_table, task.kv_head, first, n, half_rows);
     } else {
       ConvertBlock(kv.v, kv, span.block_table, task.kv_head, first, n, block);
     }
+#ifdef TANDEM_CPU_AVX512
+    if (vector64) {
+      if (in_place) {
+        AccumulateQueries64(tq, half_rows, first, n);
+      } else {
+        const float* float_rows[kKeyBlock];
+        for (int j = 0; j < n; ++j) float_rows[j] = block + int64_t{j} * 64;
+        AccumulateQueries64(tq, float_rows, first, n);
+      }
+      continue;
+    }
+#endif
     for (int i = 0; i < queries; ++i) {
-      const int64_t visible = std::min<int64_t>(n, keys_of(i) - first);
-      if (visible <= 0) continue;
-      float* acc = out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim;
-      const float* pi = scores + score_stride * static_cast<size_t>(i) + first;
+      const int64_t seen = visible(i, first, n);
+      if (seen <= 0) continue;
+      float* acc = tq.out[static_cast<size_t>(i)];
+      const float* pi = tq.scores[static_cast<size_t>(i)] + first;
 #ifdef TANDEM_CPU_AVX2
       if (in_place) {
-        AccumulateRows64(acc, pi, rows, static_cast<int>(visible));
+        AccumulateRows64(acc, pi, half_rows, static_cast<int>(seen));
         continue;
       }
 #endif
-      AccumulateBlock(acc, pi, block, static_cast<int>(visible), head_dim);
+      AccumulateBlock(acc, pi, block, static_cast<int>(seen), head_dim);
     }
   }
   for (int i = 0; i < queries; ++i) {
-    float* acc = out.Row(query_row(i)) + int64_t{query_head(i)} * head_dim;
+    float* acc = tq.out[static_cast<size_t>(i)];
     const float inverse = 1.0f / sums[static_cast<size_t>(i)];
     for (int d = 0; d < head_dim; ++d) acc[d] *= inverse;
   }
@@ -313,22 +498,26 @@ void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
   // there would be too few tasks to keep every thread busy (a decode step of
   // one sequence). Each query's arithmetic is the same either way.
   std::vector<Task> tasks;
-  auto plan = [&](int heads_per_task) {
+  auto plan = [&](int heads_per_task, int row_tile) {
     tasks.clear();
     for (size_t s = 0; s < spans.size(); ++s) {
-      for (int32_t r = 0; r < spans[s].rows; r += kRowTile) {
+      for (int32_t r = 0; r < spans[s].rows; r += row_tile) {
         for (int kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
           for (int h = 0; h < group; h += heads_per_task) {
             tasks.push_back({static_cast<int32_t>(s), kv_head, kv_head * group + h,
                              kv_head * group + std::min(group, h + heads_per_task), r,
-                             std::min(spans[s].rows, r + kRowTile)});
+                             std::min(spans[s].rows, r + row_tile)});
           }
         }
       }
     }
   };
-  plan(group);
-  if (group > 1 && tasks.size() < 4 * static_cast<size_t>(pool.size())) plan(1);
+  const size_t threads = static_cast<size_t>(pool.size());
+  plan(group, kRowTile);
+  for (int row_tile = kRowTile / 2; row_tile >= 4 && tasks.size() < 2 * threads; row_tile /= 2) {
+    plan(group, row_tile);
+  }
+  if (group > 1 && tasks.size() < 2 * threads) plan(1, kRowTile);
   pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t, int thread) {
     const Task& task = tasks[static_cast<size_t>(t)];
     RunTask(task, kv, q, shape, spans[static_cast<size_t>(task.span)],
