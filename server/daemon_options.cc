@@ -147,11 +147,11 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "file of accepted API keys, one per line; requests must send 'authorization: Bearer "
           "<key>' (health checks and reflection stay open)");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent");
-ABSL_FLAG(std::string, speculative, "ngram",
+ABSL_FLAG(std::string, speculative, "suffix",
           "speculative decoding for requests that do not opt out: off, ngram (drafts from the "
           "latest earlier match of the sequence's last tokens), suffix (from the longest earlier "
-          "match, following the copy it is in), or draft (a draft model: --draft_model or "
-          "--draft_layers)");
+          "match in the sequence's own text or recent requests' text of its cache salt, following "
+          "the copy it is in), or draft (a draft model: --draft_model or --draft_layers)");
 ABSL_FLAG(int, spec_max_draft, -1,
           "most tokens a sequence drafts per step; -1: 32 with --speculative=suffix (which drafts "
           "long while a long span is copied), 8 otherwise");

@@ -69,10 +69,10 @@ TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerUnderTheSlo
   EXPECT_EQ(options->scheduler.max_batched_tokens, 128);
   EXPECT_EQ(options->scheduler.max_running, 64);
   EXPECT_FALSE(options->scheduler.remote_decode);
-  EXPECT_EQ(options->scheduler.speculation.proposer, step::Proposer::kNgram);
-  EXPECT_EQ(options->speculative, "ngram");
-  EXPECT_EQ(options->scheduler.speculation.max_draft, 8);
-  EXPECT_EQ(options->model.speculation_cache_bytes, 0) << "kept only for suffix drafting";
+  EXPECT_EQ(options->scheduler.speculation.proposer, step::Proposer::kSuffix);
+  EXPECT_EQ(options->speculative, "suffix");
+  EXPECT_EQ(options->scheduler.speculation.max_draft, 32);
+  EXPECT_EQ(options->model.speculation_cache_bytes, int64_t{64} << 20);
   EXPECT_EQ(options->dispatch.pacing.interval, absl::Milliseconds(40));
   EXPECT_EQ(options->dispatch.pacing.prefill_min_share, 0.5);
   EXPECT_EQ(options->max_queued_requests, 256);
@@ -298,6 +298,13 @@ TEST(DaemonOptionsTest, SuffixSpeculationDraftsLongFromACacheOfRecentText) {
   EXPECT_EQ(set->scheduler.speculation.max_draft, 12);
   EXPECT_EQ(set->model.speculation_cache_bytes, 1048576);
   EXPECT_EQ(set->model.suffix_length_factor, 0.5);
+  // The other proposers keep no cache and draft at most 8 by default.
+  absl::StatusOr<DaemonOptions> ngram =
+      OptionsWith({{"speculative", "ngram"}, {"spec_max_draft", "-1"}});
+  ASSERT_TRUE(ngram.ok()) << ngram.status();
+  EXPECT_EQ(ngram->scheduler.speculation.proposer, step::Proposer::kNgram);
+  EXPECT_EQ(ngram->scheduler.speculation.max_draft, 8);
+  EXPECT_EQ(ngram->model.speculation_cache_bytes, 0) << "kept only for suffix drafting";
 }
 
 TEST(DaemonOptionsTest, SpeculationAndFaultFlagsBecomeTheirOptions) {

@@ -463,6 +463,25 @@ TEST_P(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
   }
 }
 
+// A verification: the decode token and k - 1 drafted tokens at the end of
+// the sequence, as one span, for every k on both sides of the kernel's
+// switches (queries read in place or converted, scored two and accumulated
+// four at a time with remainders, rows split into tiles): each row gets the
+// bits it has when it is computed alone.
+TEST_P(AttentionTest, AVerificationsRowsGetTheBitsEachHasAlone) {
+  std::vector<std::vector<float>> alone;
+  for (int t = 0; t < length_; ++t) alone.push_back(Run(t, 1, false));
+  const int row_floats = kHeads * head_dim_;
+  for (int k = 2; k <= std::min(length_, 33); ++k) {
+    const std::vector<float> rows = Run(length_ - k, k, false);
+    for (int i = 0; i < k; ++i) {
+      ASSERT_TRUE(SameBits(&rows[static_cast<size_t>(i * row_floats)],
+                           alone[static_cast<size_t>(length_ - k + i)].data(), row_floats))
+          << "row " << i << " of a verification of " << k << " rows";
+    }
+  }
+}
+
 TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
   const std::vector<float> out = Run(0, length_, false);
   auto half = [](float f) {
