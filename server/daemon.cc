@@ -246,6 +246,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   step::Worker* prefill_worker = p.model->prefill_worker();
   step::Worker* decode_worker = p.model->decode_worker();
   PeerServiceOptions peer_options;
+  peer_options.vocab_size = p.model->tokenizer().vocab_size();
   if (options.fault.has_value()) {
     const scheduler::FaultSpec& fault = *options.fault;
     if (fault.lane == "kv_transfer") {

@@ -33,6 +33,10 @@
 namespace tandem::server {
 
 struct PeerServiceOptions {
+  // The model's vocabulary: a handoff's token ids (its prompt, generated
+  // tokens and stop tokens) must be below it, or it is refused before it
+  // reaches the model (an embedding lookup past the table). 0: unchecked.
+  int32_t vocab_size = 0;
   // Testing only (--inject_fault=kv_transfer:error@N): the Nth transfer
   // reads the first half of its pages and then fails. 0: never.
   int64_t fail_transfer = 0;

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/v1/peer.grpc.pb.h"
 #include "tests/e2e/daemon.h"
 
 namespace tandem::testing {
@@ -282,6 +283,46 @@ TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
   EXPECT_EQ(Metric(decode, "tandem_requests_total{finish_reason=\"length\",path=\"remote\"}"), 0);
   EXPECT_TRUE(Idle(*pool.prefill));
   EXPECT_TRUE(Idle(decode));
+}
+
+// A handoff is input from another process: token ids outside the model's
+// vocabulary (which would index past the embedding table) are refused with
+// the field named, before any block is reserved, and the daemon serves on.
+TEST(MultiDaemonTest, AHandoffWithATokenOutsideTheVocabularyIsRefusedByField) {
+  Daemon decode(With({"--role=decode"}));
+  ASSERT_TRUE(decode.WaitServing()) << decode.Log();
+  auto peer =
+      v1::Peer::NewStub(grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials()));
+  constexpr uint32_t kVocab = 49152;  // SmolLM2-135M
+  for (const auto& [field, bad_id] : std::vector<std::pair<std::string, uint32_t>>{
+           {"token_ids[2]", kVocab}, {"stop_token_ids[1]", kVocab + 7}}) {
+    v1::DecodeControl control;
+    v1::HandoffRequest* h = control.mutable_handoff();
+    h->set_request_id("bad-" + field);
+    for (uint32_t id : {1u, 2u, field == "token_ids[2]" ? bad_id : 3u, 4u}) h->add_token_ids(id);
+    h->set_prompt_tokens(3);
+    h->set_top_p(1.0f);  // greedy, valid: only the token id is wrong
+    h->set_max_tokens(8);
+    h->add_stop_token_ids(2);
+    h->add_stop_token_ids(field == "stop_token_ids[1]" ? bad_id : 0u);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = peer->Decode(&context);
+    ASSERT_TRUE(stream->Write(control));
+    stream->WritesDone();
+    v1::DecodeEvent event;
+    while (stream->Read(&event)) {
+    }
+    const grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                ::testing::HasSubstr(field + ": token id " + std::to_string(bad_id) +
+                                     " is outside the vocabulary"));
+  }
+  EXPECT_EQ(
+      Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"refused\"}"), 2);
+  EXPECT_TRUE(Idle(decode));
+  EXPECT_EQ(decode.Health(), "SERVING");
 }
 
 TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) {
