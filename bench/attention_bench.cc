@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/row_cost.h"
 #include "engine/kernels/cpu/attention.h"
 #include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/half.h"
@@ -76,21 +77,14 @@ int Main() {
     const AttentionSpan span{0, rows, context, table};
     const Matrix qm{q.data(), rows, int64_t{heads} * head_dim};
     const Matrix om{out.data(), rows, int64_t{heads} * head_dim};
-    std::vector<double> ms;
-    for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
-      const auto start = std::chrono::steady_clock::now();
+    const double median = bench::MedianMs(absl::GetFlag(FLAGS_repeats), [&] {
       for (int l = 0; l < layers; ++l) {
         PagedAttention(lane, scratch, kv, qm, shape, std::span<const AttentionSpan>(&span, 1), om);
       }
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2];
+    });
     if (rows == 1) one_row = median;
-    std::printf("%5d %10.3f %8.2fx %14.3f\n", rows, median, one_row > 0 ? median / one_row : 0.0,
-                rows > 1 && one_row > 0 ? (median - one_row) / (rows - 1) : 0.0);
+    bench::PrintRowCost(rows, median, one_row);
+    std::printf("\n");
   }
   return 0;
 }

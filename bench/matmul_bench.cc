@@ -11,7 +11,6 @@
 //
 //   build/bin/tandem-matmul-bench --rows=1,4,5,8,16,32 && build/bin/tandem-roofline
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -20,6 +19,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/row_cost.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/matmul.h"
 #include "engine/kernels/dtype.h"
@@ -108,7 +108,7 @@ int Main() {
   std::printf("%s, %d layers (%lld/%lld/%lld wide)%s\n", backend.name().c_str(), layers,
               static_cast<long long>(hidden), static_cast<long long>(kv),
               static_cast<long long>(ffn), lm_head ? " and the output projection" : "");
-  std::printf("%5s %10s %9s %12s %9s\n", "rows", "pass ms", "vs 1 row", "ms/extra row", "GFLOP/s");
+  std::printf("%5s %10s %9s %14s %9s\n", "rows", "pass ms", "vs 1 row", "ms/extra row", "GFLOP/s");
   std::normal_distribution<float> normal(0.0f, 1.0f);
   double one_row = 0;
   for (const std::string& text : absl::GetFlag(FLAGS_rows)) {
@@ -139,22 +139,10 @@ int Main() {
       if (lm_head) backend.MatMul(xh, output, std::span(none3, 1), logits_out);
     };
     pass();  // warm-up (scratch growth)
-    std::vector<double> ms;
-    for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      pass();
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2];
+    const double median = bench::MedianMs(absl::GetFlag(FLAGS_repeats), pass);
     if (rows == 1) one_row = median;
-    const double gflops = 2.0 * static_cast<double>(rows) * weights_per_row / (median * 1e6);
-    std::printf("%5lld %10.3f %8.2fx %12.3f %9.1f\n", static_cast<long long>(rows), median,
-                one_row > 0 ? median / one_row : 0.0,
-                rows > 1 && one_row > 0 ? (median - one_row) / static_cast<double>(rows - 1) : 0.0,
-                gflops);
+    bench::PrintRowCost(rows, median, one_row);
+    std::printf(" %9.1f\n", 2.0 * static_cast<double>(rows) * weights_per_row / (median * 1e6));
   }
   return 0;
 }
