@@ -191,6 +191,27 @@ void GrammarState::Rollback(int count) {
 
 bool GrammarState::terminated() const { return impl_->matcher.IsTerminated(); }
 
+void MaskDraftRows(GrammarState& grammar, std::span<const TokenId> draft, std::span<float> logits,
+                   size_t vocab) {
+  TokenMask mask(grammar.vocab_size());
+  int accepted = 0;
+  bool last_mask = false;  // the rows from here on keep `mask` as it is
+  for (size_t j = 0; (j + 1) * vocab <= logits.size(); ++j) {
+    if (j > 0 && !last_mask) {
+      if (grammar.Accept(draft[j - 1])) {
+        ++accepted;
+        // A terminated grammar has no next mask (xgrammar refuses to fill one).
+        last_mask = grammar.terminated();
+      } else {
+        last_mask = true;
+      }
+    }
+    if (!last_mask) grammar.FillMask(&mask);
+    mask.Apply(logits.subspan(j * vocab, vocab));
+  }
+  grammar.Rollback(accepted);
+}
+
 int GrammarState::vocab_size() const {
   return impl_->grammar->compiled.GetTokenizerInfo().GetVocabSize();
 }

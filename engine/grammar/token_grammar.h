@@ -122,6 +122,15 @@ class GrammarState {
   std::unique_ptr<Impl> impl_;
 };
 
+// A verification's masks: row j of `logits` (rows of `vocab` floats) keeps
+// only the tokens `grammar` allows after the first j tokens of `draft`, and
+// `grammar` is left as it was found. Rows after a drafted token that ends
+// the answer (a stop token the grammar accepts) or that the grammar refuses
+// keep the mask before it: verification never reaches them, as the answer
+// ends at that token's row or the token is rejected there.
+void MaskDraftRows(GrammarState& grammar, std::span<const TokenId> draft, std::span<float> logits,
+                   size_t vocab);
+
 }  // namespace tandem::grammar
 
 #endif  // TANDEM_ENGINE_GRAMMAR_TOKEN_GRAMMAR_H_

@@ -76,28 +76,6 @@ absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
   return absl::OkStatus();
 }
 
-namespace {
-
-// Masks row j of `logits` (rows of `vocab`) to the tokens `grammar` allows
-// after the first j tokens of `draft`, and leaves `grammar` as it found it.
-// Rows after a drafted token the grammar refuses keep the mask before it:
-// verification never reaches them, as that token is rejected at its row.
-void MaskRows(grammar::GrammarState& grammar, std::span<const int32_t> draft,
-              std::span<float> logits, size_t vocab) {
-  grammar::TokenMask mask(grammar.vocab_size());
-  int accepted = 0;
-  bool refused = false;
-  for (size_t j = 0; (j + 1) * vocab <= logits.size(); ++j) {
-    if (j > 0 && !refused) refused = !grammar.Accept(draft[j - 1]);
-    if (j > 0 && !refused) ++accepted;
-    if (!refused) grammar.FillMask(&mask);
-    mask.Apply(logits.subspan(j * vocab, vocab));
-  }
-  grammar.Rollback(accepted);
-}
-
-}  // namespace
-
 step::StepResult ModelWorker::Execute(const step::StepPlan& plan) {
   if (absl::Status s = CheckPlan(plan); !s.ok()) return {s, {}, {}, {}};
   const absl::Duration start_delay = backend_->BeginStep();
@@ -277,7 +255,7 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
       std::vector<float> unmasked;
       if (s.grammar != nullptr) {
         if (s.logprobs > 0) unmasked.assign(logits.begin(), logits.end());
-        MaskRows(*s.grammar, draft.tokens, logits, vocab);
+        grammar::MaskDraftRows(*s.grammar, draft.tokens, logits, vocab);
       }
       const std::span<const float> model_logits =
           unmasked.empty() ? std::span<const float>(logits) : std::span<const float>(unmasked);

@@ -103,6 +103,41 @@ TEST_F(TokenGrammarTest, RollbackUndoesRejectedDrafts) {
   EXPECT_TRUE(std::equal(before.words().begin(), before.words().end(), after.words().begin()));
 }
 
+// A draft that copies a whole answer and its stop token, then runs on (as a
+// suffix draft copied from an earlier identical answer does): the rows up
+// to the stop token get their own masks, the rows after it the stop row's
+// (the grammar has ended: no next mask exists), and the grammar is left
+// where it was.
+TEST_F(TokenGrammarTest, DraftRowsPastTheAnswersStopTokenKeepTheStopRowsMask) {
+  GrammarState state(*vocabulary_->CompileJsonSchema(R"({"type": "boolean"})"));
+  std::vector<TokenId> draft = tokenizer_->Encode("true", false);
+  const size_t answer = draft.size();
+  draft.push_back(stop_);
+  for (TokenId token : tokenizer_->Encode("true", false)) draft.push_back(token);
+  const size_t vocab = static_cast<size_t>(tokenizer_->vocab_size());
+  std::vector<float> logits((draft.size() + 1) * vocab, 0.0f);
+  TokenMask before(tokenizer_->vocab_size());
+  state.FillMask(&before);
+
+  MaskDraftRows(state, draft, logits, vocab);
+
+  auto allowed = [&](size_t row, TokenId id) { return logits[row * vocab + id] == 0.0f; };
+  EXPECT_TRUE(allowed(0, draft[0]));
+  EXPECT_FALSE(allowed(0, stop_));
+  // After the whole answer only the stop token is allowed, and so in every
+  // row past it.
+  for (size_t row = answer; row <= draft.size(); ++row) {
+    EXPECT_TRUE(allowed(row, stop_)) << "row " << row;
+    int count = 0;
+    for (size_t id = 0; id < vocab; ++id) count += allowed(row, static_cast<TokenId>(id));
+    EXPECT_EQ(count, 1) << "row " << row;
+  }
+  TokenMask after(tokenizer_->vocab_size());
+  state.FillMask(&after);
+  EXPECT_FALSE(state.terminated());
+  EXPECT_TRUE(std::equal(before.words().begin(), before.words().end(), after.words().begin()));
+}
+
 TEST_F(TokenGrammarTest, MaskingSetsRefusedLogitsToMinusInfinity) {
   TokenMask mask(40);
   mask.words()[0] = 0b101;
