@@ -309,7 +309,9 @@ TEST(MultiDaemonTest, AHandoffWithATokenOutsideTheVocabularyIsRefusedByField) {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     auto stream = peer->Decode(&context);
     ASSERT_TRUE(stream->Write(control));
-    stream->WritesDone();
+    // The stream stays open, as a prefill daemon's does (it answers the
+    // lease on it): a half-close now would race the refusal with "the
+    // prefill daemon went away" (CANCELLED).
     v1::DecodeEvent event;
     while (stream->Read(&event)) {
     }
