@@ -18,12 +18,15 @@ namespace {
 // Keys converted from halves to floats at a time (their K or V rows stay in
 // L1 while every query of the task uses them).
 constexpr int kKeyBlock = 64;
-// Query rows of one sequence per task (a prefill chunk is split; a decode
-// step's token and its drafts stay together).
+// Query rows of one sequence per task at most (a prefill chunk is split;
+// PagedAttention splits a verification's rows into tiles of 8 or 4 when
+// there would otherwise be too few tasks for the threads).
 constexpr int kRowTile = 16;
 // Tasks with at most this many queries read K and V as halves in place
-// (measured: converting them first cost a decode batch of 32 a fifth of its
-// time); larger ones convert each block once for all their queries.
+// (converting them first cost a decode batch of 32 a fifth of its time; with
+// queries grouped to share each row's conversion, in place stays cheaper up
+// to 8 queries, tandem-attention-bench at 5-8 rows); larger ones convert
+// each block once for all their queries.
 constexpr int kInPlaceMaxQueries = 8;
 #ifdef TANDEM_CPU_AVX2
 constexpr bool kInPlaceSupported = true;
@@ -494,9 +497,11 @@ void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
                     std::span<const AttentionSpan> spans, Matrix out) {
   const int group = shape.heads / shape.kv_heads;
   scratch.resize(static_cast<size_t>(pool.size()));
-  // Whole head groups share the most; split them into single heads when
-  // there would be too few tasks to keep every thread busy (a decode step of
-  // one sequence). Each query's arithmetic is the same either way.
+  // Whole head groups share the most. When there would be too few tasks to
+  // keep every thread busy, a sequence's rows are split into tiles of 8, then
+  // 4 (a verification: each KV head's keys are still converted for a whole
+  // group of heads), and only then the groups into single heads (a decode
+  // step of one sequence). Each query's arithmetic is the same either way.
   std::vector<Task> tasks;
   auto plan = [&](int heads_per_task, int row_tile) {
     tasks.clear();

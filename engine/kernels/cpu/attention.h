@@ -7,11 +7,11 @@
 // and batched prefill give bitwise the same result.
 //
 // The queries that read the same keys (the heads of one KV group, and the
-// rows of one sequence: a prompt chunk, or a decode token with its drafts)
-// run as one task that converts each block of keys and values from halves
-// once for all of them. So verifying k drafted tokens costs little more KV
-// traffic than decoding one, which is what makes speculation pay at long
-// contexts.
+// rows of one sequence: a prompt chunk, or a decode token with its drafts,
+// in tiles when the threads need more tasks) run as one task that converts
+// each block of keys and values from halves once for all of them, and the
+// vector kernels take several of its queries per load of a key. So verifying k drafted tokens costs
+// little more KV traffic than decoding one, which is what makes speculation pay at long contexts.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_
 #define TANDEM_ENGINE_KERNELS_CPU_ATTENTION_H_
 
