@@ -20,7 +20,6 @@
 //
 //   build/bin/tandem-spec-bench --batches=1,2,4,8
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -34,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/bench/file_edits.h"
 #include "scheduler/scheduler.h"
 #include "server/serving_model.h"
 
@@ -82,79 +82,9 @@ namespace {
 using scheduler::Request;
 
 // Whole-file edits (workload edits): request i asks for the whole of file
-// i back with one change, of kind i % 3: an identifier renamed everywhere
-// (the file's most frequent one of 6+ characters), a parameter added to its
-// first function (and its calls), or an integer literal changed everywhere.
-std::string EditInstruction(const std::string& code, int kind) {
-  std::map<std::string, int> counts;
-  std::string first_function, first_literal;
-  static const char* const kCommon[] = {"const",   "return",  "static_cast", "include", "namespace",
-                                        "int64_t", "int32_t", "size_t",      "uint8_t", "std",
-                                        "string",  "vector",  "tandem",      "double",  "struct",
-                                        "public",  "private", "override",    "nullptr", "status"};
-  bool line_start = true, in_directive = false, in_comment = false;
-  for (size_t i = 0; i < code.size();) {
-    const char c = code[i];
-    if (c == '\n') {
-      line_start = true;
-      in_directive = in_comment = false;
-      ++i;
-      continue;
-    }
-    if (line_start && c == '#') in_directive = true;
-    if (c == '/' && i + 1 < code.size() && code[i + 1] == '/') in_comment = true;
-    line_start = false;
-    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-      size_t end = i;
-      while (end < code.size() &&
-             (std::isalnum(static_cast<unsigned char>(code[end])) || code[end] == '_')) {
-        ++end;
-      }
-      const std::string word = code.substr(i, end - i);
-      if (!in_directive && !in_comment) {
-        bool common = false;
-        for (const char* k : kCommon) common = common || word == k;
-        if (!common && word.size() >= 6) ++counts[word];
-        // A definition's name: the last identifier before '(' on a line
-        // that starts at column 0 (not a statement inside a body).
-        if (first_function.empty() && end < code.size() && code[end] == '(' && !common) {
-          const size_t line_begin = code.rfind('\n', i) + 1;
-          if (!std::isspace(static_cast<unsigned char>(code[line_begin])) && word != "TEST") {
-            first_function = word;
-          }
-        }
-      }
-      i = end;
-      continue;
-    }
-    if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t end = i;
-      while (end < code.size() && std::isdigit(static_cast<unsigned char>(code[end]))) ++end;
-      if (first_literal.empty() && !in_directive && !in_comment && end - i >= 2) {
-        first_literal = code.substr(i, end - i);
-      }
-      i = end;
-      continue;
-    }
-    ++i;
-  }
-  std::string frequent;
-  int best = 0;
-  for (const auto& [word, n] : counts) {
-    if (n > best) best = n, frequent = word;
-  }
-  if (kind == 1 && !first_function.empty()) {
-    return "Add a last parameter `bool verbose` to the function `" + first_function +
-           "` (and pass `false` wherever the file calls it)";
-  }
-  if (kind == 2 && !first_literal.empty()) {
-    return "Change the number " + first_literal + " to " +
-           std::to_string(2 * std::stoll(first_literal)) + " everywhere in the file";
-  }
-  const std::string renamed =
-      frequent + (std::isupper(static_cast<unsigned char>(frequent[0])) ? "V2" : "_v2");
-  return "Rename `" + frequent + "` to `" + renamed + "` everywhere";
-}
+// i back with the change bench::EditInstruction gives for kind i % 3.
+using bench::EditInstruction;
+using bench::FirstEditMessage;
 
 // Small edits an agent asks for; each request of a batch gets its own.
 constexpr const char* kEdits[] = {
@@ -397,6 +327,7 @@ int Main() {
       std::vector<Request> requests;
       std::vector<std::vector<std::string>> sessions;
       const std::vector<std::string>& edit_files = absl::GetFlag(FLAGS_edit_files);
+      std::vector<std::string> edit_sources;  // workload edits: each request's file
       if (workload == "edits") {
         if (batch != 1) continue;  // whole-file edits run one at a time
         std::printf("# edits: one request per file, one at a time, up to %d generated:\n",
@@ -404,9 +335,8 @@ int Main() {
         for (size_t f = 0; f < edit_files.size(); ++f) {
           const std::string file = FileHead(edit_files[f], 1 << 30);
           const std::string instruction = EditInstruction(file, static_cast<int>(f % 3));
-          std::vector<int32_t> tokens =
-              bench.Chat("Here is a source file:\n```cpp\n" + file + "```\n" + instruction +
-                         ", and return the whole file.");
+          edit_sources.push_back(file);
+          std::vector<int32_t> tokens = bench.Chat(FirstEditMessage(file, instruction));
           for (int32_t t : (*model)->tokenizer().Encode("```cpp\n", false)) tokens.push_back(t);
           std::printf("#   %s: %zu tokens of file, %zu of prompt; %s\n", edit_files[f].c_str(),
                       (*model)->tokenizer().Encode(file, false).size(), tokens.size(),
@@ -476,6 +406,21 @@ int Main() {
         }
       }
       const Figures& off = figures["off"];
+      if (workload == "edits") {
+        // Whether the answers are edits of their files at all: the share of
+        // the files' lines they reproduce (the fence was prefilled, so an
+        // answer's code runs to its first closing fence).
+        bench::LinesKept sum;
+        for (size_t i = 0; i < edit_sources.size() && i < off.outputs.size(); ++i) {
+          const std::string text = (*model)->tokenizer().Decode(off.outputs[i], true);
+          const bench::LinesKept kept =
+              bench::CountLinesKept(edit_sources[i], text.substr(0, text.find("```")));
+          sum.lines += kept.lines;
+          sum.kept += kept.kept;
+        }
+        std::printf("# edits: the answers reproduce %d of their files' %d lines (%.0f%%)\n",
+                    sum.kept, sum.lines, sum.lines > 0 ? 100.0 * sum.kept / sum.lines : 0.0);
+      }
       for (const std::string& mode : modes) {
         const Figures& f = figures[mode];
         if (absl::GetFlag(FLAGS_print_outputs)) {

@@ -279,18 +279,10 @@ absl::Status PeerService::Call::TakeOver() {
                                              "least one generated token)"));
   }
   if (const int32_t vocab = service_->options_.vocab_size; vocab > 0) {
-    auto outside = [&](const auto& ids, std::string_view field) -> absl::Status {
-      for (int i = 0; i < ids.size(); ++i) {
-        if (ids[i] >= static_cast<uint32_t>(vocab)) {
-          return absl::InvalidArgumentError(StrCat(field, "[", i, "]: token id ", ids[i],
-                                                   " is outside the vocabulary (", vocab,
-                                                   " tokens)"));
-        }
-      }
-      return absl::OkStatus();
-    };
-    if (absl::Status s = outside(h.token_ids(), "token_ids"); !s.ok()) return s;
-    if (absl::Status s = outside(h.stop_token_ids(), "stop_token_ids"); !s.ok()) return s;
+    for (const auto& [ids, field] : {std::pair(&h.token_ids(), "token_ids"),
+                                     std::pair(&h.stop_token_ids(), "stop_token_ids")}) {
+      if (absl::Status s = CheckTokenIds(*ids, field, vocab).status(); !s.ok()) return s;
+    }
   }
   step::SamplingParams sampling;
   sampling.temperature = h.temperature();

@@ -85,6 +85,21 @@ absl::Status Invalid(std::string_view field, std::string_view problem) {
 
 }  // namespace
 
+absl::StatusOr<std::vector<scheduler::TokenId>> CheckTokenIds(
+    const google::protobuf::RepeatedField<uint32_t>& ids, std::string_view field, int32_t vocab) {
+  std::vector<scheduler::TokenId> checked;
+  checked.reserve(static_cast<size_t>(ids.size()));
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= static_cast<uint32_t>(vocab)) {
+      return Invalid(
+          StrCat(field, "[", i, "]"),
+          StrCat("token id ", ids[i], " is outside the vocabulary (", vocab, " tokens)"));
+    }
+    checked.push_back(static_cast<scheduler::TokenId>(ids[i]));
+  }
+  return checked;
+}
+
 absl::Status ValidateDefaults(const RequestDefaults& d) {
   if (!std::isfinite(d.temperature) || d.temperature < 0.0f) {
     return absl::InvalidArgumentError(
@@ -237,14 +252,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
     while (!end.empty() && (end.back() == '\n' || end.back() == ' ')) end.pop_back();
     built.starts_in_reasoning = end.size() >= 7 && end.substr(end.size() - 7) == "<think>";
   } else {
-    for (int i = 0; i < proto.token_ids_size(); ++i) {
-      const uint32_t id = proto.token_ids(i);
-      if (id >= static_cast<uint32_t>(vocab)) {
-        return Invalid(StrCat("token_ids[", i, "]"),
-                       StrCat("token id ", id, " is outside the vocabulary (", vocab, " tokens)"));
-      }
-      r.prompt.push_back(static_cast<scheduler::TokenId>(id));
-    }
+    absl::StatusOr<std::vector<scheduler::TokenId>> ids =
+        CheckTokenIds(proto.token_ids(), "token_ids", vocab);
+    if (!ids.ok()) return ids.status();
+    r.prompt = *std::move(ids);
   }
   const int32_t prompt_tokens = static_cast<int32_t>(r.prompt.size());
   const std::string_view prompt_field =
@@ -300,14 +311,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto,
   if (proto.stop_token_ids_size() > kMaxStopTokenIds) {
     return Invalid("stop_token_ids", StrCat("at most ", kMaxStopTokenIds, " are allowed"));
   }
-  for (int i = 0; i < proto.stop_token_ids_size(); ++i) {
-    const uint32_t id = proto.stop_token_ids(i);
-    if (id >= static_cast<uint32_t>(vocab)) {
-      return Invalid(StrCat("stop_token_ids[", i, "]"),
-                     StrCat("token id ", id, " is outside the vocabulary (", vocab, " tokens)"));
-    }
-    r.stop_token_ids.push_back(static_cast<scheduler::TokenId>(id));
-  }
+  absl::StatusOr<std::vector<scheduler::TokenId>> stop_ids =
+      CheckTokenIds(proto.stop_token_ids(), "stop_token_ids", vocab);
+  if (!stop_ids.ok()) return stop_ids.status();
+  r.stop_token_ids = *std::move(stop_ids);
   if (proto.cache_salt().size() > kMaxCacheSaltBytes) {
     return Invalid("cache_salt", StrCat("longer than ", kMaxCacheSaltBytes, " bytes"));
   }

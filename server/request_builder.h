@@ -35,6 +35,13 @@ absl::Status ValidateDefaults(const RequestDefaults& defaults);
 absl::StatusOr<scheduler::LatencyBudget> LatencyBudgetFromProto(const v1::LatencyBudget& proto,
                                                                 std::string_view field);
 
+// Token ids a client sent (a prompt's, stop tokens; Generate's and a
+// handoff's) if each is inside the vocabulary of `vocab` tokens, else
+// INVALID_ARGUMENT naming the first that is not: "token_ids[2]: token id
+// 49152 is outside the vocabulary (49152 tokens)".
+absl::StatusOr<std::vector<scheduler::TokenId>> CheckTokenIds(
+    const google::protobuf::RepeatedField<uint32_t>& ids, std::string_view field, int32_t vocab);
+
 // The sampling fields of a request, as Generate and a handoff (peer_service)
 // accept them: INVALID_ARGUMENT naming the field (`prefix` + its name, or
 // "logprobs") for a temperature that is not a finite number >= 0, a

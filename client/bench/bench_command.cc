@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/bench/daemon_process.h"
+#include "client/bench/file_edits.h"
 #include "client/bench/report.h"
 #include "client/bench/runner.h"
 #include "client/bench/scenario.h"
@@ -27,8 +28,9 @@
 #endif
 
 ABSL_FLAG(std::string, scenario, "",
-          "bench: a built-in scenario (chat, long-context, coding-agent, long-running, "
-          "crossover) or a scenario JSON file (default chat; crossover with --sweep_threshold)");
+          "bench: a built-in scenario (chat, long-context, coding-agent, coding-agent-edit, "
+          "long-running, crossover) or a scenario JSON file (default chat; crossover with "
+          "--sweep_threshold)");
 ABSL_FLAG(int, requests, 0, "bench: requests per foreground class (0: until --duration)");
 ABSL_FLAG(int, concurrency, 0, "bench: closed-loop clients (overrides the scenario's load)");
 ABSL_FLAG(std::vector<std::string>, rate, {},
@@ -107,7 +109,7 @@ absl::Status WaitReady(Target& target, double timeout_s) {
 // before anything is measured.
 void WarmUp(Target& target, const Corpus& corpus) {
   RequestRecord record;
-  TokenIds output;
+  Generated output;
   GenerateCall call;
   call.prompt = corpus.Window(0, 32);
   call.max_tokens = 4;
@@ -121,23 +123,48 @@ class Bench {
     report_.set_command(std::move(command_line));
   }
 
+  // Tokenizes the corpora the scenario uses and, for file-edit classes,
+  // reads and measures the repository's source files; `tokenizer` (tandemd)
+  // renders every chat.
   absl::Status LoadCorpora(Target& tokenizer) {
+    const std::string source_dir = absl::GetFlag(FLAGS_source_dir);
     std::vector<std::string> names = {"prose"};
+    bool edits = false;
     for (const v1::RequestClass& c : scenario_.classes()) {
-      if (c.corpus() == "code") names = {"prose", "code"};
+      if (c.task() == "file-edit") {
+        edits = true;
+      } else if (c.corpus() == "code") {
+        names = {"prose", "code"};
+      }
     }
     for (const std::string& name : names) {
-      absl::StatusOr<std::string> text = CorpusText(absl::GetFlag(FLAGS_source_dir), name);
+      absl::StatusOr<std::string> text = CorpusText(source_dir, name);
       if (!text.ok()) return text.status();
       absl::StatusOr<TokenIds> ids = tokenizer.Tokenize(*text);
       if (!ids.ok()) return ids.status();
       if (ids->size() < 1024) return absl::FailedPreconditionError("the corpus is too short");
-      corpora_.emplace(name, Corpus(*std::move(ids)));
+      sources_.corpora.emplace(name, Corpus(*std::move(ids)));
+    }
+    sources_.chat = &tokenizer;
+    if (!edits) return absl::OkStatus();
+    for (const std::string& path : CodeFilePaths(source_dir)) {
+      absl::StatusOr<std::string> text = ReadFile(path);
+      if (!text.ok()) return text.status();
+      absl::StatusOr<TokenIds> ids = tokenizer.Tokenize(*text);
+      if (!ids.ok()) return ids.status();
+      sources_.files.push_back({path, *std::move(text), static_cast<int>(ids->size())});
+    }
+    for (const v1::RequestClass& c : scenario_.classes()) {
+      if (c.task() == "file-edit" && EditableFiles(c, sources_.files).empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "class ", c.name(), ": no source file under ", source_dir, " of ",
+            c.input_tokens().min(), "-", c.input_tokens().max(), " tokens (use --source_dir)"));
+      }
     }
     return absl::OkStatus();
   }
 
-  const Corpus& prose() const { return corpora_.at("prose"); }
+  const Corpus& prose() const { return sources_.corpora.at("prose"); }
 
   // One measured run of the scenario against `target`.
   v1::RunReport Measure(Target& target, const RunOptions& options, const std::string& config) {
@@ -147,7 +174,7 @@ class Bench {
     const v1::Scenario effective = EffectiveScenario(scenario_, options);
     std::cerr << absl::StrFormat("run: %s on %s%s\n", effective.name(), target.name(),
                                  config.empty() ? "" : " (" + config + ")");
-    const RunResult result = RunScenario(effective, target, corpora_, options);
+    const RunResult result = RunScenario(effective, target, sources_, options);
     v1::RunReport run = BuildRunReport(effective, target.name(), result);
     run.set_config(config);
     run.set_output_tokens_override(options.output_tokens);
@@ -166,6 +193,21 @@ class Bench {
         "%.0f ms, ITL p99 %.1f ms\n",
         t.requests(), t.failures(), run.wall_s(), t.goodput_per_s(), t.output_tokens_per_s(),
         t.ttft_ms().p50(), t.itl_ms().p99());
+    if (t.edit_file_lines() > 0) {
+      std::cerr << absl::StrFormat(
+          "  file edits: %d of %d answers ended by the model, %.0f%% of the files' lines kept\n",
+          t.stopped(), t.requests() - t.failures(),
+          100.0 * static_cast<double>(t.edit_lines_kept()) /
+              static_cast<double>(t.edit_file_lines()));
+    }
+    if (t.drafted_tokens() > 0) {
+      std::cerr << absl::StrFormat(
+          "  speculation: %d drafted, %d accepted (%.0f%%), %.2f tokens per step\n",
+          t.drafted_tokens(), t.accepted_tokens(),
+          100.0 * static_cast<double>(t.accepted_tokens()) /
+              static_cast<double>(t.drafted_tokens()),
+          t.tokens_per_step());
+    }
     for (const std::string& e : t.errors()) std::cerr << "  error: " << e << "\n";
     *report_.add_runs() = run;
     return run;
@@ -177,7 +219,7 @@ class Bench {
  private:
   v1::Scenario scenario_;
   RunOptions options_;
-  std::map<std::string, Corpus> corpora_;
+  PromptSources sources_;
   v1::BenchReport report_;
 };
 

@@ -42,11 +42,11 @@ class LlamaServerTarget : public Target {
     return ids;
   }
 
-  void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) override {
+  void Generate(const GenerateCall& call, RequestRecord* record, Generated* output) override {
     const std::string body = absl::StrCat(
         "{\"prompt\":[", absl::StrJoin(call.prompt, ","), "],\"n_predict\":", call.max_tokens,
-        ",\"stream\":true,\"temperature\":0,\"ignore_eos\":true,\"return_tokens\":true,"
-        "\"cache_prompt\":true}");
+        ",\"stream\":true,\"temperature\":0,\"ignore_eos\":", call.stop_at_end ? "false" : "true",
+        ",\"return_tokens\":true,\"cache_prompt\":true}");
     std::string failure;
     bool stopped = false;
     int predicted = 0;
@@ -60,18 +60,32 @@ class LlamaServerTarget : public Target {
       if (const auto* tokens = Field(*event, "tokens")) {
         for (const auto& v : tokens->list_value().values()) {
           record->token_times.push_back(now);
-          output->push_back(static_cast<uint32_t>(v.number_value()));
+          output->ids.push_back(static_cast<uint32_t>(v.number_value()));
         }
+      }
+      if (const auto* content = Field(*event, "content"); content && call.want_text) {
+        output->text += content->string_value();
       }
       if (const auto* stop = Field(*event, "stop"); stop && stop->bool_value()) {
         stopped = true;
         if (const auto* n = Field(*event, "tokens_predicted")) {
           predicted = static_cast<int>(n->number_value());
         }
+        // "limit" when n_predict ran out; "eos" or "word" when it stopped.
+        if (const auto* type = Field(*event, "stop_type")) {
+          record->stopped = type->string_value() == "eos" || type->string_value() == "word";
+        }
         if (const auto* timings = Field(*event, "timings")) {
           const auto& t = timings->struct_value();
           if (const auto* cached = Field(t, "cache_n")) {
             record->cached_prompt_tokens = static_cast<int>(cached->number_value());
+          }
+          // Present when it speculates (a draft model or n-gram lookup).
+          if (const auto* drafted = Field(t, "draft_n")) {
+            record->drafted_tokens = static_cast<int>(drafted->number_value());
+          }
+          if (const auto* accepted = Field(t, "draft_n_accepted")) {
+            record->accepted_tokens = static_cast<int>(accepted->number_value());
           }
         }
       }
@@ -85,7 +99,7 @@ class LlamaServerTarget : public Target {
         base_ + "/completion", &body, call.timeout_s,
         [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code);
     // Tokens the stream reported only in its count arrive with the end.
-    for (int i = static_cast<int>(output->size()); i < predicted; ++i) {
+    for (int i = static_cast<int>(output->ids.size()); i < predicted; ++i) {
       record->token_times.push_back(NowSeconds());
     }
     record->prompt_tokens = static_cast<int>(call.prompt.size());

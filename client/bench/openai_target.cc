@@ -71,7 +71,7 @@ class OpenAiTarget : public Target {
     return tokenizer_->Tokenize(text);
   }
 
-  void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) override {
+  void Generate(const GenerateCall& call, RequestRecord* record, Generated* output) override {
     absl::StatusOr<std::string> model = Model();
     if (!model.ok()) {
       record->ok = false;
@@ -82,7 +82,8 @@ class OpenAiTarget : public Target {
         "{\"model\":", Quoted(*model), ",\"prompt\":[", absl::StrJoin(call.prompt, ","),
         "],\"max_tokens\":", call.max_tokens,
         ",\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-        "\"ignore_eos\":true,\"return_token_ids\":true",
+        "\"ignore_eos\":",
+        call.stop_at_end ? "false" : "true", ",\"return_token_ids\":true",
         call.workload.empty() ? "" : absl::StrCat(",\"workload\":", Quoted(call.workload)),
         call.slo_ttft_ms > 0 || call.slo_tpot_ms > 0
             ? absl::StrCat(",\"latency_budget\":{\"ttft_ms\":", call.slo_ttft_ms,
@@ -99,7 +100,9 @@ class OpenAiTarget : public Target {
       }
       // The common chunk, read without a JSON parser (the client shares
       // the machine with the server: its CPU time is the server's loss).
-      if (std::optional<int> tokens = CountTokenIds(data, output); tokens.has_value()) {
+      std::optional<int> tokens;
+      if (!call.want_text) tokens = CountTokenIds(data, &output->ids);
+      if (tokens.has_value()) {
         const double now = NowSeconds();
         for (int i = 0; i < *tokens; ++i) record->token_times.push_back(now);
         return;
@@ -129,20 +132,26 @@ class OpenAiTarget : public Target {
       const auto* choices = Field(*event, "choices");
       if (choices == nullptr || choices->list_value().values_size() == 0) return;
       const auto& choice = choices->list_value().values(0).struct_value();
-      int tokens = 0;
+      if (const auto* reason = Field(choice, "finish_reason");
+          reason && reason->has_string_value()) {
+        record->stopped = reason->string_value() == "stop";
+      }
+      const auto* text = Field(choice, "text");
+      if (text != nullptr && call.want_text) output->text += text->string_value();
+      int count = 0;
       if (const auto* ids = Field(choice, "token_ids")) {
         for (const auto& v : ids->list_value().values()) {
-          output->push_back(static_cast<uint32_t>(v.number_value()));
-          ++tokens;
+          output->ids.push_back(static_cast<uint32_t>(v.number_value()));
+          ++count;
         }
       } else if (const auto* lp = Field(choice, "logprobs"); lp && lp->has_struct_value()) {
         if (const auto* t = Field(lp->struct_value(), "tokens")) {
-          tokens = t->list_value().values_size();
+          count = t->list_value().values_size();
         }
-      } else if (const auto* text = Field(choice, "text"); text && !text->string_value().empty()) {
-        tokens = 1;
+      } else if (text != nullptr && !text->string_value().empty()) {
+        count = 1;
       }
-      for (int i = 0; i < tokens; ++i) record->token_times.push_back(now);
+      for (int i = 0; i < count; ++i) record->token_times.push_back(now);
     };
     ServerEventSplitter events(on_event);
     long http_code = 0;

@@ -74,6 +74,9 @@ const Measure kMeasures[] = {
     {"TTFT p50", false, [](const v1::RunReport& r) { return r.total().ttft_ms().p50(); }},
     {"TTFT p99", false, [](const v1::RunReport& r) { return r.total().ttft_ms().p99(); }},
     {"ITL p50", false, [](const v1::RunReport& r) { return r.total().itl_ms().p50(); }},
+    // Time per output token after the first, all tokens counted: the ratio
+    // is the decode speed-up (speculative decoding's figure).
+    {"ITL mean", false, [](const v1::RunReport& r) { return r.total().itl_ms().mean(); }},
     {"ITL p99", false, [](const v1::RunReport& r) { return r.total().itl_ms().p99(); }},
 };
 
@@ -146,6 +149,39 @@ std::string ToMarkdown(const v1::BenchReport& report) {
           c.e2e_ms().p99(),
           c.prompt_tokens() > 0 ? 100.0 * c.cached_prompt_tokens() / c.prompt_tokens() : 0.0,
           c.colocated(), c.disaggregated());
+    }
+  }
+  // Speculation (and answers that end on their own: file-edit classes) per
+  // class, where any run reports them.
+  bool any_speculation = false;
+  for (const v1::RunReport& run : report.runs()) {
+    for (const v1::ClassReport& c : run.classes()) {
+      any_speculation |= c.drafted_tokens() > 0 || c.stopped() > 0;
+    }
+  }
+  if (any_speculation) {
+    absl::StrAppend(&md,
+                    "\n## Speculative decoding\n\n"
+                    "| scenario | target | config | class | drafted | accepted | acceptance | "
+                    "tokens per step | answers ended by the model | file lines kept |\n"
+                    "|---|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+    for (const v1::RunReport& run : report.runs()) {
+      for (const v1::ClassReport& c : run.classes()) {
+        const double acceptance = c.drafted_tokens() > 0
+                                      ? 100.0 * static_cast<double>(c.accepted_tokens()) /
+                                            static_cast<double>(c.drafted_tokens())
+                                      : 0.0;
+        const std::string kept =
+            c.edit_file_lines() > 0
+                ? absl::StrFormat("%.0f%%", 100.0 * static_cast<double>(c.edit_lines_kept()) /
+                                                static_cast<double>(c.edit_file_lines()))
+                : "-";
+        absl::StrAppendFormat(
+            &md, "| %s | %s | %s | %s | %d | %d | %.0f%% | %.2f | %d / %d | %s |\n", run.scenario(),
+            run.target(), run.config().empty() ? "-" : run.config(), c.name(), c.drafted_tokens(),
+            c.accepted_tokens(), acceptance, c.tokens_per_step(), c.stopped(),
+            c.requests() - c.failures(), kept);
+      }
     }
   }
   bool any_server = false;

@@ -6,10 +6,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/bench/file_edits.h"
 
 namespace tandem::bench {
 namespace {
@@ -22,12 +25,20 @@ void SleepUntil(double t) {
 // Shared state of one run.
 class Run {
  public:
-  Run(const v1::Scenario& scenario, Target& target, const std::map<std::string, Corpus>& corpora,
+  Run(const v1::Scenario& scenario, Target& target, const PromptSources& sources,
       const RunOptions& options)
-      : scenario_(scenario), target_(target), options_(options), start_(NowSeconds()) {
+      : scenario_(scenario),
+        target_(target),
+        chat_(sources.chat != nullptr ? *sources.chat : target),
+        options_(options),
+        start_(NowSeconds()) {
     for (const v1::RequestClass& c : scenario_.classes()) {
-      const std::string name = c.corpus().empty() ? "prose" : c.corpus();
-      builders_.emplace_back(corpora.at(name), c, options.seed);
+      const bool edits = c.task() == "file-edit";
+      // A file-edit class cuts nothing from a corpus: its builder is unused.
+      const std::string name = c.corpus().empty() || edits ? "prose" : c.corpus();
+      builders_.emplace_back(sources.corpora.at(name), c, options.seed);
+      editable_.push_back(edits ? EditableFiles(c, sources.files)
+                                : std::vector<const SourceFile*>());
       issued_.push_back(std::make_unique<std::atomic<int64_t>>(0));
       sessions_.push_back(std::make_unique<std::atomic<int64_t>>(0));
     }
@@ -97,28 +108,106 @@ class Run {
     return options_.requests <= 0 || n < options_.requests;
   }
 
-  // One request, recorded; its generated ids go to `output`.
-  void Issue(int k, double start, TokenIds prompt, int max_tokens, TokenIds* output) {
+  // One request of class k (`call`'s prompt and max_tokens set; the class
+  // sets the rest), recorded; what it generated goes to `output`.
+  // `annotate`, if given, adds to the record what the answer says.
+  void Issue(int k, double start, GenerateCall call, Generated* output,
+             const std::function<void(const Generated&, RequestRecord&)>& annotate = nullptr) {
     RequestRecord record;
     record.class_index = k;
     record.start = start;
-    GenerateCall call;
-    call.prompt = std::move(prompt);
-    call.max_tokens = max_tokens;
     call.workload = scenario_.classes(k).workload();
     call.slo_ttft_ms = scenario_.classes(k).slo_ttft_ms();
     call.slo_tpot_ms = scenario_.classes(k).slo_itl_ms();
     call.timeout_s = options_.request_timeout_s;
     target_.Generate(call, &record, output);
     record.end = NowSeconds();
+    if (annotate) annotate(*output, record);
+    Record(std::move(record));
+  }
+
+  // A request of class k that could not be sent.
+  void Fail(int k, double start, const absl::Status& why) {
+    RequestRecord record;
+    record.class_index = k;
+    record.start = start;
+    record.end = NowSeconds();
+    record.error = std::string(why.message());
+    Record(std::move(record));
+  }
+
+  void Record(RequestRecord record) {
+    const int k = record.class_index;
     std::lock_guard<std::mutex> lock(mu_);
     records_.push_back(std::move(record));
     if (!scenario_.classes(k).background()) ++foreground_completed_;
   }
 
+  // The most a file-edit answer may take: the file with room for its change
+  // (1.25x + 64), at most the class's output_tokens.max; --output_tokens
+  // overrides.
+  int EditAnswerCap(const v1::RequestClass& c, const SourceFile& file) const {
+    if (options_.output_tokens > 0) return options_.output_tokens;
+    int cap = file.tokens + file.tokens / 4 + 64;
+    if (c.output_tokens().max() > 0) cap = std::min(cap, c.output_tokens().max());
+    return cap;
+  }
+
+  // A file-edit session of class k: each turn sends the file as it stands
+  // (the first turn the repository's, later turns the code of the previous
+  // answer) in a new conversation rendered by the chat template, and asks
+  // for one change.
+  void EditSession(int k, int64_t session, double start) {
+    const v1::RequestClass& c = scenario_.classes(k);
+    const std::vector<const SourceFile*>& files = editable_[k];
+    if (files.empty()) {
+      Fail(k, start,
+           absl::FailedPreconditionError(absl::StrCat(
+               "class ", c.name(), ": no source file of ", c.input_tokens().min(), "-",
+               c.input_tokens().max(), " tokens to edit (is --source_dir the repository?)")));
+      return;
+    }
+    const SourceFile& file =
+        *files[static_cast<size_t>(options_.seed + static_cast<uint64_t>(session)) % files.size()];
+    std::string code = file.text;
+    const int turns = std::max(c.turns(), 1);
+    for (int turn = 0; turn < turns; ++turn) {
+      if (turn > 0 && !Claim(k)) return;
+      const std::string instruction = EditInstruction(code, static_cast<int>(session) + turn);
+      absl::StatusOr<TokenIds> prompt =
+          chat_.TokenizeChat({{"user", FirstEditMessage(code, instruction)}});
+      if (turn > 0) start = NowSeconds();
+      if (!prompt.ok()) {
+        Fail(k, start, prompt.status());
+        return;
+      }
+      GenerateCall call;
+      call.prompt = *std::move(prompt);
+      call.max_tokens = EditAnswerCap(c, file);
+      call.stop_at_end = true;
+      call.want_text = true;
+      Generated output;
+      std::string answer_code;
+      Issue(k, start, std::move(call), &output,
+            [&](const Generated& answer, RequestRecord& record) {
+              answer_code = AnswerCode(answer.text);
+              // Against the repository's file: a turn's edits change a few
+              // of its lines; an answer that loops on the last one keeps none.
+              const LinesKept kept = CountLinesKept(file.text, answer_code);
+              record.edit_file_lines = kept.lines;
+              record.edit_lines_kept = kept.kept;
+            });
+      code = std::move(answer_code);
+    }
+  }
+
   // A session (or a single request when turns <= 1) of class k, started at `start`.
   void Session(int k, int64_t session, double start) {
     const v1::RequestClass& c = scenario_.classes(k);
+    if (c.task() == "file-edit") {
+      EditSession(k, session, start);
+      return;
+    }
     std::mt19937_64 rng(options_.seed * 1000003 + static_cast<uint64_t>(session) * 7919 + k);
     TokenIds context = builders_[k].Prompt(session, DrawLength(c.input_tokens(), rng));
     const int turns = std::max(c.turns(), 1);
@@ -130,9 +219,12 @@ class Run {
         context.insert(context.end(), more.begin(), more.end());
         start = NowSeconds();
       }
-      TokenIds output;
-      Issue(k, start, context, DrawLength(c.output_tokens(), rng), &output);
-      context.insert(context.end(), output.begin(), output.end());
+      GenerateCall call;
+      call.prompt = context;
+      call.max_tokens = DrawLength(c.output_tokens(), rng);
+      Generated output;
+      Issue(k, start, std::move(call), &output);
+      context.insert(context.end(), output.ids.begin(), output.ids.end());
     }
   }
 
@@ -176,10 +268,12 @@ class Run {
       inflight.emplace_back([this, k, i, due, traced, &running, &slot_mu, &slot_cv] {
         if (traced) {
           const v1::TraceRecord& t = options_.trace[i];
-          TokenIds prompt =
+          GenerateCall call;
+          call.prompt =
               t.prompt().empty() ? builders_[k].Prompt(i, t.input_tokens()) : traced_prompts_.at(i);
-          TokenIds output;
-          Issue(k, due, std::move(prompt), t.output_tokens(), &output);
+          call.max_tokens = t.output_tokens();
+          Generated output;
+          Issue(k, due, std::move(call), &output);
         } else {
           Session(k, i, due);
         }
@@ -221,9 +315,11 @@ class Run {
  private:
   const v1::Scenario& scenario_;
   Target& target_;
+  Target& chat_;  // renders file-edit conversations
   const RunOptions& options_;
   const double start_;
   std::vector<PromptBuilder> builders_;
+  std::vector<std::vector<const SourceFile*>> editable_;  // by class (file-edit)
   std::vector<std::unique_ptr<std::atomic<int64_t>>> issued_;
   std::vector<std::unique_ptr<std::atomic<int64_t>>> sessions_;
   std::map<int64_t, TokenIds> traced_prompts_;  // by trace line
@@ -253,6 +349,7 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
     c.set_concurrency(0);
     c.set_rate(1);  // arrivals come from the trace
     c.set_turns(0);
+    c.set_task("");  // a trace gives each request's prompt and length
     c.set_background(false);
     ApplySloBudget(options, c);
     s.clear_classes();
@@ -281,10 +378,22 @@ v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& o
   return s;
 }
 
-RunResult RunScenario(const v1::Scenario& scenario, Target& target,
-                      const std::map<std::string, Corpus>& corpora, const RunOptions& options) {
-  Run run(scenario, target, corpora, options);
+RunResult RunScenario(const v1::Scenario& scenario, Target& target, const PromptSources& sources,
+                      const RunOptions& options) {
+  Run run(scenario, target, sources, options);
   return run.Execute();
+}
+
+std::vector<const SourceFile*> EditableFiles(const v1::RequestClass& request_class,
+                                             const std::vector<SourceFile>& files) {
+  const v1::Lengths& bounds = request_class.input_tokens();
+  std::vector<const SourceFile*> editable;
+  for (const SourceFile& f : files) {
+    if (f.tokens >= bounds.min() && (bounds.max() <= 0 || f.tokens <= bounds.max())) {
+      editable.push_back(&f);
+    }
+  }
+  return editable;
 }
 
 v1::RunReport BuildRunReport(const v1::Scenario& effective, const std::string& target,

@@ -41,17 +41,41 @@ struct RunOptions {
   std::vector<v1::TraceRecord> trace;
 };
 
+// A source file a file-edit session asks to change, with its length in the
+// served model's tokens.
+struct SourceFile {
+  std::string path;
+  std::string text;
+  int tokens = 0;
+};
+
+// What prompts are made of.
+struct PromptSources {
+  // The tokenized "prose" and "code" corpora, for token-window classes
+  // ("prose" is always needed).
+  std::map<std::string, Corpus> corpora;
+  // For file-edit classes: the repository's source files, and the target
+  // whose chat template renders the conversations (tandemd serving the same
+  // model; the measured target itself when null).
+  std::vector<SourceFile> files;
+  Target* chat = nullptr;
+};
+
 struct RunResult {
   std::vector<RequestRecord> records;
   // Run start to the end of the last foreground request.
   double wall_s = 0;
 };
 
-// `corpora` holds the tokenized "prose" and "code" texts; `scenario` is the
-// one EffectiveScenario returned for `options` (the overrides are applied
-// there, once).
-RunResult RunScenario(const v1::Scenario& scenario, Target& target,
-                      const std::map<std::string, Corpus>& corpora, const RunOptions& options);
+// `scenario` is the one EffectiveScenario returned for `options` (the
+// overrides are applied there, once).
+RunResult RunScenario(const v1::Scenario& scenario, Target& target, const PromptSources& sources,
+                      const RunOptions& options);
+
+// The files a file-edit class edits: those of `files` whose length is within
+// the class's input_tokens [min, max] (0: no bound).
+std::vector<const SourceFile*> EditableFiles(const v1::RequestClass& request_class,
+                                             const std::vector<SourceFile>& files);
 
 // The scenario as run: overrides applied, or the trace's single class.
 v1::Scenario EffectiveScenario(const v1::Scenario& scenario, const RunOptions& options);

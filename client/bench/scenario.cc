@@ -69,6 +69,18 @@ v1::Scenario Builtin(const std::string& name) {
     c.set_turns(4);
     *c.mutable_turn_input_tokens() = Lengths(100, 0.5, 16, 400);
     *s.add_classes() = c;
+  } else if (name == "coding-agent-edit") {
+    s.set_description(
+        "coding agent editing files: each session sends a source file of the repository "
+        "(500-2,000 tokens) in a chat and asks for it back whole with one change (a rename, an "
+        "added parameter, a changed literal), then 4 more turns that each send the file as the "
+        "last answer left it and ask for another change; greedy answers that end where the model "
+        "ends them; 1 client, so speculative decoding shows");
+    v1::RequestClass c = MakeClass({"coding-agent-edit", Lengths(1200, 0, 500, 2000),
+                                    Lengths(1200, 0, 0, 2560), 0.0, 1, 1, 5000, 100, "code"});
+    c.set_turns(5);
+    c.set_task("file-edit");
+    *s.add_classes() = c;
   } else if (name == "long-running") {
     s.set_description(
         "long input, long output, many clients, relaxed latency: ~1,000-token prompts, "
@@ -104,7 +116,7 @@ absl::Status ValidateLengths(const v1::Lengths& l, const std::string& field) {
 }  // namespace
 
 std::vector<std::string> BuiltinScenarioNames() {
-  return {"chat", "long-context", "coding-agent", "long-running", "crossover"};
+  return {"chat", "long-context", "coding-agent", "coding-agent-edit", "long-running", "crossover"};
 }
 
 absl::Status ValidateScenario(const v1::Scenario& scenario) {
@@ -120,7 +132,7 @@ absl::Status ValidateScenario(const v1::Scenario& scenario) {
     if (absl::Status s = ValidateLengths(c.output_tokens(), at + ".output_tokens"); !s.ok()) {
       return s;
     }
-    if (c.turns() > 1) {
+    if (c.turns() > 1 && c.task() != "file-edit") {
       if (absl::Status s = ValidateLengths(c.turn_input_tokens(), at + ".turn_input_tokens");
           !s.ok()) {
         return s;
@@ -140,6 +152,13 @@ absl::Status ValidateScenario(const v1::Scenario& scenario) {
     }
     if (!c.corpus().empty() && c.corpus() != "prose" && c.corpus() != "code") {
       return absl::InvalidArgumentError(at + ".corpus must be \"prose\" or \"code\"");
+    }
+    if (!c.task().empty() && c.task() != "file-edit") {
+      return absl::InvalidArgumentError(at + ".task must be \"\" or \"file-edit\"");
+    }
+    if (c.task() == "file-edit" && c.turn_input_tokens().median() > 0) {
+      return absl::InvalidArgumentError(
+          at + ".turn_input_tokens: a file-edit turn's new text is its instruction, not a length");
     }
     foreground = foreground || !c.background();
   }

@@ -12,7 +12,7 @@
 namespace tandem::bench {
 
 // Names of the built-in scenarios: chat, long-context, coding-agent,
-// long-running, and crossover (the threshold sweep's load).
+// coding-agent-edit, long-running, and crossover (the threshold sweep's load).
 std::vector<std::string> BuiltinScenarioNames();
 
 // A built-in scenario by name, else the JSON file at `name_or_path`. The
@@ -24,7 +24,8 @@ absl::StatusOr<v1::Scenario> ParseScenario(const std::string& json);
 
 // Every class has a name, a positive median input and output length, a
 // shared-prefix ratio in [0, 1], exactly one of concurrency and rate, and
-// positive SLOs; at least one class is foreground. Errors name the field.
+// positive SLOs, a task of "" or "file-edit" (whose turns take no
+// turn_input_tokens); at least one class is foreground. Errors name the field.
 absl::Status ValidateScenario(const v1::Scenario& scenario);
 
 }  // namespace tandem::bench

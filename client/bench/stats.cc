@@ -80,12 +80,21 @@ v1::ClassReport ReportClass(const std::string& name, bool background, double slo
     c.set_output_tokens(c.output_tokens() + static_cast<int64_t>(r->token_times.size()));
     if (r->path == 1) c.set_colocated(c.colocated() + 1);
     if (r->path == 2) c.set_disaggregated(c.disaggregated() + 1);
+    c.set_drafted_tokens(c.drafted_tokens() + r->drafted_tokens);
+    c.set_accepted_tokens(c.accepted_tokens() + r->accepted_tokens);
+    if (r->stopped) c.set_stopped(c.stopped() + 1);
+    c.set_edit_file_lines(c.edit_file_lines() + r->edit_file_lines);
+    c.set_edit_lines_kept(c.edit_lines_kept() + r->edit_lines_kept);
     e2e.push_back(1000 * (r->end - r->start));
     if (r->token_times.empty()) continue;
     ttft.push_back(r->TtftMs());
     c.add_ttft_samples_ms(r->TtftMs());
     if (r->token_times.size() >= 2) c.add_itl_samples_ms(r->MeanItlMs());
     for (double gap_ms : TokenGapsMs(*r)) itl.push_back(gap_ms);
+  }
+  if (c.output_tokens() > c.accepted_tokens()) {
+    c.set_tokens_per_step(static_cast<double>(c.output_tokens()) /
+                          static_cast<double>(c.output_tokens() - c.accepted_tokens()));
   }
   *c.mutable_ttft_ms() = Summarize(ttft);
   *c.mutable_itl_ms() = Summarize(itl);

@@ -27,6 +27,15 @@ struct RequestRecord {
   int cached_prompt_tokens = 0;
   // tandemd's v1::Path: 1 colocated, 2 disaggregated; 0 unknown.
   int path = 0;
+  // Speculative decoding as the server reported it (0: none or unknown).
+  int drafted_tokens = 0;
+  int accepted_tokens = 0;
+  // The answer ended on its own (a stop condition), not at max_tokens.
+  bool stopped = false;
+  // A file edit: the session's repository file's non-blank lines, and how
+  // many the answer reproduced (CountLinesKept).
+  int edit_file_lines = 0;
+  int edit_lines_kept = 0;
 
   double TtftMs() const;
   // Mean time per output token after the first (0 with fewer than 2 tokens).

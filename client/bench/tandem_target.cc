@@ -13,7 +13,26 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+absl::StatusOr<TokenIds> Target::TokenizeChat(const std::vector<ChatTurn>&) {
+  return absl::UnimplementedError(name() +
+                                  " does not render chats: their prompts come from tandemd");
+}
+
 namespace {
+
+// The ids of a Tokenize call, or its failure naming `address`.
+absl::StatusOr<TokenIds> CallTokenize(tandem::v1::Generation::Stub& stub,
+                                      const std::string& address,
+                                      const tandem::v1::TokenizeRequest& request) {
+  tandem::v1::TokenizeResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  const grpc::Status status = stub.Tokenize(&context, request, &response);
+  if (!status.ok()) {
+    return absl::UnavailableError("Tokenize on " + address + ": " + status.error_message());
+  }
+  return TokenIds(response.token_ids().begin(), response.token_ids().end());
+}
 
 class TandemTarget : public Target {
  public:
@@ -33,21 +52,24 @@ class TandemTarget : public Target {
   absl::StatusOr<TokenIds> Tokenize(const std::string& text) override {
     tandem::v1::TokenizeRequest request;
     request.set_text(text);
-    tandem::v1::TokenizeResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    const grpc::Status status = stubs_[0]->Tokenize(&context, request, &response);
-    if (!status.ok()) {
-      return absl::UnavailableError("Tokenize on " + addresses_[0] + ": " + status.error_message());
-    }
-    return TokenIds(response.token_ids().begin(), response.token_ids().end());
+    return CallTokenize(*stubs_[0], addresses_[0], request);
   }
 
-  void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) override {
+  absl::StatusOr<TokenIds> TokenizeChat(const std::vector<ChatTurn>& messages) override {
+    tandem::v1::TokenizeRequest request;
+    for (const ChatTurn& m : messages) {
+      tandem::v1::ChatMessage* message = request.add_messages();
+      message->set_role(m.role);
+      message->set_content(m.content);
+    }
+    return CallTokenize(*stubs_[0], addresses_[0], request);
+  }
+
+  void Generate(const GenerateCall& call, RequestRecord* record, Generated* output) override {
     tandem::v1::GenerateRequest request;
     request.mutable_token_ids()->Assign(call.prompt.begin(), call.prompt.end());
     request.set_max_tokens(call.max_tokens);
-    request.set_ignore_eos(true);
+    request.set_ignore_eos(!call.stop_at_end);
     request.mutable_sampling()->set_temperature(0);
     request.set_workload(call.workload);
     if (call.slo_ttft_ms > 0) request.mutable_latency_budget()->set_ttft_ms(call.slo_ttft_ms);
@@ -62,11 +84,16 @@ class TandemTarget : public Target {
       const double now = NowSeconds();
       for (uint32_t id : response.token_ids()) {
         record->token_times.push_back(now);
-        output->push_back(id);
+        output->ids.push_back(id);
       }
+      if (call.want_text) output->text += response.text();
       if (response.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-        record->prompt_tokens = response.usage().prompt_tokens();
-        record->cached_prompt_tokens = response.usage().cached_prompt_tokens();
+        const tandem::v1::Usage& usage = response.usage();
+        record->prompt_tokens = usage.prompt_tokens();
+        record->cached_prompt_tokens = usage.cached_prompt_tokens();
+        record->drafted_tokens = usage.drafted_tokens();
+        record->accepted_tokens = usage.accepted_tokens();
+        record->stopped = response.finish_reason() == tandem::v1::FINISH_REASON_STOP;
         record->path = static_cast<int>(response.path());
       }
     }

@@ -27,6 +27,24 @@ struct GenerateCall {
   double slo_ttft_ms = 0;
   double slo_tpot_ms = 0;
   double timeout_s = 600;
+  // Stop where the model ends its answer (end of sequence or of turn, the
+  // server's stop tokens); false: exactly max_tokens, end of sequence ignored.
+  bool stop_at_end = false;
+  // Fill Generated::text (the OpenAI target then parses every chunk, where
+  // it otherwise only counts token ids).
+  bool want_text = false;
+};
+
+// What one request generated.
+struct Generated {
+  TokenIds ids;
+  std::string text;  // as the server streamed it (with GenerateCall::want_text)
+};
+
+// A message of a conversation (tandemd's ChatMessage, text only).
+struct ChatTurn {
+  std::string role;  // system, user or assistant
+  std::string content;
 };
 
 class Target {
@@ -34,11 +52,15 @@ class Target {
   virtual ~Target() = default;
   virtual std::string name() const = 0;
   virtual absl::StatusOr<TokenIds> Tokenize(const std::string& text) = 0;
-  // Sends one greedy request that ignores end-of-sequence (so its output is
-  // exactly max_tokens long) and fills `record` (token times, ok/error,
-  // prompt and cached tokens, path; not start or class) and `output` with
-  // the generated ids. Blocks until the stream ends. Thread-safe.
-  virtual void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) = 0;
+  // The token ids of `messages` rendered by the model's chat template with
+  // the assistant's turn opened (as Generate would render them). Only
+  // tandemd renders chats; other targets get their chat prompts from it.
+  virtual absl::StatusOr<TokenIds> TokenizeChat(const std::vector<ChatTurn>& messages);
+  // Sends one greedy request (whose output is exactly max_tokens long unless
+  // call.stop_at_end) and fills `record` (token times, ok/error, prompt and
+  // cached tokens, path, speculation and whether it stopped on its own; not
+  // start or class) and `output`. Blocks until the stream ends. Thread-safe.
+  virtual void Generate(const GenerateCall& call, RequestRecord* record, Generated* output) = 0;
   // Prometheus metrics URLs of the servers behind this target ("" none).
   virtual std::vector<std::string> MetricsUrls() const { return {}; }
 };

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/bench/file_edits.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::bench {
@@ -101,9 +102,7 @@ absl::StatusOr<std::string> CorpusText(const std::string& source_dir, const std:
   };
   const fs::path root(source_dir);
   if (name == "code") {
-    for (const char* dir : {"engine", "scheduler", "server", "kvcache"}) {
-      add_tree(root / dir, {".cc", ".h"});
-    }
+    for (const std::string& path : CodeFilePaths(source_dir)) files.push_back(path);
   } else {
     add_tree(root / "docs", {".md"});
     files.push_back(root / "README.md");

@@ -92,6 +92,39 @@ TEST(BenchCommand, EveryBuiltinScenarioRunsAtTinyScale) {
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 
+TEST(BenchCommand, CodingAgentEditSessionsAreChatsThatSpeculateOnTheirFile) {
+  // The daemon's defaults (suffix drafting). One session of 3 turns, each
+  // asking for a repository file of 500-2,000 tokens back with a change,
+  // answers cut at 48 tokens.
+  Daemon daemon;
+  ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
+  const BenchRun run = RunBench(ServerFlags(daemon) +
+                                " --scenario=coding-agent-edit --requests=3 --output_tokens=48 "
+                                "--duration=300");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_EQ(run.report.runs_size(), 1) << run.output;
+  const bench::v1::ClassReport& t = run.report.runs(0).total();
+  EXPECT_EQ(t.requests(), 3);
+  EXPECT_EQ(t.failures(), 0) << run.output;
+  // The first prompt holds a whole file of at least 500 tokens in the chat;
+  // the later ones the code of the answer before.
+  EXPECT_GT(t.prompt_tokens(), 500);
+  EXPECT_GT(t.output_tokens(), 0);
+  EXPECT_LE(t.output_tokens(), 3 * 48);
+  // An answer that copies the file is drafted from it, and the daemon's
+  // counts reach the report.
+  EXPECT_GT(t.drafted_tokens(), 0) << run.output;
+  EXPECT_GT(t.accepted_tokens(), 0) << run.output;
+  EXPECT_LE(t.accepted_tokens(), t.drafted_tokens());
+  EXPECT_GT(t.tokens_per_step(), 1.0);
+  // Each answer is checked against its repository file, line by line.
+  EXPECT_GT(t.edit_file_lines(), 3 * 10);
+  EXPECT_LE(t.edit_lines_kept(), t.edit_file_lines());
+  EXPECT_THAT(run.output, HasSubstr("| coding-agent-edit | tandem |"));
+  EXPECT_THAT(run.output, HasSubstr("## Speculative decoding"));
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+}
+
 TEST(BenchCommand, ReplaysATraceAndRunsAScenarioFile) {
   Daemon daemon;
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();

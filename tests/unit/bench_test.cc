@@ -1,7 +1,8 @@
 // `tandem bench`'s generator and accounting against known inputs: arrival
 // statistics, percentiles (ours and Prometheus' histogram_quantile over a
 // scraped difference), SLO and goodput accounting, prompts with a shared
-// prefix, sessions, scenario files, traces and their replay timing.
+// prefix, sessions, file-edit sessions and their instructions, speculation
+// accounting, scenario files, traces and their replay timing.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include <numeric>
 #include <thread>
 
+#include "client/bench/file_edits.h"
 #include "client/bench/report.h"
 #include "client/bench/runner.h"
 #include "client/bench/scenario.h"
@@ -157,6 +159,26 @@ TEST(Goodput, CountsRequestsMeetingBothSlosPerSecondOfWall) {
   EXPECT_EQ(c.errors(0), "(no message)");
 }
 
+TEST(Speculation, AcceptedDraftsAreTokensNoStepPaidFor) {
+  // 10 tokens of which 6 came from accepted drafts: 4 steps, 2.5 tokens a
+  // step; 2 tokens without speculation: 1 a step. Failed requests count not.
+  std::vector<RequestRecord> records = {Record(0, std::vector<double>(10, 1.0)),
+                                        Record(0, {1.0, 2.0}), Record(0, {1.0, 2.0}, false)};
+  records[0].drafted_tokens = 8;
+  records[0].accepted_tokens = 6;
+  records[0].stopped = true;
+  records[2].drafted_tokens = 5;
+  records[2].accepted_tokens = 5;
+  std::vector<const RequestRecord*> ptrs;
+  for (const RequestRecord& r : records) ptrs.push_back(&r);
+  const v1::ClassReport c = ReportClass("edit", false, 1e9, 1e9, ptrs, /*wall_s=*/1);
+  EXPECT_EQ(c.output_tokens(), 12);
+  EXPECT_EQ(c.drafted_tokens(), 8);
+  EXPECT_EQ(c.accepted_tokens(), 6);
+  EXPECT_DOUBLE_EQ(c.tokens_per_step(), 2.0);  // 12 tokens in 6 steps
+  EXPECT_EQ(c.stopped(), 1);
+}
+
 TEST(TokenGaps, AMessageOfKTokensSharesItsGapEvenly) {
   // Tokens at 0.1; then 3 at 0.4 (a speculative burst); then 1 at 0.5.
   const RequestRecord r = Record(0, {0.1, 0.4, 0.4, 0.4, 0.5});
@@ -165,6 +187,47 @@ TEST(TokenGaps, AMessageOfKTokensSharesItsGapEvenly) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(gaps[i], 100, 1e-9);
   EXPECT_NEAR(gaps[3], 100, 1e-9);
   EXPECT_NEAR(r.MeanItlMs(), 100, 1e-9);
+}
+
+TEST(FileEdits, InstructionsNameWhatTheFileHas) {
+  const std::string code =
+      "// A comment: ignored_identifier ignored_identifier ignored_identifier\n"
+      "#include <counter_header>\n"
+      "int AddCounter(int counter_value) {\n"
+      "  return counter_value + 42 + counter_value;\n"
+      "}\n"
+      "int Twice(int counter_value) { return AddCounter(counter_value) * 42; }\n";
+  EXPECT_EQ(EditInstruction(code, 0), "Rename `counter_value` to `counter_value_v2` everywhere");
+  EXPECT_EQ(EditInstruction(code, 1),
+            "Add a last parameter `bool verbose` to the function `AddCounter` (and pass `false` "
+            "wherever the file calls it)");
+  EXPECT_EQ(EditInstruction(code, 2), "Change the number 42 to 84 everywhere in the file");
+  EXPECT_EQ(EditInstruction(code, 5), EditInstruction(code, 2));  // kind % 3
+  // Nothing to change a literal of: the rename (capitalised names get V2).
+  EXPECT_EQ(EditInstruction("void Widget(Widget w) { Widget(w); }\n", 2),
+            "Rename `Widget` to `WidgetV2` everywhere");
+  EXPECT_EQ(FirstEditMessage("int x;\n", "Rename `x` to `y` everywhere"),
+            "Here is a source file:\n```cpp\nint x;\n```\nRename `x` to `y` everywhere, and "
+            "return the whole file.");
+}
+
+TEST(FileEdits, LinesKeptCountEachSentLineOnceWhateverItsIndent) {
+  const std::string file = "int a;\n\n  int b;\nint b;\nreturn 0;\n";
+  // Re-indented and one "int b;" kept; "return 0;" renamed away; blank
+  // lines count for nothing.
+  const LinesKept kept = CountLinesKept(file, "int a;\nint b;\n\nreturn 1;\n");
+  EXPECT_EQ(kept.lines, 4);
+  EXPECT_EQ(kept.kept, 2);
+  EXPECT_EQ(CountLinesKept(file, file).kept, 4);
+  EXPECT_EQ(CountLinesKept(file, "int b;\nint b;\nint b;\n").kept, 2);  // a repeat counts once
+  EXPECT_EQ(CountLinesKept("", "int a;\n").lines, 0);
+}
+
+TEST(FileEdits, TheAnswersCodeIsItsFirstFence) {
+  EXPECT_EQ(AnswerCode("Sure.\n```cpp\nint a;\nint b;\n```\nThat is all.\n```\nx\n```"),
+            "int a;\nint b;\n");
+  EXPECT_EQ(AnswerCode("```\nint a;\n"), "int a;\n");  // cut off before its close
+  EXPECT_EQ(AnswerCode("int a;\n"), "int a;\n");       // no fence: all of it
 }
 
 TEST(Scenarios, BuiltinsAreValidAndFilesAreCheckedByField) {
@@ -195,6 +258,12 @@ TEST(Scenarios, BuiltinsAreValidAndFilesAreCheckedByField) {
      "shared_prefix_ratio": 1.5, "rate": 1, "slo_ttft_ms": 300, "slo_itl_ms": 40}]})");
   ASSERT_FALSE(ratio.ok());
   EXPECT_NE(ratio.status().message().find("classes[0].shared_prefix_ratio"), std::string::npos);
+  absl::StatusOr<v1::Scenario> task = ParseScenario(R"({"name": "x", "classes": [
+    {"name": "q", "input_tokens": {"median": 64}, "output_tokens": {"median": 8},
+     "rate": 1, "slo_ttft_ms": 300, "slo_itl_ms": 40, "task": "edit"}]})");
+  ASSERT_FALSE(task.ok());
+  EXPECT_NE(task.status().message().find("classes[0].task"), std::string::npos) << task.status();
+  EXPECT_EQ(LoadScenario("coding-agent-edit")->classes(0).task(), "file-edit");
   EXPECT_EQ(LoadScenario("no-such-scenario").status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -252,11 +321,26 @@ class FakeTarget : public Target {
   absl::StatusOr<TokenIds> Tokenize(const std::string& text) override {
     return TokenIds(text.size(), 5);
   }
-  void Generate(const GenerateCall& call, RequestRecord* record, TokenIds* output) override {
+  // Records the conversation; one id per character of its messages.
+  absl::StatusOr<TokenIds> TokenizeChat(const std::vector<ChatTurn>& messages) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    chats_.push_back(messages);
+    size_t chars = 0;
+    for (const ChatTurn& m : messages) chars += m.content.size();
+    return TokenIds(chars, 7);
+  }
+
+  void Generate(const GenerateCall& call, RequestRecord* record, Generated* output) override {
     const double now = NowSeconds();
     {
       std::unique_lock<std::mutex> lock(mu_);
       calls_.push_back({now, call});
+      // A file-edit answer: prose around a fence holding code that names
+      // the call.
+      if (call.want_text) {
+        output->text = "Here it is:\n```cpp\nint edited_" + std::to_string(calls_.size()) +
+                       "(int argument) { return argument; }\n```\nDone.";
+      }
       ++inflight_;
       max_inflight_ = std::max(max_inflight_, inflight_);
       cv_.notify_all();
@@ -269,7 +353,7 @@ class FakeTarget : public Target {
     }
     for (int i = 0; i < call.max_tokens; ++i) {
       record->token_times.push_back(NowSeconds());
-      output->push_back(1000 + i);
+      output->ids.push_back(1000 + i);
     }
     record->ok = true;
     record->prompt_tokens = static_cast<int>(call.prompt.size());
@@ -282,6 +366,7 @@ class FakeTarget : public Target {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Call> calls_;
+  std::vector<std::vector<ChatTurn>> chats_;
   int inflight_ = 0, max_inflight_ = 0, hold_until_inflight_ = 0;
   bool released_ = false;
 };
@@ -303,7 +388,8 @@ v1::Scenario OneClass(int concurrency, double rate, int turns = 0) {
 }
 
 TEST(Runner, ClosedLoopIssuesExactlyTheRequestsWithTheConcurrency) {
-  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  PromptSources corpora;
+  corpora.corpora = {{"prose", DistinctCorpus()}};
   FakeTarget target;
   target.hold_until_inflight_ = 3;
   RunOptions options;
@@ -318,7 +404,8 @@ TEST(Runner, ClosedLoopIssuesExactlyTheRequestsWithTheConcurrency) {
 }
 
 TEST(Runner, SessionTurnsCarryThePreviousPromptAndAnswer) {
-  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  PromptSources corpora;
+  corpora.corpora = {{"prose", DistinctCorpus()}};
   FakeTarget target;
   RunOptions options;
   options.requests = 3;
@@ -334,8 +421,57 @@ TEST(Runner, SessionTurnsCarryThePreviousPromptAndAnswer) {
   }
 }
 
+TEST(Runner, FileEditTurnsSendTheFileAsTheLastAnswerLeftIt) {
+  PromptSources sources;
+  sources.corpora = {{"prose", DistinctCorpus()}};
+  const std::string editable = "int compute_value(int counter) { return counter * 10; }\n";
+  sources.files = {
+      {"short.cc", "int a;\n", 300}, {"editable.cc", editable, 600}, {"long.cc", "int b;\n", 3000}};
+  FakeTarget target;
+  v1::Scenario scenario = OneClass(1, 0, /*turns=*/3);
+  v1::RequestClass& c = *scenario.mutable_classes(0);
+  c.set_task("file-edit");
+  c.clear_turn_input_tokens();
+  *c.mutable_input_tokens() = v1::Lengths();
+  c.mutable_input_tokens()->set_median(1000);
+  c.mutable_input_tokens()->set_min(500);
+  c.mutable_input_tokens()->set_max(2000);
+  ASSERT_TRUE(ValidateScenario(scenario).ok()) << ValidateScenario(scenario);
+  RunOptions options;
+  options.requests = 3;
+  const RunResult result = RunScenario(scenario, target, sources, options);
+  ASSERT_EQ(result.records.size(), 3u);
+  for (const RequestRecord& r : result.records) EXPECT_TRUE(r.ok) << r.error;
+  ASSERT_EQ(target.chats_.size(), 3u);
+  ASSERT_EQ(target.calls_.size(), 3u);
+  // Turn 1: the only file of 500-2,000 tokens. Turns 2 and 3: the code of
+  // the answer before, each with the next kind of change.
+  const std::vector<std::string> files = {editable,
+                                          "int edited_1(int argument) { return argument; }\n",
+                                          "int edited_2(int argument) { return argument; }\n"};
+  for (int turn = 0; turn < 3; ++turn) {
+    SCOPED_TRACE(turn);
+    ASSERT_EQ(target.chats_[turn].size(), 1u);
+    EXPECT_EQ(target.chats_[turn][0].role, "user");
+    // Session 0 asks for changes of kinds 0, 1, 2 turn by turn.
+    EXPECT_EQ(target.chats_[turn][0].content,
+              FirstEditMessage(files[turn], EditInstruction(files[turn], turn)));
+    const GenerateCall& call = target.calls_[turn].call;
+    EXPECT_EQ(call.prompt.size(), target.chats_[turn][0].content.size());
+    EXPECT_TRUE(call.stop_at_end);
+    EXPECT_TRUE(call.want_text);
+    EXPECT_EQ(call.max_tokens, 600 + 150 + 64);  // the file with room for its change
+  }
+  // Each answer's code shares no line with the file it was sent.
+  for (const RequestRecord& r : result.records) {
+    EXPECT_EQ(r.edit_file_lines, 1);
+    EXPECT_EQ(r.edit_lines_kept, 0);
+  }
+}
+
 TEST(Runner, TraceReplaySendsEachRequestNoEarlierThanItsArrival) {
-  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  PromptSources corpora;
+  corpora.corpora = {{"prose", DistinctCorpus()}};
   FakeTarget target;
   RunOptions options;
   options.duration_s = 30;
@@ -402,7 +538,8 @@ TEST(EffectiveScenario, OverridesApplyToTheForegroundOnly) {
 }
 
 TEST(Runner, BackgroundStopsWhenTheForegroundIsDone) {
-  const std::map<std::string, Corpus> corpora = {{"prose", DistinctCorpus()}};
+  PromptSources corpora;
+  corpora.corpora = {{"prose", DistinctCorpus()}};
   FakeTarget target;
   v1::Scenario s = OneClass(2, 0);
   v1::RequestClass bg = s.classes(0);
@@ -498,7 +635,9 @@ class FakeLlamaServer {
                       "],\"stop\":false}\n\n";
         }
         response += "data: {\"content\":\"\",\"tokens\":[],\"stop\":true,\"tokens_predicted\":" +
-                    std::to_string(n_predict) + ",\"timings\":{\"cache_n\":7,\"prompt_n\":3}}\n\n";
+                    std::to_string(n_predict) +
+                    ",\"stop_type\":\"limit\",\"timings\":{\"cache_n\":7,\"prompt_n\":3,"
+                    "\"draft_n\":4,\"draft_n_accepted\":3}}\n\n";
       }
       size_t sent = 0;
       while (sent < response.size()) {
@@ -528,10 +667,16 @@ TEST(LlamaServerTarget, StreamsTokensAndReadsTheCacheFromTheFinalEvent) {
   call.prompt = {5, 6, 7, 8};
   call.max_tokens = 5;
   RequestRecord record;
-  TokenIds output;
+  call.want_text = true;
+  Generated output;
   target->Generate(call, &record, &output);
   EXPECT_TRUE(record.ok) << record.error;
-  EXPECT_EQ(output, (TokenIds{100, 101, 102, 103, 104}));
+  EXPECT_EQ(output.ids, (TokenIds{100, 101, 102, 103, 104}));
+  EXPECT_EQ(output.text, "xxxxx");
+  // The final event's speculation counts and why it stopped (n_predict ran out).
+  EXPECT_EQ(record.drafted_tokens, 4);
+  EXPECT_EQ(record.accepted_tokens, 3);
+  EXPECT_FALSE(record.stopped);
   EXPECT_EQ(record.token_times.size(), 5u);
   EXPECT_EQ(record.cached_prompt_tokens, 7);
   EXPECT_EQ(record.prompt_tokens, 4);
@@ -542,8 +687,15 @@ TEST(LlamaServerTarget, StreamsTokensAndReadsTheCacheFromTheFinalEvent) {
   EXPECT_NE(body.find("\"ignore_eos\":true"), std::string::npos) << body;
   EXPECT_NE(body.find("\"temperature\":0"), std::string::npos) << body;
 
+  call.stop_at_end = true;
+  RequestRecord stopped;
+  Generated answer;
+  target->Generate(call, &stopped, &answer);
+  EXPECT_NE(server.last_body().find("\"ignore_eos\":false"), std::string::npos)
+      << server.last_body();
+
   RequestRecord failed;
-  TokenIds none;
+  Generated none;
   call.prompt.clear();
   target->Generate(call, &failed, &none);
   EXPECT_FALSE(failed.ok);

@@ -307,6 +307,15 @@ struct TaskQueries {
   std::vector<float*> scores;   // its scores (then probabilities) over keys [0, keys)
   std::vector<float*> out;      // its output row
   std::vector<int64_t> keys;    // keys it sees: [0, position + 1)
+  std::vector<float> sums;      // its softmax denominator
+
+  void clear() {
+    q.clear();
+    scores.clear();
+    out.clear();
+    keys.clear();
+    sums.clear();
+  }
 };
 
 #ifdef TANDEM_CPU_AVX512
@@ -386,7 +395,10 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   scratch.resize(score_stride * static_cast<size_t>(queries) +
                  static_cast<size_t>(kKeyBlock) * static_cast<size_t>(head_dim));
   float* block = scratch.data() + score_stride * static_cast<size_t>(queries);
-  TaskQueries tq;
+  // Reused by each thread's tasks (about 9 a layer at batch 1), so a step
+  // allocates nothing here once the vectors have grown.
+  thread_local TaskQueries tq;
+  tq.clear();
   for (int i = 0; i < queries; ++i) {
     const int64_t row = int64_t{span.first_row} + task.row_begin + i / heads;
     const int64_t column = int64_t{task.head_begin + i % heads} * head_dim;
@@ -443,10 +455,9 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
                  si);
     }
   }
-  std::vector<float> sums(static_cast<size_t>(queries));
   for (int i = 0; i < queries; ++i) {
-    sums[static_cast<size_t>(i)] =
-        ExpAndSum(tq.scores[static_cast<size_t>(i)], tq.keys[static_cast<size_t>(i)]);
+    tq.sums.push_back(
+        ExpAndSum(tq.scores[static_cast<size_t>(i)], tq.keys[static_cast<size_t>(i)]));
     std::memset(tq.out[static_cast<size_t>(i)], 0, sizeof(float) * static_cast<size_t>(head_dim));
   }
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
@@ -485,7 +496,7 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   }
   for (int i = 0; i < queries; ++i) {
     float* acc = tq.out[static_cast<size_t>(i)];
-    const float inverse = 1.0f / sums[static_cast<size_t>(i)];
+    const float inverse = 1.0f / tq.sums[static_cast<size_t>(i)];
     for (int d = 0; d < head_dim; ++d) acc[d] *= inverse;
   }
 }
