@@ -420,21 +420,26 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   // to floats first pays only when many queries (a prompt chunk) share them.
   // The arithmetic is the same either way.
   const bool in_place = kInPlaceSupported && head_dim == 64 && queries <= kInPlaceMaxQueries;
+  // Keys or values [first, first + n) of the task's KV head: pointers to the
+  // halves in place, or to the floats they were converted to in `block`.
+  const uint16_t* half_rows[kKeyBlock];
+  const float* float_rows[kKeyBlock];
+  auto load_rows = [&](const uint16_t* cache, int64_t first, int n) {
+    if (in_place) {
+      HalfRows(cache, kv, span.block_table, task.kv_head, first, n, half_rows);
+      return;
+    }
+    ConvertBlock(cache, kv, span.block_table, task.kv_head, first, n, block);
+    for (int j = 0; j < n; ++j) float_rows[j] = block + int64_t{j} * head_dim;
+  };
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    const uint16_t* half_rows[kKeyBlock];
-    if (in_place) {
-      HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, half_rows);
-    } else {
-      ConvertBlock(kv.k, kv, span.block_table, task.kv_head, first, n, block);
-    }
+    load_rows(kv.k, first, n);
 #ifdef TANDEM_CPU_AVX512
     if (vector64) {
       if (in_place) {
         ScoreQueries64(tq, half_rows, first, n, shape.scale);
       } else {
-        const float* float_rows[kKeyBlock];
-        for (int j = 0; j < n; ++j) float_rows[j] = block + int64_t{j} * 64;
         ScoreQueries64(tq, float_rows, first, n, shape.scale);
       }
       continue;
@@ -462,19 +467,12 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   }
   for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    const uint16_t* half_rows[kKeyBlock];
-    if (in_place) {
-      HalfRows(kv.v, kv, span.block_table, task.kv_head, first, n, half_rows);
-    } else {
-      ConvertBlock(kv.v, kv, span.block_table, task.kv_head, first, n, block);
-    }
+    load_rows(kv.v, first, n);
 #ifdef TANDEM_CPU_AVX512
     if (vector64) {
       if (in_place) {
         AccumulateQueries64(tq, half_rows, first, n);
       } else {
-        const float* float_rows[kKeyBlock];
-        for (int j = 0; j < n; ++j) float_rows[j] = block + int64_t{j} * 64;
         AccumulateQueries64(tq, float_rows, first, n);
       }
       continue;
