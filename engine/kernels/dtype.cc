@@ -12,6 +12,9 @@ const DTypeInfo& Info(DType type) {
       {"Q4_1", BlockQ4_1::kElements, sizeof(BlockQ4_1)},
       {"Q4_K", BlockQ4_K::kElements, sizeof(BlockQ4_K)},
       {"Q6_K", BlockQ6_K::kElements, sizeof(BlockQ6_K)},
+      {"Q5_0", BlockQ5_0::kElements, sizeof(BlockQ5_0)},
+      {"Q5_1", BlockQ5_1::kElements, sizeof(BlockQ5_1)},
+      {"Q5_K", BlockQ5_K::kElements, sizeof(BlockQ5_K)},
   };
   return kInfo[static_cast<int>(type)];
 }

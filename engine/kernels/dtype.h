@@ -21,6 +21,9 @@ enum class DType : uint8_t {
   kQ4_1,
   kQ4_K,
   kQ6_K,
+  kQ5_0,
+  kQ5_1,
+  kQ5_K,
 };
 
 struct DTypeInfo {
@@ -69,11 +72,37 @@ struct BlockQ6_K {
   int8_t scales[16];
   uint16_t d;
 };
+// Five-bit types: the low four bits of each element as in Q4_0 / Q4_1 /
+// Q4_K, the fifth in a separate bit field.
+struct BlockQ5_0 {
+  static constexpr int kElements = 32;
+  uint16_t d;
+  uint8_t qh[4];   // bit j (little-endian uint32): element j's fifth bit
+  uint8_t qs[16];  // element j in the low nibble of qs[j], j+16 in the high one
+};
+struct BlockQ5_1 {
+  static constexpr int kElements = 32;
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockQ5_K {
+  static constexpr int kElements = 256;
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];  // packed as Q4_K's
+  uint8_t qh[32];      // bit 2s (2s + 1) of qh[l]: the fifth bit of element l (l + 32) of pair s
+  uint8_t qs[128];
+};
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ5_K) == 176);
 
 }  // namespace tandem::kernels
 

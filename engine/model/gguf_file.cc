@@ -36,10 +36,16 @@ absl::StatusOr<DType> DTypeFromGgml(uint32_t id) {
       return DType::kQ4_0;
     case 3:
       return DType::kQ4_1;
+    case 6:
+      return DType::kQ5_0;
+    case 7:
+      return DType::kQ5_1;
     case 8:
       return DType::kQ8_0;
     case 12:
       return DType::kQ4_K;
+    case 13:
+      return DType::kQ5_K;
     case 14:
       return DType::kQ6_K;
     case 30:
@@ -47,8 +53,8 @@ absl::StatusOr<DType> DTypeFromGgml(uint32_t id) {
     default:
       return absl::UnimplementedError(
           StrCat("tensor type ", id,
-                 " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, "
-                 "Q6_K)"));
+                 " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                 "Q5_1, Q4_K, Q5_K, Q6_K)"));
   }
 }
 

@@ -15,9 +15,10 @@ import numpy as np
 import probe
 
 
-@functools.lru_cache(maxsize=1)
-def model():
-    reader = gguf.GGUFReader(probe.MODEL)
+@functools.lru_cache(maxsize=2)
+def model(path=None):
+    """(config, float64 tensors) of the GGUF file at `path` (the test model by default)."""
+    reader = gguf.GGUFReader(path or probe.MODEL)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
     arch = meta["general.architecture"]
     tensors = {}
@@ -54,8 +55,8 @@ def _rope(x, positions, base):
 class Session:
     """One sequence evaluated incrementally (a float64 KV cache)."""
 
-    def __init__(self):
-        self.config, self.t = model()
+    def __init__(self, path=None):
+        self.config, self.t = model(path)
         self.keys = [None] * self.config["layers"]
         self.values = [None] * self.config["layers"]
         self.length = 0
@@ -93,9 +94,9 @@ class Session:
         return out @ t.get("output.weight", t["token_embd.weight"]).T
 
 
-def greedy(prompt, tokens):
+def greedy(prompt, tokens, path=None):
     """(continuation, logits [tokens, vocab]): the logits that chose each token."""
-    session = Session()
+    session = Session(path)
     logits = session.forward(prompt)[-1:]
     chosen, all_logits = [], []
     for _ in range(tokens):

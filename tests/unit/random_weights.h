@@ -15,7 +15,8 @@
 namespace tandem::kernels {
 
 inline constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
-                                      DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K};
+                                      DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K,
+                                      DType::kQ5_0, DType::kQ5_1, DType::kQ5_K};
 
 // Random but valid weight bytes: random payloads with small, finite scales.
 inline std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols,
@@ -67,6 +68,15 @@ inline std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols
       break;
     case DType::kQ6_K:
       halves(sizeof(BlockQ6_K), {offsetof(BlockQ6_K, d)});
+      break;
+    case DType::kQ5_0:
+      halves(sizeof(BlockQ5_0), {0});
+      break;
+    case DType::kQ5_1:
+      halves(sizeof(BlockQ5_1), {0, 2});
+      break;
+    case DType::kQ5_K:
+      halves(sizeof(BlockQ5_K), {0, 2});
       break;
   }
   return bytes;

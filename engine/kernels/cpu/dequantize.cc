@@ -1,6 +1,7 @@
 #include "engine/kernels/cpu/dequantize.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "engine/kernels/half.h"
 
@@ -35,6 +36,37 @@ void DequantizeQ4_1(const BlockQ4_1* blocks, int64_t n_blocks, float* dst) {
   }
 }
 
+// The 32 five-bit integers (0-31) of a Q5_0 / Q5_1 block: element j's low
+// four bits in the low nibble of qs[j] (j < 16) or the high one of
+// qs[j - 16], its fifth in bit j of qh read as a little-endian uint32.
+void FiveBitValues(const uint8_t* qs, const uint8_t* qh_bytes, int out[32]) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  for (int j = 0; j < 16; ++j) {
+    out[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1) << 4);
+    out[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+  }
+}
+
+void DequantizeQ5_0(const BlockQ5_0* blocks, int64_t n_blocks, float* dst) {
+  int q[32];
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = HalfToFloat(blocks[b].d);
+    FiveBitValues(blocks[b].qs, blocks[b].qh, q);
+    for (int j = 0; j < 32; ++j) dst[b * 32 + j] = d * (q[j] - 16);
+  }
+}
+
+void DequantizeQ5_1(const BlockQ5_1* blocks, int64_t n_blocks, float* dst) {
+  int q[32];
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float d = HalfToFloat(blocks[b].d);
+    const float m = HalfToFloat(blocks[b].m);
+    FiveBitValues(blocks[b].qs, blocks[b].qh, q);
+    for (int j = 0; j < 32; ++j) dst[b * 32 + j] = d * q[j] + m;
+  }
+}
+
 // The 12 scale bytes of a Q4_K block pack eight 6-bit scales and eight 6-bit
 // mins: sub-blocks 0-3 in the low 6 bits of bytes 0-7, sub-blocks 4-7 split
 // between the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
@@ -48,9 +80,14 @@ void Q4KScaleMin(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
   }
 }
 
-void DequantizeQ4_K(const BlockQ4_K* blocks, int64_t n_blocks, float* dst) {
+// Q4_K and Q5_K: eight sub-blocks of 32, each with its own scale and min
+// (Q4KScaleMin), element l of sub-block pair s in the low (first 32) or high
+// (next 32) nibble of qs[32s + l]. Q5_K adds a fifth bit: bit 2s of qh[l] for
+// the low nibble's element, bit 2s + 1 for the high one's.
+template <typename Block>
+void DequantizeK(const Block* blocks, int64_t n_blocks, float* dst) {
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const BlockQ4_K& block = blocks[b];
+    const Block& block = blocks[b];
     const float d = HalfToFloat(block.d);
     const float dmin = HalfToFloat(block.dmin);
     const uint8_t* q = block.qs;
@@ -61,8 +98,15 @@ void DequantizeQ4_K(const BlockQ4_K* blocks, int64_t n_blocks, float* dst) {
       const float d1 = d * sc, m1 = dmin * m;
       Q4KScaleMin(sub + 1, block.scales, &sc, &m);
       const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) y[l] = d1 * (q[l] & 0x0f) - m1;
-      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * (q[l] >> 4) - m2;
+      for (int l = 0; l < 32; ++l) {
+        int low = q[l] & 0x0f, high = q[l] >> 4;
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+          low += ((block.qh[l] >> sub) & 1) << 4;
+          high += ((block.qh[l] >> (sub + 1)) & 1) << 4;
+        }
+        y[l] = d1 * low - m1;
+        y[32 + l] = d2 * high - m2;
+      }
       q += 32;
       y += 64;
     }
@@ -99,6 +143,15 @@ void DequantizeQ6_K(const BlockQ6_K* blocks, int64_t n_blocks, float* dst) {
 
 }  // namespace
 
+void WidenQ5_0ToQ8_0(const BlockQ5_0* src, int64_t n_blocks, BlockQ8_0* dst) {
+  int q[32];
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    FiveBitValues(src[b].qs, src[b].qh, q);
+    dst[b].d = src[b].d;
+    for (int j = 0; j < 32; ++j) dst[b].qs[j] = static_cast<int8_t>(q[j] - 16);
+  }
+}
+
 void DequantizeRow(DType type, const void* src, int64_t elements, float* dst) {
   const int64_t n_blocks = elements / Info(type).block_elements;
   switch (type) {
@@ -122,9 +175,15 @@ void DequantizeRow(DType type, const void* src, int64_t elements, float* dst) {
     case DType::kQ4_1:
       return DequantizeQ4_1(static_cast<const BlockQ4_1*>(src), n_blocks, dst);
     case DType::kQ4_K:
-      return DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), n_blocks, dst);
+      return DequantizeK(static_cast<const BlockQ4_K*>(src), n_blocks, dst);
     case DType::kQ6_K:
       return DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), n_blocks, dst);
+    case DType::kQ5_0:
+      return DequantizeQ5_0(static_cast<const BlockQ5_0*>(src), n_blocks, dst);
+    case DType::kQ5_1:
+      return DequantizeQ5_1(static_cast<const BlockQ5_1*>(src), n_blocks, dst);
+    case DType::kQ5_K:
+      return DequantizeK(static_cast<const BlockQ5_K*>(src), n_blocks, dst);
   }
 }
 
