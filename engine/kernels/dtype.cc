@@ -15,6 +15,8 @@ const DTypeInfo& Info(DType type) {
       {"Q5_0", BlockQ5_0::kElements, sizeof(BlockQ5_0)},
       {"Q5_1", BlockQ5_1::kElements, sizeof(BlockQ5_1)},
       {"Q5_K", BlockQ5_K::kElements, sizeof(BlockQ5_K)},
+      {"IQ4_NL", BlockIQ4_NL::kElements, sizeof(BlockIQ4_NL)},
+      {"IQ4_XS", BlockIQ4_XS::kElements, sizeof(BlockIQ4_XS)},
   };
   return kInfo[static_cast<int>(type)];
 }

@@ -24,6 +24,8 @@ enum class DType : uint8_t {
   kQ5_0,
   kQ5_1,
   kQ5_K,
+  kIQ4_NL,
+  kIQ4_XS,
 };
 
 struct DTypeInfo {
@@ -95,6 +97,24 @@ struct BlockQ5_K {
   uint8_t qh[32];      // bit 2s (2s + 1) of qh[l]: the fifth bit of element l (l + 32) of pair s
   uint8_t qs[128];
 };
+// Non-linear four-bit types: each 4-bit index selects one of 16 fixed
+// levels (kIq4NlLevels), times the block's scale.
+inline constexpr int8_t kIq4NlLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+struct BlockIQ4_NL {
+  static constexpr int kElements = 32;
+  uint16_t d;
+  uint8_t qs[16];  // element j in the low nibble of qs[j], j+16 in the high one
+};
+struct BlockIQ4_XS {
+  static constexpr int kElements = 256;
+  uint16_t d;
+  // Sub-block i's 6-bit scale (stored + 32): low four bits in nibble i % 2
+  // of scales_l[i / 2], high two bits in bits 2i, 2i + 1 of scales_h.
+  uint16_t scales_h;
+  uint8_t scales_l[4];
+  uint8_t qs[128];  // sub-block i: qs[16i .. 16i + 15], laid out as IQ4_NL's
+};
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
@@ -103,6 +123,8 @@ static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
 
 }  // namespace tandem::kernels
 

@@ -48,13 +48,17 @@ absl::StatusOr<DType> DTypeFromGgml(uint32_t id) {
       return DType::kQ5_K;
     case 14:
       return DType::kQ6_K;
+    case 20:
+      return DType::kIQ4_NL;
+    case 23:
+      return DType::kIQ4_XS;
     case 30:
       return DType::kBF16;
     default:
       return absl::UnimplementedError(
           StrCat("tensor type ", id,
                  " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                 "Q5_1, Q4_K, Q5_K, Q6_K)"));
+                 "Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"));
   }
 }
 

@@ -15,7 +15,7 @@ import numpy as np
 import probe
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=1)
 def model(path=None):
     """(config, float64 tensors) of the GGUF file at `path` (the test model by default)."""
     reader = gguf.GGUFReader(path or probe.MODEL)

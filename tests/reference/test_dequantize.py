@@ -21,10 +21,11 @@ def test_real_tensors_match(name):
 
 
 BLOCK = {T.Q8_0: (32, 34), T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22),
-         T.Q5_1: (32, 24), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210)}
+         T.Q5_1: (32, 24), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
+         T.IQ4_NL: (32, 18), T.IQ4_XS: (256, 136)}
 # Offsets of the half-precision scales in each block (kept finite and small).
 SCALES = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2],
-          T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
+          T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0]}
 
 
 def random_tensor(kind, rows, cols, rng):
@@ -47,7 +48,8 @@ def synthetic(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("gguf") / "synthetic.gguf")
     rng = np.random.default_rng(3)
     writer = GGUFWriter(path, "llama")
-    kinds = [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+    kinds = [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
+             T.IQ4_NL, T.IQ4_XS]
     for kind in kinds:
         data, raw_dtype = random_tensor(kind, 4, 512, rng)
         writer.add_tensor(kind.name, data, raw_dtype=raw_dtype)

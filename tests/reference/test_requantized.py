@@ -1,8 +1,10 @@
-"""The default model as users requantize it. Two files:
+"""The default model as users requantize it. Three files:
 - Q4_K_M made by llama.cpp's own quantizer (llama-cpp-python's binding of
   llama_model_quantize, requantizing the Q4_1 original): Q4_K and Q6_K where
   rows are a multiple of 256, Q5_0 and Q8_0 where they are not (this model's
   576-wide rows), as a user's `llama-quantize ... Q4_K_M` gives;
+- IQ4_XS by the same quantizer: IQ4_XS, and IQ4_NL where rows are not a
+  multiple of 256;
 - one with Q5_0 and Q5_1 tensors written by the `gguf` package.
 Each loads, and our exact mode evaluates it as a float64 evaluation of the
 same file does (numpy_reference.py, which shares nothing with our engine but
@@ -34,11 +36,11 @@ def variant(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def q4_k_m(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("gguf") / "q4_k_m.gguf")
+def llama_quantize(directory, ftype):
+    """The test model requantized by llama.cpp's quantizer to `ftype`."""
+    path = str(directory / f"{ftype}.gguf")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.allow_requantize = True
     params.nthread = 2
     assert llama_cpp.llama_model_quantize(probe.MODEL.encode(), path.encode(),
@@ -46,9 +48,19 @@ def q4_k_m(tmp_path_factory):
     return path
 
 
-def test_llama_quantizes_q4_k_m_with_the_types_we_load(q4_k_m):
-    kinds = {t.tensor_type for t in gguf.GGUFReader(q4_k_m).tensors}
-    assert {T.Q4_K, T.Q6_K, T.Q5_0} <= kinds
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory):
+    return llama_quantize(tmp_path_factory.mktemp("gguf"), "Q4_K_M")
+
+
+@pytest.fixture(scope="module")
+def iq4_xs(tmp_path_factory):
+    return llama_quantize(tmp_path_factory.mktemp("gguf"), "IQ4_XS")
+
+
+def test_llama_quantizes_with_the_types_we_load(q4_k_m, iq4_xs):
+    assert {T.Q4_K, T.Q6_K, T.Q5_0} <= {t.tensor_type for t in gguf.GGUFReader(q4_k_m).tensors}
+    assert {T.IQ4_XS, T.IQ4_NL} <= {t.tensor_type for t in gguf.GGUFReader(iq4_xs).tensors}
 
 
 def test_the_file_holds_the_five_bit_types(variant):
@@ -66,7 +78,7 @@ def test_dequantization_matches_the_package(variant, tensor):
     np.testing.assert_array_equal(probe.dequantize(variant, tensor), expected)
 
 
-@pytest.mark.parametrize("file", ["q4_k_m", "variant"])
+@pytest.mark.parametrize("file", ["q4_k_m", "iq4_xs", "variant"])
 def test_greedy_logits_match_float64(request, file):
     path = request.getfixturevalue(file)
     [(_, prompt)] = probe.chat([[("user", "Explain what a hash table is in two sentences.")]])

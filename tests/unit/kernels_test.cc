@@ -129,9 +129,10 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // f32: float rounding only. q8: each activation is rounded to 1/254 of
       // its block's largest magnitude. bf16: each activation to 8
       // significant bits (relative error at most 2^-9), the quants exact.
-      // Q5_0 is multiplied as the Q8_0 blocks it widens to.
+      // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to.
       const bool block_type = type == DType::kQ8_0 || type == DType::kQ4_0 ||
-                              type == DType::kQ4_1 || type == DType::kQ5_0;
+                              type == DType::kQ4_1 || type == DType::kQ5_0 ||
+                              type == DType::kIQ4_NL;
       const double tolerance = block_type && mode == MatMulMode::kQ8     ? 1.5e-2
                                : block_type && mode == MatMulMode::kBf16 ? 2.5e-3
                                                                          : 2e-6;
@@ -170,31 +171,34 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(AllMatMulCase
                                   std::string(MatMulModeName(info.param.mode));
                          });
 
-TEST(MatMulTest, Q5_0WeightsBecomeQ8_0BlocksOfExactlyTheirValuesSharedByBackends) {
+TEST(MatMulTest, Q5_0AndIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValuesSharedByBackends) {
   std::mt19937 rng(5);
   const int64_t n = 48, k = 96;
-  std::vector<uint8_t> bytes = RandomWeights(DType::kQ5_0, n, k, rng);
-  for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
-    if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
-    CpuBackend a(1, mode), b(1, mode);
-    const Weight wa = Upload(a, DType::kQ5_0, n, k, bytes);
-    const Weight wb = Upload(b, DType::kQ5_0, n, k, bytes);
-    EXPECT_EQ(wa.dtype, DType::kQ8_0);
+  for (DType type : {DType::kQ5_0, DType::kIQ4_NL}) {
+    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+    for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+      if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
+      SCOPED_TRACE(std::string(Info(type).name) + " " + std::string(MatMulModeName(mode)));
+      CpuBackend a(1, mode), b(1, mode);
+      const Weight wa = Upload(a, type, n, k, bytes);
+      const Weight wb = Upload(b, type, n, k, bytes);
+      EXPECT_EQ(wa.dtype, DType::kQ8_0);
+      EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
+      EXPECT_NE(wa.data, bytes.data());
 #ifdef TANDEM_CPU_AVX512
-    // The packed Q8_0 kernels, where the mode packs (q8 reads the blocks).
-    EXPECT_EQ(wa.packed != nullptr, mode != MatMulMode::kQ8) << MatMulModeName(mode);
+      // The packed Q8_0 kernels, where the mode packs (q8 reads the blocks).
+      EXPECT_EQ(wa.packed != nullptr, mode != MatMulMode::kQ8);
 #endif
-    EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
-    EXPECT_NE(wa.data, bytes.data());
-    // Every value as the Q5_0 blocks give it, bit for bit.
-    for (int64_t r = 0; r < n; ++r) {
-      std::vector<float> original(static_cast<size_t>(k)), widened(static_cast<size_t>(k));
-      DequantizeRow(DType::kQ5_0, bytes.data() + r * RowBytes(DType::kQ5_0, k), k, original.data());
-      DequantizeRow(DType::kQ8_0,
-                    static_cast<const uint8_t*>(wa.data) + r * RowBytes(DType::kQ8_0, k), k,
-                    widened.data());
-      ASSERT_EQ(0, std::memcmp(original.data(), widened.data(), original.size() * sizeof(float)))
-          << "row " << r;
+      // Every value as the original blocks give it, bit for bit.
+      for (int64_t r = 0; r < n; ++r) {
+        std::vector<float> original(static_cast<size_t>(k)), widened(static_cast<size_t>(k));
+        DequantizeRow(type, bytes.data() + r * RowBytes(type, k), k, original.data());
+        DequantizeRow(DType::kQ8_0,
+                      static_cast<const uint8_t*>(wa.data) + r * RowBytes(DType::kQ8_0, k), k,
+                      widened.data());
+        ASSERT_EQ(0, std::memcmp(original.data(), widened.data(), original.size() * sizeof(float)))
+            << "row " << r;
+      }
     }
   }
 }

@@ -14,9 +14,10 @@
 
 namespace tandem::kernels {
 
-inline constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
-                                      DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K,
-                                      DType::kQ5_0, DType::kQ5_1, DType::kQ5_K};
+inline constexpr DType kAllTypes[] = {DType::kF32,   DType::kF16,  DType::kBF16, DType::kQ8_0,
+                                      DType::kQ4_0,  DType::kQ4_1, DType::kQ4_K, DType::kQ6_K,
+                                      DType::kQ5_0,  DType::kQ5_1, DType::kQ5_K, DType::kIQ4_NL,
+                                      DType::kIQ4_XS};
 
 // Random but valid weight bytes: random payloads with small, finite scales.
 inline std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols,
@@ -77,6 +78,12 @@ inline std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols
       break;
     case DType::kQ5_K:
       halves(sizeof(BlockQ5_K), {0, 2});
+      break;
+    case DType::kIQ4_NL:
+      halves(sizeof(BlockIQ4_NL), {0});
+      break;
+    case DType::kIQ4_XS:
+      halves(sizeof(BlockIQ4_XS), {0});
       break;
   }
   return bytes;

@@ -42,24 +42,25 @@ std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight) {
   return packed;
 }
 
-// A Q5_0 weight widened to Q8_0 blocks of exactly its values
-// (WidenQ5_0ToQ8_0), so that it takes the packed Q8_0 kernels of every mode
+// A Q5_0 or IQ4_NL weight widened to Q8_0 blocks of exactly its values
+// (WidenToQ8_0), so that it takes the packed Q8_0 kernels of every mode
 // instead of the dequantizing fallback (Q5_0 is what llama-quantize's Q4_K_M
-// and Q5_K_M write where rows are not a multiple of 256). Made once per
-// process and keyed as the packed copies are, so both workers share it.
-std::shared_ptr<const std::vector<BlockQ8_0>> SharedWidenedQ5_0(const Weight& weight) {
-  using Key = std::tuple<const void*, int64_t, int64_t>;
+// writes where rows are not a multiple of 256, IQ4_NL what IQ4_XS writes).
+// Made once per process and keyed as the packed copies are, so both workers
+// share it.
+std::shared_ptr<const std::vector<BlockQ8_0>> SharedWidenedToQ8_0(const Weight& weight) {
+  using Key = std::tuple<const void*, DType, int64_t, int64_t>;
   static absl::Mutex mu(absl::kConstInit);
   static auto* widened =  // guarded by mu
       new absl::flat_hash_map<Key, std::weak_ptr<const std::vector<BlockQ8_0>>>();
-  const Key key{weight.data, weight.rows, weight.cols};
+  const Key key{weight.data, weight.dtype, weight.rows, weight.cols};
   absl::MutexLock lock(&mu);
   if (auto it = widened->find(key); it != widened->end()) {
     if (std::shared_ptr<const std::vector<BlockQ8_0>> live = it->second.lock()) return live;
   }
-  const int64_t blocks = weight.rows * weight.cols / BlockQ5_0::kElements;
+  const int64_t blocks = weight.rows * weight.cols / BlockQ8_0::kElements;
   auto blocks_q8 = std::make_shared<std::vector<BlockQ8_0>>(static_cast<size_t>(blocks));
-  WidenQ5_0ToQ8_0(static_cast<const BlockQ5_0*>(weight.data), blocks, blocks_q8->data());
+  WidenToQ8_0(weight.dtype, weight.data, blocks, blocks_q8->data());
   (*widened)[key] = blocks_q8;
   return blocks_q8;
 }
@@ -98,8 +99,8 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
 absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                                 const void* host_data) {
   Weight weight{dtype, rows, cols, host_data};
-  if (dtype == DType::kQ5_0) {
-    widened_weights_.push_back(SharedWidenedQ5_0(weight));
+  if (WidensToQ8_0(dtype)) {
+    widened_weights_.push_back(SharedWidenedToQ8_0(weight));
     weight = Weight{DType::kQ8_0, rows, cols, widened_weights_.back()->data()};
   }
   // The float32 and bfloat16 modes multiply by packed panels (q8 reads the

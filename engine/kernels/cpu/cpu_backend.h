@@ -73,7 +73,8 @@ class CpuBackend final : public Backend {
   // Packed copies of the uploaded weights (packed_matmul.h), shared with every
   // other CPU backend of the process that uploaded the same weight.
   std::vector<std::shared_ptr<const PackedWeight>> packed_weights_;
-  // Q5_0 weights rewritten as Q8_0 blocks (UploadWeight), shared likewise.
+  // Q5_0 and IQ4_NL weights rewritten as Q8_0 blocks (UploadWeight), shared
+  // likewise.
   std::vector<std::shared_ptr<const std::vector<BlockQ8_0>>> widened_weights_;
 };
 

@@ -67,6 +67,34 @@ void DequantizeQ5_1(const BlockQ5_1* blocks, int64_t n_blocks, float* dst) {
   }
 }
 
+// 16 IQ4_NL elements of one scale from 16 bytes of indices: element j from
+// the low nibble of qs[j], element j + 16 from its high one.
+void DequantizeIq4Nibbles(float scale, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = scale * kIq4NlLevels[qs[j] & 0x0f];
+    y[j + 16] = scale * kIq4NlLevels[qs[j] >> 4];
+  }
+}
+
+void DequantizeIQ4_NL(const BlockIQ4_NL* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    DequantizeIq4Nibbles(HalfToFloat(blocks[b].d), blocks[b].qs, dst + b * 32);
+  }
+}
+
+void DequantizeIQ4_XS(const BlockIQ4_XS* blocks, int64_t n_blocks, float* dst) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const BlockIQ4_XS& block = blocks[b];
+    const float d = HalfToFloat(block.d);
+    for (int sub = 0; sub < 8; ++sub) {
+      const int scale = ((block.scales_l[sub / 2] >> (4 * (sub % 2))) & 0x0f) |
+                        (((block.scales_h >> (2 * sub)) & 3) << 4);
+      DequantizeIq4Nibbles(d * static_cast<float>(scale - 32), block.qs + 16 * sub,
+                           dst + b * 256 + 32 * sub);
+    }
+  }
+}
+
 // The 12 scale bytes of a Q4_K block pack eight 6-bit scales and eight 6-bit
 // mins: sub-blocks 0-3 in the low 6 bits of bytes 0-7, sub-blocks 4-7 split
 // between the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
@@ -143,11 +171,25 @@ void DequantizeQ6_K(const BlockQ6_K* blocks, int64_t n_blocks, float* dst) {
 
 }  // namespace
 
-void WidenQ5_0ToQ8_0(const BlockQ5_0* src, int64_t n_blocks, BlockQ8_0* dst) {
+bool WidensToQ8_0(DType type) { return type == DType::kQ5_0 || type == DType::kIQ4_NL; }
+
+void WidenToQ8_0(DType type, const void* src, int64_t n_blocks, BlockQ8_0* dst) {
+  if (type == DType::kIQ4_NL) {
+    const auto* blocks = static_cast<const BlockIQ4_NL*>(src);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      dst[b].d = blocks[b].d;
+      for (int j = 0; j < 16; ++j) {
+        dst[b].qs[j] = kIq4NlLevels[blocks[b].qs[j] & 0x0f];
+        dst[b].qs[j + 16] = kIq4NlLevels[blocks[b].qs[j] >> 4];
+      }
+    }
+    return;
+  }
+  const auto* blocks = static_cast<const BlockQ5_0*>(src);
   int q[32];
   for (int64_t b = 0; b < n_blocks; ++b) {
-    FiveBitValues(src[b].qs, src[b].qh, q);
-    dst[b].d = src[b].d;
+    FiveBitValues(blocks[b].qs, blocks[b].qh, q);
+    dst[b].d = blocks[b].d;
     for (int j = 0; j < 32; ++j) dst[b].qs[j] = static_cast<int8_t>(q[j] - 16);
   }
 }
@@ -184,6 +226,10 @@ void DequantizeRow(DType type, const void* src, int64_t elements, float* dst) {
       return DequantizeQ5_1(static_cast<const BlockQ5_1*>(src), n_blocks, dst);
     case DType::kQ5_K:
       return DequantizeK(static_cast<const BlockQ5_K*>(src), n_blocks, dst);
+    case DType::kIQ4_NL:
+      return DequantizeIQ4_NL(static_cast<const BlockIQ4_NL*>(src), n_blocks, dst);
+    case DType::kIQ4_XS:
+      return DequantizeIQ4_XS(static_cast<const BlockIQ4_XS*>(src), n_blocks, dst);
   }
 }
 

@@ -14,10 +14,14 @@ namespace tandem::kernels::cpu {
 // of `type`) to `dst`. REQUIRES: elements % Info(type).block_elements == 0.
 void DequantizeRow(DType type, const void* src, int64_t elements, float* dst);
 
-// Rewrites Q5_0 blocks as Q8_0 blocks of the same values: a Q5_0 element is
-// its block's half-precision scale times an integer in [-16, 15], which a
-// Q8_0 block holds exactly with the same scale (34 bytes a block, not 22).
-void WidenQ5_0ToQ8_0(const BlockQ5_0* src, int64_t n_blocks, BlockQ8_0* dst);
+// Whether blocks of `type` can be rewritten as Q8_0 blocks of exactly the
+// same values: Q5_0 (its block's half-precision scale times an integer in
+// [-16, 15]) and IQ4_NL (the scale times one of 16 levels in [-127, 113]),
+// each a Q8_0 block with the same scale and the integers as int8 (34 bytes
+// a block, not 22 or 18).
+bool WidensToQ8_0(DType type);
+// REQUIRES: WidensToQ8_0(type); `src` holds n_blocks blocks of `type`.
+void WidenToQ8_0(DType type, const void* src, int64_t n_blocks, BlockQ8_0* dst);
 
 }  // namespace tandem::kernels::cpu
 
