@@ -23,46 +23,43 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
-// The packed copy of a weight, made once per process: the two workers of a
-// daemon load the same model, and two copies would double the memory and
-// halve the cache both share. Keyed by the host data (which outlives every
-// backend that uses it) and the shape.
-std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight) {
+// What a weight's upload derives from it (a packed copy, a widened one),
+// made once per process: the two workers of a daemon load the same model,
+// and two copies would double the memory and halve the cache both share.
+// Keyed by the host data (which outlives every backend that uses it), type
+// and shape; one table per T. `make(weight)` returns a shared_ptr<const T>.
+template <typename T, typename Make>
+std::shared_ptr<const T> SharedPerProcess(const Weight& weight, Make make) {
   using Key = std::tuple<const void*, DType, int64_t, int64_t>;
   static absl::Mutex mu(absl::kConstInit);
-  static auto* packs =  // guarded by mu
-      new absl::flat_hash_map<Key, std::weak_ptr<const PackedWeight>>();
+  static auto* made =  // guarded by mu
+      new absl::flat_hash_map<Key, std::weak_ptr<const T>>();
   const Key key{weight.data, weight.dtype, weight.rows, weight.cols};
   absl::MutexLock lock(&mu);
-  if (auto it = packs->find(key); it != packs->end()) {
-    if (std::shared_ptr<const PackedWeight> live = it->second.lock()) return live;
+  if (auto it = made->find(key); it != made->end()) {
+    if (std::shared_ptr<const T> live = it->second.lock()) return live;
   }
-  std::shared_ptr<const PackedWeight> packed = PackWeight(weight);
-  (*packs)[key] = packed;
-  return packed;
+  std::shared_ptr<const T> result = make(weight);
+  (*made)[key] = result;
+  return result;
+}
+
+std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight) {
+  return SharedPerProcess<PackedWeight>(
+      weight, [](const Weight& w) { return std::shared_ptr<const PackedWeight>(PackWeight(w)); });
 }
 
 // A Q5_0 or IQ4_NL weight widened to Q8_0 blocks of exactly its values
 // (WidenToQ8_0), so that it takes the packed Q8_0 kernels of every mode
 // instead of the dequantizing fallback (Q5_0 is what llama-quantize's Q4_K_M
 // writes where rows are not a multiple of 256, IQ4_NL what IQ4_XS writes).
-// Made once per process and keyed as the packed copies are, so both workers
-// share it.
 std::shared_ptr<const std::vector<BlockQ8_0>> SharedWidenedToQ8_0(const Weight& weight) {
-  using Key = std::tuple<const void*, DType, int64_t, int64_t>;
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* widened =  // guarded by mu
-      new absl::flat_hash_map<Key, std::weak_ptr<const std::vector<BlockQ8_0>>>();
-  const Key key{weight.data, weight.dtype, weight.rows, weight.cols};
-  absl::MutexLock lock(&mu);
-  if (auto it = widened->find(key); it != widened->end()) {
-    if (std::shared_ptr<const std::vector<BlockQ8_0>> live = it->second.lock()) return live;
-  }
-  const int64_t blocks = weight.rows * weight.cols / BlockQ8_0::kElements;
-  auto blocks_q8 = std::make_shared<std::vector<BlockQ8_0>>(static_cast<size_t>(blocks));
-  WidenToQ8_0(weight.dtype, weight.data, blocks, blocks_q8->data());
-  (*widened)[key] = blocks_q8;
-  return blocks_q8;
+  return SharedPerProcess<std::vector<BlockQ8_0>>(weight, [](const Weight& w) {
+    const int64_t blocks = w.rows * w.cols / BlockQ8_0::kElements;
+    auto widened = std::make_shared<std::vector<BlockQ8_0>>(static_cast<size_t>(blocks));
+    WidenToQ8_0(w.dtype, w.data, blocks, widened->data());
+    return std::shared_ptr<const std::vector<BlockQ8_0>>(std::move(widened));
+  });
 }
 
 }  // namespace
