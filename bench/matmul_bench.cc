@@ -19,7 +19,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
 #include "bench/row_cost.h"
+#include "common/strings.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/matmul.h"
 #include "engine/kernels/dtype.h"
@@ -33,6 +35,9 @@ ABSL_FLAG(int, ffn, 1536, "feed-forward width (SmolLM2-135M: 1536)");
 ABSL_FLAG(int, vocab, 49152, "output projection rows (SmolLM2-135M: 49152)");
 ABSL_FLAG(int, layers, 30, "layers per pass");
 ABSL_FLAG(bool, lm_head, true, "include the output projection (a verification needs every row's)");
+ABSL_FLAG(std::string, layer_type, "Q4_1",
+          "layer weights' type: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_1 or IQ4_XS (the output "
+          "projection stays Q8_0)");
 ABSL_FLAG(std::string, cpu_matmul, "auto", "CPU matmul mode: auto, f32, bf16 or q8");
 ABSL_FLAG(int, threads, 2, "compute threads");
 ABSL_FLAG(int, repeats, 11, "timed passes per row count (the median is printed)");
@@ -51,6 +56,7 @@ std::vector<Block> RandomBlocks(int64_t rows, int64_t cols, std::mt19937& rng) {
     for (size_t i = 0; i < sizeof(Block); ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
     b.d = FloatToHalf(scale(rng));
     if constexpr (requires { b.m; }) b.m = FloatToHalf(-scale(rng));
+    if constexpr (requires { b.dmin; }) b.dmin = FloatToHalf(scale(rng));
   }
   return blocks;
 }
@@ -69,6 +75,20 @@ HostWeight MakeWeight(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng
   return w;
 }
 
+// A random weight of a layer type named by --layer_type.
+absl::StatusOr<HostWeight> MakeLayerWeight(std::string_view type, int64_t rows, int64_t cols,
+                                           std::mt19937& rng) {
+  if (type == "Q4_0") return MakeWeight<BlockQ4_0>(DType::kQ4_0, rows, cols, rng);
+  if (type == "Q4_1") return MakeWeight<BlockQ4_1>(DType::kQ4_1, rows, cols, rng);
+  if (type == "Q8_0") return MakeWeight<BlockQ8_0>(DType::kQ8_0, rows, cols, rng);
+  if (type == "Q4_K") return MakeWeight<BlockQ4_K>(DType::kQ4_K, rows, cols, rng);
+  if (type == "Q5_K") return MakeWeight<BlockQ5_K>(DType::kQ5_K, rows, cols, rng);
+  if (type == "Q6_K") return MakeWeight<BlockQ6_K>(DType::kQ6_K, rows, cols, rng);
+  if (type == "Q5_1") return MakeWeight<BlockQ5_1>(DType::kQ5_1, rows, cols, rng);
+  if (type == "IQ4_XS") return MakeWeight<BlockIQ4_XS>(DType::kIQ4_XS, rows, cols, rng);
+  return absl::InvalidArgumentError(tandem::StrCat("unknown --layer_type '", type, "'"));
+}
+
 int Main() {
   auto mode = ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
   if (!mode.ok()) {
@@ -81,15 +101,20 @@ int Main() {
   std::mt19937 rng(11);
   // One layer's weights, used for every layer (the packed copy is larger than
   // the caches either way, as the model's 30 distinct layers are).
+  const std::string layer_type = absl::GetFlag(FLAGS_layer_type);
   std::vector<HostWeight> host;
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, hidden, hidden, rng));  // 0 q
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, kv, hidden, rng));      // 1 k
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, kv, hidden, rng));      // 2 v
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, hidden, hidden, rng));  // 3 o
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, ffn, hidden, rng));     // 4 gate
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, ffn, hidden, rng));     // 5 up
-  host.push_back(MakeWeight<BlockQ4_1>(DType::kQ4_1, hidden, ffn, rng));     // 6 down
-  host.push_back(MakeWeight<BlockQ8_0>(DType::kQ8_0, vocab, hidden, rng));   // 7 output
+  const int64_t shapes[][2] = {
+      {hidden, hidden}, {kv, hidden},  {kv, hidden}, {hidden, hidden},
+      {ffn, hidden},    {ffn, hidden}, {hidden, ffn}};  // q k v o gate up down
+  for (const auto& [rows, cols] : shapes) {
+    absl::StatusOr<HostWeight> weight = MakeLayerWeight(layer_type, rows, cols, rng);
+    if (!weight.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(weight.status().message()).c_str());
+      return 2;
+    }
+    host.push_back(*std::move(weight));
+  }
+  host.push_back(MakeWeight<BlockQ8_0>(DType::kQ8_0, vocab, hidden, rng));  // 7 output
   std::vector<Weight> w;
   for (const HostWeight& h : host) {
     auto uploaded = backend.UploadWeight(h.dtype, h.rows, h.cols, h.bytes.data());
@@ -105,8 +130,8 @@ int Main() {
       static_cast<double>(layers) *
           static_cast<double>(2 * hidden * hidden + 2 * kv * hidden + 3 * ffn * hidden) +
       (lm_head ? static_cast<double>(vocab * hidden) : 0.0);
-  std::printf("%s, %d layers (%lld/%lld/%lld wide)%s\n", backend.name().c_str(), layers,
-              static_cast<long long>(hidden), static_cast<long long>(kv),
+  std::printf("%s, %d %s layers (%lld/%lld/%lld wide)%s\n", backend.name().c_str(), layers,
+              layer_type.c_str(), static_cast<long long>(hidden), static_cast<long long>(kv),
               static_cast<long long>(ffn), lm_head ? " and the output projection" : "");
   std::printf("%5s %10s %9s %14s %9s\n", "rows", "pass ms", "vs 1 row", "ms/extra row", "GFLOP/s");
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -74,6 +74,18 @@ struct BlockQ6_K {
   int8_t scales[16];
   uint16_t d;
 };
+// Sub-block j's (0-7) 6-bit scale and min of a Q4_K or Q5_K block from its 12
+// scale bytes: sub-blocks 0-3 in the low 6 bits of bytes 0-7, sub-blocks 4-7
+// split between the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
+inline void Q4KScaleMin(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = static_cast<uint8_t>((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *min = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 // Five-bit types: the low four bits of each element as in Q4_0 / Q4_1 /
 // Q4_K, the fifth in a separate bit field.
 struct BlockQ5_0 {

@@ -12,6 +12,7 @@
 
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 #include "tests/unit/random_weights.h"
@@ -129,13 +130,12 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // f32: float rounding only. q8: each activation is rounded to 1/254 of
       // its block's largest magnitude. bf16: each activation to 8
       // significant bits (relative error at most 2^-9), the quants exact.
-      // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to.
-      const bool block_type = type == DType::kQ8_0 || type == DType::kQ4_0 ||
-                              type == DType::kQ4_1 || type == DType::kQ5_0 ||
-                              type == DType::kIQ4_NL;
-      const double tolerance = block_type && mode == MatMulMode::kQ8     ? 1.5e-2
-                               : block_type && mode == MatMulMode::kBf16 ? 2.5e-3
-                                                                         : 2e-6;
+      // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to; q8
+      // multiplies the types it has no kernel for by the float32 panels.
+      const bool q8_activations =
+          mode == MatMulMode::kQ8 && (HasQ8Kernel(type) || WidensToQ8_0(type));
+      const bool bf16_activations = mode == MatMulMode::kBf16 && w.packed != nullptr;
+      const double tolerance = q8_activations ? 1.5e-2 : bf16_activations ? 2.5e-3 : 2e-6;
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t c = 0; c < n; ++c) {
           double exact = 0, magnitude = 0;
@@ -240,6 +240,52 @@ TEST(PackedMatMulTest, PackableWeightsArePackedAndStayUsableAsEmbeddingTables) {
   backend.Embed(w, ids, View(row, 1, k));
   DequantizeRow(DType::kQ8_0, bytes.data() + 37 * RowBytes(DType::kQ8_0, k), k, expected.data());
   EXPECT_TRUE(SameBits(row.data(), expected.data(), k));
+}
+
+TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights) {
+  // packed_matmul.h's contract, bit for bit: out = fma(x[k], w[k], ...) in
+  // input order with w as DequantizeRow gives it. A panel that decodes one
+  // weight differently (a scale, a sub-block, a nibble, a rounding) differs
+  // here. The K-quants and IQ4_XS are packed in every mode (q8 multiplies
+  // them by these float32 panels), the others in f32 and bf16.
+  std::mt19937 rng(31);
+  const int64_t n = 48, k = 768;
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kIQ4_NL,
+                     DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_XS}) {
+    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+    std::vector<float> wf(static_cast<size_t>(n * k));
+    for (int64_t r = 0; r < n; ++r) {
+      DequantizeRow(type, bytes.data() + static_cast<size_t>(r) * RowBytes(type, k), k,
+                    &wf[static_cast<size_t>(r * k)]);
+    }
+    for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+      if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
+      CpuBackend backend(2, mode);
+      const Weight w = Upload(backend, type, n, k, bytes);
+      const bool q8_kernel = HasQ8Kernel(type) || WidensToQ8_0(type);
+      ASSERT_EQ(w.packed != nullptr, mode != MatMulMode::kQ8 || !q8_kernel)
+          << Info(type).name << " " << MatMulModeName(mode);
+      if (mode == MatMulMode::kBf16 || w.packed == nullptr) continue;
+      for (const int64_t m : {1, 9}) {  // decoded on the fly; dequantized panels
+        const std::vector<float> x = RandomRows(m, k, rng);
+        std::vector<int64_t> all(static_cast<size_t>(m));
+        std::iota(all.begin(), all.end(), 0);
+        const std::vector<float> out = RunMatMul(backend, w, x, all);
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t c = 0; c < n; ++c) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < k; ++i) {
+              acc = std::fma(x[static_cast<size_t>(r * k + i)], wf[static_cast<size_t>(c * k + i)],
+                             acc);
+            }
+            ASSERT_EQ(Float2Bits(out[static_cast<size_t>(r * n + c)]), Float2Bits(acc))
+                << Info(type).name << " (" << MatMulModeName(mode) << ") at [" << r << "][" << c
+                << "] of " << m << " rows";
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(PackedMatMulTest, AWeightAfterAnUnpackableOneIsStillBatchInvariant) {

@@ -15,6 +15,7 @@
 #include "engine/kernels/cpu/attention.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/elementwise.h"
+#include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 
@@ -100,9 +101,11 @@ absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64
     widened_weights_.push_back(SharedWidenedToQ8_0(weight));
     weight = Weight{DType::kQ8_0, rows, cols, widened_weights_.back()->data()};
   }
-  // The float32 and bfloat16 modes multiply by packed panels (q8 reads the
-  // GGUF blocks).
-  if (matmul_mode_ != MatMulMode::kQ8 && CanPackWeight(weight.dtype, rows, cols)) {
+  // The float32 and bfloat16 modes multiply by packed panels; q8 reads the
+  // GGUF blocks of the types it has kernels for, and multiplies the others
+  // by the float32 packed panels.
+  const bool q8_reads_blocks = matmul_mode_ == MatMulMode::kQ8 && HasQ8Kernel(weight.dtype);
+  if (!q8_reads_blocks && CanPackWeight(weight.dtype, rows, cols)) {
     packed_weights_.push_back(SharedPackedWeight(weight));
     weight.packed = packed_weights_.back().get();
   }

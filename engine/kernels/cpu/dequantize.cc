@@ -95,19 +95,6 @@ void DequantizeIQ4_XS(const BlockIQ4_XS* blocks, int64_t n_blocks, float* dst) {
   }
 }
 
-// The 12 scale bytes of a Q4_K block pack eight 6-bit scales and eight 6-bit
-// mins: sub-blocks 0-3 in the low 6 bits of bytes 0-7, sub-blocks 4-7 split
-// between the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
-void Q4KScaleMin(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Q4_K and Q5_K: eight sub-blocks of 32, each with its own scale and min
 // (Q4KScaleMin), element l of sub-block pair s in the low (first 32) or high
 // (next 32) nibble of qs[32s + l]. Q5_K adds a fifth bit: bit 2s of qh[l] for

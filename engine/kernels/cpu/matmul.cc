@@ -4,6 +4,7 @@
 
 #include "common/strings.h"
 #include "engine/kernels/cpu/matmul_f32.h"
+#include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 
 namespace tandem::kernels::cpu {
@@ -20,10 +21,7 @@ constexpr int64_t kMinRowsPerTask = 16;
 constexpr int64_t kMaxMultiplyAddsPerTask = int64_t{8} << 20;
 static_assert(kMinRowsPerTask % kPanelWidth == 0, "tasks cover whole packed panels");
 
-bool UsesQ8(MatMulMode mode, DType dtype) {
-  return mode == MatMulMode::kQ8 &&
-         (dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1);
-}
+bool UsesQ8(MatMulMode mode, DType dtype) { return mode == MatMulMode::kQ8 && HasQ8Kernel(dtype); }
 
 }  // namespace
 

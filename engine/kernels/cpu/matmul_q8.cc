@@ -133,6 +133,10 @@ void Rows(const Weight& weight, const ActivationBlock* activations, int64_t rows
 
 }  // namespace
 
+bool HasQ8Kernel(DType dtype) {
+  return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+}
+
 void MatMulQ8Rows(const Weight& weight, const ActivationBlock* activations, int64_t rows,
                   int64_t n0, int64_t n1, const float* bias, const Matrix& out) {
   switch (weight.dtype) {

@@ -18,6 +18,10 @@ struct ActivationBlock {
   int8_t q[32];
 };
 
+// Whether MatMulQ8Rows takes weights of `dtype` (the q8 mode multiplies the
+// other types by the float32 kernels).
+bool HasQ8Kernel(DType dtype);
+
 // Quantizes `elements` floats (a multiple of 32) into blocks.
 void QuantizeActivationRow(const float* x, int64_t elements, ActivationBlock* out);
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/simd.h"
 
@@ -78,6 +79,92 @@ struct Q8_0Format {
     const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
     *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
     *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+  }
+};
+
+inline __m512 HalvesAt(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 UnsignedBytesAt(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 SignedBytesAt(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Block32 types (block32.h) with a minimum: Q4_K (kNibbles), Q5_K and Q5_1.
+// w = (d * scale) * q - dmin * min, multiply then subtract as DequantizeRow
+// (every product is exact, so it is DequantizeRow's weight bit for bit).
+template <bool kNibbles>
+struct ScaledMinFormat {
+  using L = ScaledMinLayout;
+  static constexpr int64_t kBlockBytes = L::kQuants + (kNibbles ? 256 : 512);
+  struct Scales {
+    __m512 d, m;
+  };
+  static Scales Load(const uint8_t* block) {
+    return {_mm512_mul_ps(HalvesAt(block + L::kD), UnsignedBytesAt(block + L::kScale)),
+            _mm512_mul_ps(HalvesAt(block + L::kDmin), UnsignedBytesAt(block + L::kMin))};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    __m512 q0, q1;
+    if constexpr (kNibbles) {
+      const __m128i packed =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + L::kQuants + 16 * j));
+      const __m128i mask = _mm_set1_epi8(0x0f);
+      q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(packed, mask)));
+      q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask)));
+    } else {
+      q0 = UnsignedBytesAt(block + L::kQuants + 32 * j);
+      q1 = UnsignedBytesAt(block + L::kQuants + 32 * j + 16);
+    }
+    *w0 = _mm512_sub_ps(_mm512_mul_ps(s.d, q0), s.m);
+    *w1 = _mm512_sub_ps(_mm512_mul_ps(s.d, q1), s.m);
+  }
+  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* dst) {
+    for (int i = 0; i < kPanelWidth; ++i) {
+      std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
+      std::memcpy(dst + L::kDmin + 2 * i, &rows[i].dmin, 2);
+      dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
+      dst[L::kMin + i] = rows[i].min;
+      for (int j = 0; j < kBlockInputs / (kNibbles ? 2 : 1); ++j) {
+        dst[L::kQuants + 16 * j + i] =
+            kNibbles ? static_cast<uint8_t>(rows[i].q[2 * j] | rows[i].q[2 * j + 1] << 4)
+                     : static_cast<uint8_t>(rows[i].q[j]);
+      }
+    }
+  }
+};
+
+// Block32 types with a scale per 16 inputs: Q6_K and IQ4_XS.
+// w = (d * scale[j / 16]) * q.
+struct TwoScaleFormat {
+  using L = TwoScaleLayout;
+  static constexpr int64_t kBlockBytes = L::kQuants + 512;
+  struct Scales {
+    __m512 first, second;
+  };
+  static Scales Load(const uint8_t* block) {
+    const __m512 d = HalvesAt(block + L::kD);
+    return {_mm512_mul_ps(d, SignedBytesAt(block + L::kScale0)),
+            _mm512_mul_ps(d, SignedBytesAt(block + L::kScale1))};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    const __m512 scale = j < kBlockInputs / 4 ? s.first : s.second;
+    *w0 = _mm512_mul_ps(scale, SignedBytesAt(block + L::kQuants + 32 * j));
+    *w1 = _mm512_mul_ps(scale, SignedBytesAt(block + L::kQuants + 32 * j + 16));
+  }
+  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* dst) {
+    for (int i = 0; i < kPanelWidth; ++i) {
+      std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
+      dst[L::kScale0 + i] = static_cast<uint8_t>(rows[i].scale[0]);
+      dst[L::kScale1 + i] = static_cast<uint8_t>(rows[i].scale[1]);
+      for (int j = 0; j < kBlockInputs; ++j) {
+        dst[L::kQuants + 16 * j + i] = static_cast<uint8_t>(rows[i].q[j]);
+      }
+    }
   }
 };
 
@@ -250,11 +337,50 @@ void PackPanels(const Weight& weight, PackedWeight& packed) {
   }
 }
 
+// The panels of a Block32 type in format F.
+template <typename F>
+void PackBlock32Panels(const Weight& weight, PackedWeight& packed) {
+  const size_t row_bytes = RowBytes(weight.dtype, weight.cols);
+  const auto* base = static_cast<const uint8_t*>(weight.data);
+  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
+    for (int64_t b = 0; b < weight.cols / kBlockInputs; ++b) {
+      Block32 rows[kPanelWidth];
+      for (int i = 0; i < kPanelWidth; ++i) {
+        rows[i] = ReadBlock32(weight.dtype,
+                              base + static_cast<size_t>(p * kPanelWidth + i) * row_bytes, b);
+      }
+      F::Pack(rows, packed.data.get() + p * packed.panel_bytes + b * packed.block_bytes);
+    }
+  }
+}
+
+// Calls f(F{}) with the packed format of `dtype`.
+template <typename Fn>
+auto WithFormat(DType dtype, Fn&& f) {
+  switch (dtype) {
+    case DType::kQ4_1:
+      return f(Q4_1Format{});
+    case DType::kQ4_0:
+      return f(Q4_0Format{});
+    case DType::kQ4_K:
+      return f(ScaledMinFormat<true>{});
+    case DType::kQ5_K:
+    case DType::kQ5_1:
+      return f(ScaledMinFormat<false>{});
+    case DType::kQ6_K:
+    case DType::kIQ4_XS:
+      return f(TwoScaleFormat{});
+    default:
+      return f(Q8_0Format{});
+  }
+}
+
 }  // namespace
 
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols) {
-  return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ8_0) && rows > 0 &&
-         rows % kPanelWidth == 0 && cols > 0 && cols % kBlockInputs == 0;
+  return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ8_0 ||
+          HasBlock32(dtype)) &&
+         rows > 0 && rows % kPanelWidth == 0 && cols > 0 && cols % Info(dtype).block_elements == 0;
 }
 
 std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
@@ -262,9 +388,7 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
   packed->dtype = weight.dtype;
   packed->rows = weight.rows;
   packed->cols = weight.cols;
-  packed->block_bytes = weight.dtype == DType::kQ4_1   ? Q4_1Format::kBlockBytes
-                        : weight.dtype == DType::kQ4_0 ? Q4_0Format::kBlockBytes
-                                                       : Q8_0Format::kBlockBytes;
+  packed->block_bytes = WithFormat(weight.dtype, [](auto f) { return decltype(f)::kBlockBytes; });
   packed->panel_bytes = weight.cols / kBlockInputs * packed->block_bytes;
   const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
   constexpr size_t kAlignment = 64;
@@ -278,8 +402,14 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
     case DType::kQ4_0:
       PackPanels<BlockQ4_0>(weight, *packed);
       break;
-    default:
+    case DType::kQ8_0:
       PackPanels<BlockQ8_0>(weight, *packed);
+      break;
+    default:
+      WithFormat(weight.dtype, [&](auto f) {
+        using F = decltype(f);
+        if constexpr (requires { &F::Pack; }) PackBlock32Panels<F>(weight, *packed);
+      });
       break;
   }
   return packed;
@@ -287,14 +417,8 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
 
 void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t n1,
                       const float* bias, std::vector<float>& scratch, const Matrix& out) {
-  switch (weight.dtype) {
-    case DType::kQ4_1:
-      return PackedRows<Q4_1Format>(weight, x, n0, n1, bias, scratch, out);
-    case DType::kQ4_0:
-      return PackedRows<Q4_0Format>(weight, x, n0, n1, bias, scratch, out);
-    default:
-      return PackedRows<Q8_0Format>(weight, x, n0, n1, bias, scratch, out);
-  }
+  WithFormat(weight.dtype,
+             [&](auto f) { PackedRows<decltype(f)>(weight, x, n0, n1, bias, scratch, out); });
 }
 
 #else  // no AVX-512: nothing is packed (CanPackWeight is false), so the

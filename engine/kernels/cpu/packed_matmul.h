@@ -39,6 +39,11 @@ inline constexpr int64_t kPanelWidth = 16;
 //              of input 2j in its low nibble and of input 2j + 1 in its high.
 //   Q8_0:      32 groups of 16 signed bytes; byte i of group j is row i's
 //              quant of input j.
+// The types read as Block32s (block32.h) store the 16 rows' d as halves, then
+// (Q4_K, Q5_K, Q5_1) their dmin halves, scale bytes and min bytes, or
+// (Q6_K, IQ4_XS) their first-half and second-half scale bytes, then the
+// quants: nibbles as Q4_1's (Q4_K), or bytes as Q8_0's (the others). Their
+// offsets are the layouts below.
 struct PackedWeight {
   DType dtype = DType::kF32;
   int64_t rows = 0;
@@ -48,8 +53,16 @@ struct PackedWeight {
   std::unique_ptr<uint8_t[], void (*)(void*)> data{nullptr, nullptr};
 };
 
+// Byte offsets in one packed block of the Block32 types.
+struct ScaledMinLayout {  // Q4_K (nibble quants), Q5_K and Q5_1 (byte quants)
+  static constexpr int64_t kD = 0, kDmin = 32, kScale = 64, kMin = 80, kQuants = 96;
+};
+struct TwoScaleLayout {  // Q6_K, IQ4_XS (byte quants)
+  static constexpr int64_t kD = 0, kScale0 = 32, kScale1 = 48, kQuants = 64;
+};
+
 // Whether this build packs weights of this type and shape (AVX-512; Q4_0,
-// Q4_1 or Q8_0; rows a multiple of 16, cols of 32).
+// Q4_1, Q8_0 or a Block32 type; rows a multiple of 16, cols of 32).
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols);
 
 // The packed copy of `weight`. REQUIRES: CanPackWeight(weight's shape).

@@ -26,13 +26,19 @@ constexpr uint16_t Bf16Of(int v) {
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v)) >> 16);
 }
 
-inline __m512 Scales(const uint8_t* block, int which) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * which)));
+inline __m512 HalvesAt(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 BytesAt(const uint8_t* p) {  // signed; the unsigned quants stored are < 128
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Per packed format: the quants of inputs 2j and 2j + 1 for the panel's 16
 // rows as one vector of bfloat16 pairs (lane i = row i; its low half is
-// input 2j), and whether a block has a minimum (Q4_1).
+// input 2j); the block's scale D for each of its kSubBlocks runs of inputs
+// (32 or 16 inputs each); whether it has a minimum, and its term M (the
+// coefficient of the block's activation sum).
 template <int kOffset>
 struct NibbleTable {
   // Nibble v -> bfloat16(v - kOffset), in the low 16 of 32 words.
@@ -42,6 +48,19 @@ struct NibbleTable {
     return _mm512_load_si512(words);
   }
 };
+
+// Quants stored as bytes, group j (16 bytes) = input j of the 16 rows: as
+// floats they are exact, so their top halves are their bfloat16s.
+template <int64_t kQuants>
+inline __m512i DecodeBytePair(const uint8_t* block, int j) {
+  const uint8_t* q = block + kQuants + 32 * j;
+  const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
+  const __m512i b = _mm512_castps_si512(_mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))));
+  // (a >> 16) | (b & 0xffff0000)
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b, _mm512_set1_epi32(-65536), 0xf8);
+}
 
 template <int kOffset, int64_t kQuants>
 inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
@@ -55,7 +74,15 @@ inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
   return _mm512_permutexvar_epi16(indices, table);
 }
 
-struct Q4_1Bf16 {
+// Q4_0, Q4_1 and Q8_0: one half scale d (then, for Q4_1, the half minimum)
+// per row at the block's start.
+struct OneHalfScale {
+  static constexpr int kSubBlocks = 1;
+  static __m512 D(const uint8_t* block, int /*sub*/) { return HalvesAt(block); }
+  static __m512 M(const uint8_t* block) { return HalvesAt(block + 32); }
+};
+
+struct Q4_1Bf16 : OneHalfScale {
   static constexpr int64_t kBlockBytes = 32 + 32 + 256;
   static constexpr bool kHasMin = true;
   static __m512i Table() { return NibbleTable<0>::Table(); }
@@ -64,7 +91,7 @@ struct Q4_1Bf16 {
   }
 };
 
-struct Q4_0Bf16 {
+struct Q4_0Bf16 : OneHalfScale {
   static constexpr int64_t kBlockBytes = 32 + 256;
   static constexpr bool kHasMin = false;
   static __m512i Table() { return NibbleTable<8>::Table(); }
@@ -73,21 +100,52 @@ struct Q4_0Bf16 {
   }
 };
 
-struct Q8_0Bf16 {
+struct Q8_0Bf16 : OneHalfScale {
   static constexpr int64_t kBlockBytes = 32 + 512;
   static constexpr bool kHasMin = false;
   static __m512i Table() { return _mm512_setzero_si512(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
-    // Groups 2j and 2j + 1 hold the 16 rows' quants of inputs 2j and 2j + 1;
-    // as floats they are exact, so their top halves are their bfloat16s.
-    const uint8_t* q = block + 32 + 32 * j;
-    const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
-    const __m512i b = _mm512_castps_si512(_mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))));
-    // (a >> 16) | (b & 0xffff0000)
-    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b, _mm512_set1_epi32(-65536), 0xf8);
+    return DecodeBytePair<32>(block, j);
   }
+};
+
+// Q4_K (kNibbles), Q5_K and Q5_1 (packed_matmul.h's ScaledMinLayout):
+// D = d * scale, M = -(dmin * min), both exact.
+template <bool kNibbles>
+struct ScaledMinBf16 {
+  using L = ScaledMinLayout;
+  static constexpr int64_t kBlockBytes = L::kQuants + (kNibbles ? 256 : 512);
+  static constexpr bool kHasMin = true;
+  static constexpr int kSubBlocks = 1;
+  static __m512i Table() { return kNibbles ? NibbleTable<0>::Table() : _mm512_setzero_si512(); }
+  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
+    if constexpr (kNibbles) return DecodeNibblePair<0, L::kQuants>(block, j, table);
+    return DecodeBytePair<L::kQuants>(block, j);
+  }
+  static __m512 D(const uint8_t* block, int /*sub*/) {
+    return _mm512_mul_ps(HalvesAt(block + L::kD), BytesAt(block + L::kScale));
+  }
+  static __m512 M(const uint8_t* block) {
+    return _mm512_mul_ps(_mm512_mul_ps(HalvesAt(block + L::kDmin), BytesAt(block + L::kMin)),
+                         _mm512_set1_ps(-1.0f));
+  }
+};
+
+// Q6_K and IQ4_XS (TwoScaleLayout): D of inputs 0-15 and of 16-31.
+struct TwoScaleBf16 {
+  using L = TwoScaleLayout;
+  static constexpr int64_t kBlockBytes = L::kQuants + 512;
+  static constexpr bool kHasMin = false;
+  static constexpr int kSubBlocks = 2;
+  static __m512i Table() { return _mm512_setzero_si512(); }
+  static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
+    return DecodeBytePair<L::kQuants>(block, j);
+  }
+  static __m512 D(const uint8_t* block, int sub) {
+    return _mm512_mul_ps(HalvesAt(block + L::kD),
+                         BytesAt(block + (sub == 0 ? L::kScale0 : L::kScale1)));
+  }
+  static __m512 M(const uint8_t* /*block*/) { return _mm512_setzero_ps(); }
 };
 
 inline __m512 Dot(__m512 acc, __m512i x_pair, __m512i w_pair) {
@@ -102,13 +160,12 @@ inline __m512i XPair(const uint16_t* xr, int64_t b, int j) {
   return _mm512_set1_epi32(static_cast<int>(pair));
 }
 
-// Folds a block's sums into the totals: acc = fma(d, inner, acc), then for
-// Q4_1 acc = fma(m, block sum of x, acc). The same order in both kernels.
+// A block is folded into the totals in the same order in both kernels: for
+// each run of inputs, acc = fma(D, inner, acc) with inner the run's dot
+// product; then, with a minimum, acc = fma(M, block sum of x, acc).
 template <typename F>
-inline __m512 Fold(__m512 acc, __m512 inner, __m512 d, __m512 m, float x_sum) {
-  acc = _mm512_fmadd_ps(d, inner, acc);
-  if constexpr (F::kHasMin) acc = _mm512_fmadd_ps(m, _mm512_set1_ps(x_sum), acc);
-  return acc;
+constexpr int PairsPerSubBlock() {
+  return kPairs / F::kSubBlocks;
 }
 
 template <int R, int P>
@@ -135,23 +192,30 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block[P];
     for (int p = 0; p < P; ++p) block[p] = panel + p * panel_bytes + b * F::kBlockBytes;
-    __m512 inner[R][P];
-    for (int r = 0; r < R; ++r) {
-      for (int p = 0; p < P; ++p) inner[r][p] = _mm512_setzero_ps();
-    }
-    for (int j = 0; j < kPairs; ++j) {
-      __m512i w[P];
-      for (int p = 0; p < P; ++p) w[p] = F::Pair(block[p], j, table);
+    for (int sub = 0; sub < F::kSubBlocks; ++sub) {
+      __m512 inner[R][P];
       for (int r = 0; r < R; ++r) {
-        const __m512i x = XPair(xb + r * cols, b, j);
-        for (int p = 0; p < P; ++p) inner[r][p] = Dot(inner[r][p], x, w[p]);
+        for (int p = 0; p < P; ++p) inner[r][p] = _mm512_setzero_ps();
+      }
+      for (int j = sub * PairsPerSubBlock<F>(); j < (sub + 1) * PairsPerSubBlock<F>(); ++j) {
+        __m512i w[P];
+        for (int p = 0; p < P; ++p) w[p] = F::Pair(block[p], j, table);
+        for (int r = 0; r < R; ++r) {
+          const __m512i x = XPair(xb + r * cols, b, j);
+          for (int p = 0; p < P; ++p) inner[r][p] = Dot(inner[r][p], x, w[p]);
+        }
+      }
+      for (int p = 0; p < P; ++p) {
+        const __m512 d = F::D(block[p], sub);
+        for (int r = 0; r < R; ++r) acc[r][p] = _mm512_fmadd_ps(d, inner[r][p], acc[r][p]);
       }
     }
-    for (int p = 0; p < P; ++p) {
-      const __m512 d = Scales(block[p], 0);
-      const __m512 m = F::kHasMin ? Scales(block[p], 1) : _mm512_setzero_ps();
-      for (int r = 0; r < R; ++r) {
-        acc[r][p] = Fold<F>(acc[r][p], inner[r][p], d, m, sums[r * blocks + b]);
+    if constexpr (F::kHasMin) {
+      for (int p = 0; p < P; ++p) {
+        const __m512 m = F::M(block[p]);
+        for (int r = 0; r < R; ++r) {
+          acc[r][p] = _mm512_fmadd_ps(m, _mm512_set1_ps(sums[r * blocks + b]), acc[r][p]);
+        }
       }
     }
   }
@@ -163,10 +227,10 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
 }
 
 // Scratch for P panels: per block, the 16 pair vectors of each panel, then
-// each panel's d and m as floats.
+// each panel's D of sub-block 0, D of sub-block 1 and M as floats.
 template <int P>
 constexpr int64_t ScratchFloatsPerBlock() {
-  return int64_t{kPairs} * P * 16 + 2 * P * 16;
+  return int64_t{kPairs} * P * 16 + 3 * P * 16;
 }
 
 template <typename F, int P>
@@ -180,8 +244,10 @@ void DecodePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, flo
         _mm512_storeu_si512(dst + (j * P + p) * 16, F::Pair(block, j, table));
       }
       float* scales = dst + kPairs * P * 16;
-      _mm512_storeu_ps(scales + p * 16, Scales(block, 0));
-      _mm512_storeu_ps(scales + (P + p) * 16, F::kHasMin ? Scales(block, 1) : _mm512_setzero_ps());
+      for (int sub = 0; sub < F::kSubBlocks; ++sub) {
+        _mm512_storeu_ps(scales + (sub * P + p) * 16, F::D(block, sub));
+      }
+      if constexpr (F::kHasMin) _mm512_storeu_ps(scales + (2 * P + p) * 16, F::M(block));
     }
   }
 }
@@ -192,25 +258,36 @@ void GemmTile(const float* scratch, int64_t blocks, const uint16_t* xb, const fl
   float totals[R][P][16] = {};
   for (int64_t b = 0; b < blocks; ++b) {
     const float* src = scratch + b * ScratchFloatsPerBlock<P>();
-    __m512 inner[R][P];
-    for (int r = 0; r < R; ++r) {
-      for (int p = 0; p < P; ++p) inner[r][p] = _mm512_setzero_ps();
-    }
-    for (int j = 0; j < kPairs; ++j) {
-      __m512i w[P];
-      for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_si512(src + (j * P + p) * 16);
+    const float* scales = src + kPairs * P * 16;
+    for (int sub = 0; sub < F::kSubBlocks; ++sub) {
+      __m512 inner[R][P];
       for (int r = 0; r < R; ++r) {
-        const __m512i x = XPair(xb + (row0 + r) * cols, b, j);
-        for (int p = 0; p < P; ++p) inner[r][p] = Dot(inner[r][p], x, w[p]);
+        for (int p = 0; p < P; ++p) inner[r][p] = _mm512_setzero_ps();
+      }
+      for (int j = sub * PairsPerSubBlock<F>(); j < (sub + 1) * PairsPerSubBlock<F>(); ++j) {
+        __m512i w[P];
+        for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_si512(src + (j * P + p) * 16);
+        for (int r = 0; r < R; ++r) {
+          const __m512i x = XPair(xb + (row0 + r) * cols, b, j);
+          for (int p = 0; p < P; ++p) inner[r][p] = Dot(inner[r][p], x, w[p]);
+        }
+      }
+      for (int p = 0; p < P; ++p) {
+        const __m512 d = _mm512_loadu_ps(scales + (sub * P + p) * 16);
+        for (int r = 0; r < R; ++r) {
+          _mm512_storeu_ps(totals[r][p],
+                           _mm512_fmadd_ps(d, inner[r][p], _mm512_loadu_ps(totals[r][p])));
+        }
       }
     }
-    const float* scales = src + kPairs * P * 16;
-    for (int p = 0; p < P; ++p) {
-      const __m512 d = _mm512_loadu_ps(scales + p * 16);
-      const __m512 m = _mm512_loadu_ps(scales + (P + p) * 16);
-      for (int r = 0; r < R; ++r) {
-        _mm512_storeu_ps(totals[r][p], Fold<F>(_mm512_loadu_ps(totals[r][p]), inner[r][p], d, m,
-                                               sums[(row0 + r) * blocks + b]));
+    if constexpr (F::kHasMin) {
+      for (int p = 0; p < P; ++p) {
+        const __m512 m = _mm512_loadu_ps(scales + (2 * P + p) * 16);
+        for (int r = 0; r < R; ++r) {
+          _mm512_storeu_ps(totals[r][p],
+                           _mm512_fmadd_ps(m, _mm512_set1_ps(sums[(row0 + r) * blocks + b]),
+                                           _mm512_loadu_ps(totals[r][p])));
+        }
       }
     }
   }
@@ -283,6 +360,14 @@ void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const 
       return Bf16Rows<Q4_1Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kQ4_0:
       return Bf16Rows<Q4_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kQ4_K:
+      return Bf16Rows<ScaledMinBf16<true>>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kQ5_K:
+    case DType::kQ5_1:
+      return Bf16Rows<ScaledMinBf16<false>>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kQ6_K:
+    case DType::kIQ4_XS:
+      return Bf16Rows<TwoScaleBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     default:
       return Bf16Rows<Q8_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
   }
