@@ -171,33 +171,47 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(AllMatMulCase
                                   std::string(MatMulModeName(info.param.mode));
                          });
 
-TEST(MatMulTest, Q5_0AndIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValuesSharedByBackends) {
+TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValues) {
+  // Q5_0 in every mode; IQ4_NL where it gets no level panels of its own: in
+  // q8 (for the integer Q8_0 kernel) and with rows that are not whole panels
+  // (40). 48 rows of IQ4_NL in f32 or bf16 keep their type, packed.
   std::mt19937 rng(5);
-  const int64_t n = 48, k = 96;
+  const int64_t k = 96;
   for (DType type : {DType::kQ5_0, DType::kIQ4_NL}) {
-    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
-    for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
-      if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
-      SCOPED_TRACE(std::string(Info(type).name) + " " + std::string(MatMulModeName(mode)));
-      CpuBackend a(1, mode), b(1, mode);
-      const Weight wa = Upload(a, type, n, k, bytes);
-      const Weight wb = Upload(b, type, n, k, bytes);
-      EXPECT_EQ(wa.dtype, DType::kQ8_0);
-      EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
-      EXPECT_NE(wa.data, bytes.data());
+    for (const int64_t n : {48, 40}) {
+      std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+      for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+        if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
+        SCOPED_TRACE(std::string(Info(type).name) + " " + std::string(MatMulModeName(mode)) + " " +
+                     std::to_string(n) + " rows");
+        CpuBackend a(1, mode), b(1, mode);
+        const Weight wa = Upload(a, type, n, k, bytes);
+        const Weight wb = Upload(b, type, n, k, bytes);
+        const bool level_panels =
+            type == DType::kIQ4_NL && mode != MatMulMode::kQ8 && CanPackWeight(type, n, k);
+        if (level_panels) {
+          EXPECT_EQ(wa.dtype, DType::kIQ4_NL);
+          EXPECT_NE(wa.packed, nullptr);
+          continue;
+        }
+        EXPECT_EQ(wa.dtype, DType::kQ8_0);
+        EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
+        EXPECT_NE(wa.data, bytes.data());
 #ifdef TANDEM_CPU_AVX512
-      // The packed Q8_0 kernels, where the mode packs (q8 reads the blocks).
-      EXPECT_EQ(wa.packed != nullptr, mode != MatMulMode::kQ8);
+        // The packed Q8_0 kernels, where the mode packs (q8 reads the blocks).
+        EXPECT_EQ(wa.packed != nullptr, mode != MatMulMode::kQ8 && n % 16 == 0);
 #endif
-      // Every value as the original blocks give it, bit for bit.
-      for (int64_t r = 0; r < n; ++r) {
-        std::vector<float> original(static_cast<size_t>(k)), widened(static_cast<size_t>(k));
-        DequantizeRow(type, bytes.data() + r * RowBytes(type, k), k, original.data());
-        DequantizeRow(DType::kQ8_0,
-                      static_cast<const uint8_t*>(wa.data) + r * RowBytes(DType::kQ8_0, k), k,
-                      widened.data());
-        ASSERT_EQ(0, std::memcmp(original.data(), widened.data(), original.size() * sizeof(float)))
-            << "row " << r;
+        // Every value as the original blocks give it, bit for bit.
+        for (int64_t r = 0; r < n; ++r) {
+          std::vector<float> original(static_cast<size_t>(k)), widened(static_cast<size_t>(k));
+          DequantizeRow(type, bytes.data() + r * RowBytes(type, k), k, original.data());
+          DequantizeRow(DType::kQ8_0,
+                        static_cast<const uint8_t*>(wa.data) + r * RowBytes(DType::kQ8_0, k), k,
+                        widened.data());
+          ASSERT_EQ(0,
+                    std::memcmp(original.data(), widened.data(), original.size() * sizeof(float)))
+              << "row " << r;
+        }
       }
     }
   }

@@ -46,18 +46,31 @@ Block32 ReadQ6KSubBlock(const BlockQ6_K& block, int s) {
   return out;
 }
 
-// Sub-block s of an IQ4_XS block: scale d * (its 6-bit scale - 32), levels
-// of the nibbles of qs[16s + j] (low: element j, high: element j + 16).
+// The 32 level indices of 16 IQ4 bytes: element j in the low nibble of
+// qs[j], element j + 16 in its high one.
+void Iq4Indices(const uint8_t* qs, int8_t* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<int8_t>(qs[j] & 0x0f);
+    q[j + 16] = static_cast<int8_t>(qs[j] >> 4);
+  }
+}
+
+// Sub-block s of an IQ4_XS block: scale (its 6-bit scale - 32), the indices
+// in qs[16s ..].
 Block32 ReadIq4XsSubBlock(const BlockIQ4_XS& block, int s) {
   Block32 out;
   out.d = block.d;
   const int scale =
       ((block.scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) | (((block.scales_h >> (2 * s)) & 3) << 4);
   out.scale[0] = out.scale[1] = static_cast<int8_t>(scale - 32);
-  for (int j = 0; j < 16; ++j) {
-    out.q[j] = kIq4NlLevels[block.qs[16 * s + j] & 0x0f];
-    out.q[j + 16] = kIq4NlLevels[block.qs[16 * s + j] >> 4];
-  }
+  Iq4Indices(block.qs + 16 * s, out.q);
+  return out;
+}
+
+Block32 ReadIq4NlBlock(const BlockIQ4_NL& block) {
+  Block32 out;
+  out.d = block.d;
+  Iq4Indices(block.qs, out.q);
   return out;
 }
 
@@ -86,7 +99,7 @@ const Block& At(const uint8_t* row, int64_t index) {
 
 bool HasBlock32(DType type) {
   return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K ||
-         type == DType::kQ5_1 || type == DType::kIQ4_XS;
+         type == DType::kQ5_1 || type == DType::kIQ4_XS || type == DType::kIQ4_NL;
 }
 
 Block32 ReadBlock32(DType type, const uint8_t* row, int64_t b) {
@@ -100,6 +113,8 @@ Block32 ReadBlock32(DType type, const uint8_t* row, int64_t b) {
       return ReadQ6KSubBlock(At<BlockQ6_K>(row, b / 8), sub);
     case DType::kIQ4_XS:
       return ReadIq4XsSubBlock(At<BlockIQ4_XS>(row, b / 8), sub);
+    case DType::kIQ4_NL:
+      return ReadIq4NlBlock(At<BlockIQ4_NL>(row, b));
     default:
       return ReadQ5_1Block(At<BlockQ5_1>(row, b));
   }

@@ -97,7 +97,11 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
 absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                                 const void* host_data) {
   Weight weight{dtype, rows, cols, host_data};
-  if (WidensToQ8_0(dtype)) {
+  // Q5_0 always becomes Q8_0 blocks; IQ4_NL only where it has no panels of
+  // its own (q8, which has an integer kernel for Q8_0, or unpackable shapes).
+  const bool iq4_panels = dtype == DType::kIQ4_NL && matmul_mode_ != MatMulMode::kQ8 &&
+                          CanPackWeight(dtype, rows, cols);
+  if (WidensToQ8_0(dtype) && !iq4_panels) {
     widened_weights_.push_back(SharedWidenedToQ8_0(weight));
     weight = Weight{DType::kQ8_0, rows, cols, widened_weights_.back()->data()};
   }

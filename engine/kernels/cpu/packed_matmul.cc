@@ -94,6 +94,22 @@ inline __m512 SignedBytesAt(const uint8_t* p) {
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Row i's quants of a Block32 in Q4_1's nibble layout: byte i of group j
+// holds input 2j (low nibble) and 2j + 1 (high).
+inline void PackNibbles(const Block32& row, int i, uint8_t* quants) {
+  for (int j = 0; j < kBlockInputs / 2; ++j) {
+    quants[16 * j + i] = static_cast<uint8_t>(row.q[2 * j] | row.q[2 * j + 1] << 4);
+  }
+}
+
+// The float32 nibbles of inputs 2j and 2j + 1 (Q4_1's layout) as indices.
+inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  *lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
+  *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+}
+
 // Block32 types (block32.h) with a minimum: Q4_K (kNibbles), Q5_K and Q5_1.
 // w = (d * scale) * q - dmin * min, multiply then subtract as DequantizeRow
 // (every product is exact, so it is DequantizeRow's weight bit for bit).
@@ -111,11 +127,10 @@ struct ScaledMinFormat {
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     __m512 q0, q1;
     if constexpr (kNibbles) {
-      const __m128i packed =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + L::kQuants + 16 * j));
-      const __m128i mask = _mm_set1_epi8(0x0f);
-      q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(packed, mask)));
-      q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask)));
+      __m512i lo, hi;
+      NibbleIndices(block + L::kQuants, j, &lo, &hi);
+      q0 = _mm512_cvtepi32_ps(lo);
+      q1 = _mm512_cvtepi32_ps(hi);
     } else {
       q0 = UnsignedBytesAt(block + L::kQuants + 32 * j);
       q1 = UnsignedBytesAt(block + L::kQuants + 32 * j + 16);
@@ -129,17 +144,18 @@ struct ScaledMinFormat {
       std::memcpy(dst + L::kDmin + 2 * i, &rows[i].dmin, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kMin + i] = rows[i].min;
-      for (int j = 0; j < kBlockInputs / (kNibbles ? 2 : 1); ++j) {
-        dst[L::kQuants + 16 * j + i] =
-            kNibbles ? static_cast<uint8_t>(rows[i].q[2 * j] | rows[i].q[2 * j + 1] << 4)
-                     : static_cast<uint8_t>(rows[i].q[j]);
+      if constexpr (kNibbles) {
+        PackNibbles(rows[i], i, dst + L::kQuants);
+      } else {
+        for (int j = 0; j < kBlockInputs; ++j) {
+          dst[L::kQuants + 16 * j + i] = static_cast<uint8_t>(rows[i].q[j]);
+        }
       }
     }
   }
 };
 
-// Block32 types with a scale per 16 inputs: Q6_K and IQ4_XS.
-// w = (d * scale[j / 16]) * q.
+// Q6_K, with a scale per 16 inputs: w = (d * scale[j / 16]) * q.
 struct TwoScaleFormat {
   using L = TwoScaleLayout;
   static constexpr int64_t kBlockBytes = L::kQuants + 512;
@@ -164,6 +180,38 @@ struct TwoScaleFormat {
       for (int j = 0; j < kBlockInputs; ++j) {
         dst[L::kQuants + 16 * j + i] = static_cast<uint8_t>(rows[i].q[j]);
       }
+    }
+  }
+};
+
+// IQ4_NL and IQ4_XS: w = (d * scale) * level, the level looked up by its
+// nibble index.
+struct LevelsFormat {
+  using L = LevelsLayout;
+  static constexpr int64_t kBlockBytes = L::kQuants + 256;
+  struct Scales {
+    __m512 d, levels;
+  };
+  static Scales Load(const uint8_t* block) {
+    alignas(64) static constexpr float kLevels[16] = {
+        kIq4NlLevels[0],  kIq4NlLevels[1],  kIq4NlLevels[2],  kIq4NlLevels[3],
+        kIq4NlLevels[4],  kIq4NlLevels[5],  kIq4NlLevels[6],  kIq4NlLevels[7],
+        kIq4NlLevels[8],  kIq4NlLevels[9],  kIq4NlLevels[10], kIq4NlLevels[11],
+        kIq4NlLevels[12], kIq4NlLevels[13], kIq4NlLevels[14], kIq4NlLevels[15]};
+    return {_mm512_mul_ps(HalvesAt(block + L::kD), SignedBytesAt(block + L::kScale)),
+            _mm512_load_ps(kLevels)};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    __m512i lo, hi;
+    NibbleIndices(block + L::kQuants, j, &lo, &hi);
+    *w0 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(lo, s.levels));
+    *w1 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(hi, s.levels));
+  }
+  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* dst) {
+    for (int i = 0; i < kPanelWidth; ++i) {
+      std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
+      dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
+      PackNibbles(rows[i], i, dst + L::kQuants);
     }
   }
 };
@@ -368,8 +416,10 @@ auto WithFormat(DType dtype, Fn&& f) {
     case DType::kQ5_1:
       return f(ScaledMinFormat<false>{});
     case DType::kQ6_K:
-    case DType::kIQ4_XS:
       return f(TwoScaleFormat{});
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return f(LevelsFormat{});
     default:
       return f(Q8_0Format{});
   }

@@ -41,9 +41,10 @@ inline constexpr int64_t kPanelWidth = 16;
 //              quant of input j.
 // The types read as Block32s (block32.h) store the 16 rows' d as halves, then
 // (Q4_K, Q5_K, Q5_1) their dmin halves, scale bytes and min bytes, or
-// (Q6_K, IQ4_XS) their first-half and second-half scale bytes, then the
-// quants: nibbles as Q4_1's (Q4_K), or bytes as Q8_0's (the others). Their
-// offsets are the layouts below.
+// (Q6_K) their first-half and second-half scale bytes, or (IQ4_NL, IQ4_XS)
+// their scale bytes, then the quants: nibbles as Q4_1's (Q4_K, the IQ4
+// level indices), or bytes as Q8_0's (the others). Their offsets are the
+// layouts below.
 struct PackedWeight {
   DType dtype = DType::kF32;
   int64_t rows = 0;
@@ -57,8 +58,11 @@ struct PackedWeight {
 struct ScaledMinLayout {  // Q4_K (nibble quants), Q5_K and Q5_1 (byte quants)
   static constexpr int64_t kD = 0, kDmin = 32, kScale = 64, kMin = 80, kQuants = 96;
 };
-struct TwoScaleLayout {  // Q6_K, IQ4_XS (byte quants)
+struct TwoScaleLayout {  // Q6_K (byte quants)
   static constexpr int64_t kD = 0, kScale0 = 32, kScale1 = 48, kQuants = 64;
+};
+struct LevelsLayout {  // IQ4_NL, IQ4_XS (level indices as Q4_1's nibbles)
+  static constexpr int64_t kD = 0, kScale = 32, kQuants = 48;
 };
 
 // Whether this build packs weights of this type and shape (AVX-512; Q4_0,

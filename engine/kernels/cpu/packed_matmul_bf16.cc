@@ -39,6 +39,14 @@ inline __m512 BytesAt(const uint8_t* p) {  // signed; the unsigned quants stored
 // input 2j); the block's scale D for each of its kSubBlocks runs of inputs
 // (32 or 16 inputs each); whether it has a minimum, and its term M (the
 // coefficient of the block's activation sum).
+// IQ4_NL and IQ4_XS level index -> bfloat16(level) (exact: at most 7
+// significant bits), in the low 16 of 32 words.
+inline __m512i LevelTable() {
+  alignas(64) uint16_t words[32] = {};
+  for (int v = 0; v < 16; ++v) words[v] = Bf16Of(kIq4NlLevels[v]);
+  return _mm512_load_si512(words);
+}
+
 template <int kOffset>
 struct NibbleTable {
   // Nibble v -> bfloat16(v - kOffset), in the low 16 of 32 words.
@@ -131,7 +139,7 @@ struct ScaledMinBf16 {
   }
 };
 
-// Q6_K and IQ4_XS (TwoScaleLayout): D of inputs 0-15 and of 16-31.
+// Q6_K (TwoScaleLayout): D of inputs 0-15 and of 16-31.
 struct TwoScaleBf16 {
   using L = TwoScaleLayout;
   static constexpr int64_t kBlockBytes = L::kQuants + 512;
@@ -144,6 +152,22 @@ struct TwoScaleBf16 {
   static __m512 D(const uint8_t* block, int sub) {
     return _mm512_mul_ps(HalvesAt(block + L::kD),
                          BytesAt(block + (sub == 0 ? L::kScale0 : L::kScale1)));
+  }
+  static __m512 M(const uint8_t* /*block*/) { return _mm512_setzero_ps(); }
+};
+
+// IQ4_NL and IQ4_XS (LevelsLayout): D = d * scale, the levels from a table.
+struct LevelsBf16 {
+  using L = LevelsLayout;
+  static constexpr int64_t kBlockBytes = L::kQuants + 256;
+  static constexpr bool kHasMin = false;
+  static constexpr int kSubBlocks = 1;
+  static __m512i Table() { return LevelTable(); }
+  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
+    return DecodeNibblePair<0, L::kQuants>(block, j, table);
+  }
+  static __m512 D(const uint8_t* block, int /*sub*/) {
+    return _mm512_mul_ps(HalvesAt(block + L::kD), BytesAt(block + L::kScale));
   }
   static __m512 M(const uint8_t* /*block*/) { return _mm512_setzero_ps(); }
 };
@@ -366,8 +390,10 @@ void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const 
     case DType::kQ5_1:
       return Bf16Rows<ScaledMinBf16<false>>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kQ6_K:
-    case DType::kIQ4_XS:
       return Bf16Rows<TwoScaleBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return Bf16Rows<LevelsBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     default:
       return Bf16Rows<Q8_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
   }

@@ -1,0 +1,119 @@
+"""Writes a GGUF file of a published model's shape with random weights, in a
+quantization llama.cpp's own quantizer makes (Q4_K_M by default), so that
+Tandem and llama.cpp can be timed on the very same file at sizes whose real
+weights cannot be downloaded here. See write-random-gguf.
+
+The weights are random (normal, standard deviation 0.02; norms 1), written
+as F16 to a temporary file beside the output and quantized with
+llama_model_quantize (llama-quantize's per-tensor rules for the type). The
+vocabulary and tokenizer are the default model's (49,152 tokens), so the
+embedding and output projection are narrower than the named model's own
+vocabulary (Llama 3.2: 128,256; Qwen2.5: 151,936). Outputs are noise."""
+import argparse
+import ctypes
+import os
+
+import gguf
+import llama_cpp
+import numpy as np
+
+# hidden, layers, heads, KV heads, feed-forward, RoPE base, RMS epsilon,
+# architecture (qwen2 adds q/k/v biases).
+SHAPES = {
+    "llama3.2-1b": (2048, 16, 32, 8, 8192, 500000.0, 1e-5, "llama"),
+    "llama3.2-3b": (3072, 28, 24, 8, 8192, 500000.0, 1e-5, "llama"),
+    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, 1000000.0, 1e-6, "qwen2"),
+}
+
+
+def copy_tokenizer(reader, writer):
+    for field in reader.fields.values():
+        if not field.name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
+
+
+def write_f16(path, shape, vocab_model, seed, context):
+    hidden, layers, heads, kv_heads, ffn, rope_base, eps, arch = SHAPES[shape]
+    reader = gguf.GGUFReader(vocab_model)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"random {shape}")
+    writer.add_context_length(context)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    copy_tokenizer(reader, writer)
+    rng = np.random.default_rng(seed)
+    head_dim = hidden // heads
+
+    def matrix(rows, cols):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    def ones(n):
+        return np.ones(n, dtype=np.float32)
+
+    writer.add_tensor("token_embd.weight", matrix(vocab, hidden))
+    for i in range(layers):
+        b = f"blk.{i}."
+        writer.add_tensor(b + "attn_norm.weight", ones(hidden))
+        writer.add_tensor(b + "attn_q.weight", matrix(hidden, hidden))
+        writer.add_tensor(b + "attn_k.weight", matrix(kv_heads * head_dim, hidden))
+        writer.add_tensor(b + "attn_v.weight", matrix(kv_heads * head_dim, hidden))
+        if arch == "qwen2":
+            for name, width in (("q", hidden), ("k", kv_heads * head_dim),
+                                ("v", kv_heads * head_dim)):
+                writer.add_tensor(b + f"attn_{name}.bias",
+                                  rng.standard_normal(width, dtype=np.float32) * 0.02)
+        writer.add_tensor(b + "attn_output.weight", matrix(hidden, hidden))
+        writer.add_tensor(b + "ffn_norm.weight", ones(hidden))
+        writer.add_tensor(b + "ffn_gate.weight", matrix(ffn, hidden))
+        writer.add_tensor(b + "ffn_up.weight", matrix(ffn, hidden))
+        writer.add_tensor(b + "ffn_down.weight", matrix(hidden, ffn))
+    writer.add_tensor("output_norm.weight", ones(hidden))  # output tied to token_embd
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
+    p.add_argument("--type", default="Q4_K_M",
+                   help="a llama.cpp file type: Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, ...")
+    p.add_argument("--out", required=True)
+    p.add_argument("--vocab_model", required=True, help="GGUF whose tokenizer is copied")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{args.type}", None)
+    if ftype is None:
+        raise SystemExit(f"unknown --type {args.type!r} (a llama.cpp file type such as Q4_K_M)")
+    f16 = args.out + ".f16.tmp"
+    try:
+        write_f16(f16, args.shape, args.vocab_model, args.seed, args.context)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = ftype
+        params.nthread = args.threads
+        if llama_cpp.llama_model_quantize(f16.encode(), args.out.encode(),
+                                          ctypes.byref(params)) != 0:
+            raise SystemExit(f"llama_model_quantize failed for {args.out}")
+    finally:
+        if os.path.exists(f16):
+            os.remove(f16)
+    print(f"{args.out}: random {args.shape} as {args.type}, {os.path.getsize(args.out) >> 20} MiB")
+
+
+if __name__ == "__main__":
+    main()
