@@ -24,15 +24,16 @@ constexpr int64_t kOnTheFlyMaxRows = 4;
 constexpr int kGemmRows = 8;
 constexpr int kGemmPanels = 2;
 
-// Per packed format: where the quants start, the scale loads and the
-// decoding of inputs 2j and 2j + 1 of a block for the panel's 16 rows, with
-// exactly DequantizeRow's arithmetic (multiply, then add; no fusing).
+// Per packed format: its layout L (packed_matmul.h), the scale loads of a
+// block (from the block and its header) and the decoding of inputs 2j and
+// 2j + 1 of a block for the panel's 16 rows, with exactly DequantizeRow's
+// arithmetic (multiply, then add; no fusing).
 struct Q4_1Format {
-  static constexpr int64_t kBlockBytes = 32 + 32 + 256;
+  using L = PlainLayout<32 + 32 + 256>;
   struct Scales {
     __m512 d, m;
   };
-  static Scales Load(const uint8_t* block) {
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block))),
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)))};
   }
@@ -47,11 +48,11 @@ struct Q4_1Format {
 };
 
 struct Q4_0Format {
-  static constexpr int64_t kBlockBytes = 32 + 256;
+  using L = PlainLayout<32 + 256>;
   struct Scales {
     __m512 d;
   };
-  static Scales Load(const uint8_t* block) {
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
@@ -66,11 +67,11 @@ struct Q4_0Format {
 };
 
 struct Q8_0Format {
-  static constexpr int64_t kBlockBytes = 32 + 512;
+  using L = PlainLayout<32 + 512>;
   struct Scales {
     __m512 d;
   };
-  static Scales Load(const uint8_t* block) {
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
@@ -110,19 +111,19 @@ inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi
   *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
 }
 
-// Block32 types (block32.h) with a minimum: Q4_K (kNibbles), Q5_K and Q5_1.
-// w = (d * scale) * q - dmin * min, multiply then subtract as DequantizeRow
-// (every product is exact, so it is DequantizeRow's weight bit for bit).
-template <bool kNibbles>
+// Block32 types (block32.h) with a minimum: Q4_K (Q4KLayout, nibbles), Q5_K
+// and Q5_1 (ScaledMinLayout, bytes). w = (d * scale) * q - dmin * min,
+// multiply then subtract as DequantizeRow (every product is exact, so it is
+// DequantizeRow's weight bit for bit).
+template <typename Layout, bool kNibbles>
 struct ScaledMinFormat {
-  using L = ScaledMinLayout;
-  static constexpr int64_t kBlockBytes = L::kQuants + (kNibbles ? 256 : 512);
+  using L = Layout;
   struct Scales {
     __m512 d, m;
   };
-  static Scales Load(const uint8_t* block) {
-    return {_mm512_mul_ps(HalvesAt(block + L::kD), UnsignedBytesAt(block + L::kScale)),
-            _mm512_mul_ps(HalvesAt(block + L::kDmin), UnsignedBytesAt(block + L::kMin))};
+  static Scales Load(const uint8_t* header, const uint8_t* block) {
+    return {_mm512_mul_ps(HalvesAt(header + L::kD), UnsignedBytesAt(block + L::kScale)),
+            _mm512_mul_ps(HalvesAt(header + L::kDmin), UnsignedBytesAt(block + L::kMin))};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     __m512 q0, q1;
@@ -138,10 +139,11 @@ struct ScaledMinFormat {
     *w0 = _mm512_sub_ps(_mm512_mul_ps(s.d, q0), s.m);
     *w1 = _mm512_sub_ps(_mm512_mul_ps(s.d, q1), s.m);
   }
-  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* dst) {
+  // Writes the rows' block (and, each time again, their header).
+  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
     for (int i = 0; i < kPanelWidth; ++i) {
-      std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
-      std::memcpy(dst + L::kDmin + 2 * i, &rows[i].dmin, 2);
+      std::memcpy(header + L::kD + 2 * i, &rows[i].d, 2);
+      std::memcpy(header + L::kDmin + 2 * i, &rows[i].dmin, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kMin + i] = rows[i].min;
       if constexpr (kNibbles) {
@@ -157,13 +159,12 @@ struct ScaledMinFormat {
 
 // Q6_K, with a scale per 16 inputs: w = (d * scale[j / 16]) * q.
 struct TwoScaleFormat {
-  using L = TwoScaleLayout;
-  static constexpr int64_t kBlockBytes = L::kQuants + 512;
+  using L = Q6KLayout;
   struct Scales {
     __m512 first, second;
   };
-  static Scales Load(const uint8_t* block) {
-    const __m512 d = HalvesAt(block + L::kD);
+  static Scales Load(const uint8_t* header, const uint8_t* block) {
+    const __m512 d = HalvesAt(header + L::kD);
     return {_mm512_mul_ps(d, SignedBytesAt(block + L::kScale0)),
             _mm512_mul_ps(d, SignedBytesAt(block + L::kScale1))};
   }
@@ -172,9 +173,9 @@ struct TwoScaleFormat {
     *w0 = _mm512_mul_ps(scale, SignedBytesAt(block + L::kQuants + 32 * j));
     *w1 = _mm512_mul_ps(scale, SignedBytesAt(block + L::kQuants + 32 * j + 16));
   }
-  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* dst) {
+  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
     for (int i = 0; i < kPanelWidth; ++i) {
-      std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
+      std::memcpy(header + L::kD + 2 * i, &rows[i].d, 2);
       dst[L::kScale0 + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kScale1 + i] = static_cast<uint8_t>(rows[i].scale[1]);
       for (int j = 0; j < kBlockInputs; ++j) {
@@ -188,11 +189,10 @@ struct TwoScaleFormat {
 // nibble index.
 struct LevelsFormat {
   using L = LevelsLayout;
-  static constexpr int64_t kBlockBytes = L::kQuants + 256;
   struct Scales {
     __m512 d, levels;
   };
-  static Scales Load(const uint8_t* block) {
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
     alignas(64) static constexpr float kLevels[16] = {
         kIq4NlLevels[0],  kIq4NlLevels[1],  kIq4NlLevels[2],  kIq4NlLevels[3],
         kIq4NlLevels[4],  kIq4NlLevels[5],  kIq4NlLevels[6],  kIq4NlLevels[7],
@@ -207,7 +207,7 @@ struct LevelsFormat {
     *w0 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(lo, s.levels));
     *w1 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(hi, s.levels));
   }
-  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* dst) {
+  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* /*header*/, uint8_t* dst) {
     for (int i = 0; i < kPanelWidth; ++i) {
       std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
@@ -242,8 +242,9 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
     const uint8_t* block[P];
     typename F::Scales scales[P];
     for (int p = 0; p < P; ++p) {
-      block[p] = panel + p * panel_bytes + b * F::kBlockBytes;
-      scales[p] = F::Load(block[p]);
+      const uint8_t* at = panel + p * panel_bytes;
+      block[p] = at + BlockOffset<typename F::L>(b);
+      scales[p] = F::Load(at + HeaderOffset<typename F::L>(b), block[p]);
     }
     for (int j = 0; j < kBlockInputs / 2; ++j) {
       __m512 w0[P], w1[P];
@@ -265,8 +266,9 @@ template <typename F, int P>
 void DequantizePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, float* dst) {
   for (int64_t b = 0; b < blocks; ++b) {
     for (int p = 0; p < P; ++p) {
-      const uint8_t* block = panel + p * panel_bytes + b * F::kBlockBytes;
-      const typename F::Scales scales = F::Load(block);
+      const uint8_t* at = panel + p * panel_bytes;
+      const uint8_t* block = at + BlockOffset<typename F::L>(b);
+      const typename F::Scales scales = F::Load(at + HeaderOffset<typename F::L>(b), block);
       for (int j = 0; j < kBlockInputs / 2; ++j) {
         __m512 w0, w1;
         F::DecodePair(block, scales, j, &w0, &w1);
@@ -373,6 +375,7 @@ void PackPanels(const Weight& weight, PackedWeight& packed) {
   const size_t row_bytes = RowBytes(weight.dtype, weight.cols);
   const auto* base = static_cast<const uint8_t*>(weight.data);
   const int64_t blocks = weight.cols / kBlockInputs;
+  const int64_t block_bytes = packed.panel_bytes / blocks;  // plain layouts: no headers
   for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
     const Block* rows[kPanelWidth];
     for (int i = 0; i < kPanelWidth; ++i) {
@@ -380,7 +383,7 @@ void PackPanels(const Weight& weight, PackedWeight& packed) {
                                                           row_bytes);
     }
     for (int64_t b = 0; b < blocks; ++b) {
-      PackBlock(rows, b, packed.data.get() + p * packed.panel_bytes + b * packed.block_bytes);
+      PackBlock(rows, b, packed.data.get() + p * packed.panel_bytes + b * block_bytes);
     }
   }
 }
@@ -397,7 +400,8 @@ void PackBlock32Panels(const Weight& weight, PackedWeight& packed) {
         rows[i] = ReadBlock32(weight.dtype,
                               base + static_cast<size_t>(p * kPanelWidth + i) * row_bytes, b);
       }
-      F::Pack(rows, packed.data.get() + p * packed.panel_bytes + b * packed.block_bytes);
+      uint8_t* panel = packed.data.get() + p * packed.panel_bytes;
+      F::Pack(rows, panel + HeaderOffset<typename F::L>(b), panel + BlockOffset<typename F::L>(b));
     }
   }
 }
@@ -411,10 +415,10 @@ auto WithFormat(DType dtype, Fn&& f) {
     case DType::kQ4_0:
       return f(Q4_0Format{});
     case DType::kQ4_K:
-      return f(ScaledMinFormat<true>{});
+      return f(ScaledMinFormat<Q4KLayout, true>{});
     case DType::kQ5_K:
     case DType::kQ5_1:
-      return f(ScaledMinFormat<false>{});
+      return f(ScaledMinFormat<ScaledMinLayout, false>{});
     case DType::kQ6_K:
       return f(TwoScaleFormat{});
     case DType::kIQ4_NL:
@@ -438,8 +442,8 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
   packed->dtype = weight.dtype;
   packed->rows = weight.rows;
   packed->cols = weight.cols;
-  packed->block_bytes = WithFormat(weight.dtype, [](auto f) { return decltype(f)::kBlockBytes; });
-  packed->panel_bytes = weight.cols / kBlockInputs * packed->block_bytes;
+  packed->panel_bytes = WithFormat(
+      weight.dtype, [&](auto f) { return PanelBytes<typename decltype(f)::L>(weight.cols); });
   const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
   constexpr size_t kAlignment = 64;
   packed->data = {static_cast<uint8_t*>(std::aligned_alloc(

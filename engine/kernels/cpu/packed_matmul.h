@@ -33,36 +33,66 @@ inline constexpr int64_t kPanelWidth = 16;
 
 // A weight in the packed layout. Panel p covers output rows
 // [16p, 16p + 16) and occupies bytes [p * panel_bytes, (p + 1) * panel_bytes)
-// of `data`: its blocks in input order, each (for the 16 rows) the half
-// scales d[16], for Q4_1 the half minimums m[16], then the quants:
-//   Q4_0/Q4_1: 16 groups of 16 bytes; byte i of group j holds row i's quant
-//              of input 2j in its low nibble and of input 2j + 1 in its high.
-//   Q8_0:      32 groups of 16 signed bytes; byte i of group j is row i's
-//              quant of input j.
-// The types read as Block32s (block32.h) store the 16 rows' d as halves, then
-// (Q4_K, Q5_K, Q5_1) their dmin halves, scale bytes and min bytes, or
-// (Q6_K) their first-half and second-half scale bytes, or (IQ4_NL, IQ4_XS)
-// their scale bytes, then the quants: nibbles as Q4_1's (Q4_K, the IQ4
-// level indices), or bytes as Q8_0's (the others). Their offsets are the
-// layouts below.
+// of `data`: its 32-input blocks in input order, each holding the 16 rows'
+// scales and then their quants. Where the file's blocks share a scale over
+// 256 inputs (Q4_K, Q6_K), a header holding the 16 rows' shared scales
+// comes before each run of 8 blocks. Quants are nibbles or bytes:
+//   nibbles: 16 groups of 16 bytes; byte i of group j holds row i's quant of
+//            input 2j in its low nibble and of input 2j + 1 in its high.
+//   bytes:   32 groups of 16 bytes; byte i of group j is row i's quant of
+//            input j.
+// The layouts below give each format's offsets.
 struct PackedWeight {
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t block_bytes = 0;  // one 32-input block of one panel
-  int64_t panel_bytes = 0;  // (cols / 32) * block_bytes
+  int64_t panel_bytes = 0;  // PanelBytes<its layout>(cols)
   std::unique_ptr<uint8_t[], void (*)(void*)> data{nullptr, nullptr};
 };
 
-// Byte offsets in one packed block of the Block32 types.
-struct ScaledMinLayout {  // Q4_K (nibble quants), Q5_K and Q5_1 (byte quants)
-  static constexpr int64_t kD = 0, kDmin = 32, kScale = 64, kMin = 80, kQuants = 96;
+// A layout: kBlocksPerHeader blocks of kBlockBytes after each header of
+// kHeaderBytes (1 and 0 where every block holds its own scales).
+template <typename L>
+constexpr int64_t GroupBytes() {
+  return L::kHeaderBytes + L::kBlocksPerHeader * L::kBlockBytes;
+}
+template <typename L>
+constexpr int64_t PanelBytes(int64_t cols) {
+  return cols / 32 / L::kBlocksPerHeader * GroupBytes<L>();
+}
+// Where block b's header and the block itself start in a panel.
+template <typename L>
+constexpr int64_t HeaderOffset(int64_t b) {
+  return b / L::kBlocksPerHeader * GroupBytes<L>();
+}
+template <typename L>
+constexpr int64_t BlockOffset(int64_t b) {
+  return HeaderOffset<L>(b) + L::kHeaderBytes + b % L::kBlocksPerHeader * L::kBlockBytes;
+}
+
+// Q4_0 (d halves, nibbles), Q4_1 (d halves, m halves, nibbles), Q8_0 (d
+// halves, bytes): the scales at the block's start.
+template <int64_t kBytes>
+struct PlainLayout {
+  static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kBlockBytes = kBytes;
 };
-struct TwoScaleLayout {  // Q6_K (byte quants)
-  static constexpr int64_t kD = 0, kScale0 = 32, kScale1 = 48, kQuants = 64;
+// The Block32 types (block32.h). Offsets of header fields count from the
+// header, of block fields from the block (the same place without a header).
+struct Q4KLayout {  // header: d, dmin halves; block: scale, min bytes, nibbles
+  static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 64, kD = 0, kDmin = 32;
+  static constexpr int64_t kScale = 0, kMin = 16, kQuants = 32, kBlockBytes = kQuants + 256;
 };
-struct LevelsLayout {  // IQ4_NL, IQ4_XS (level indices as Q4_1's nibbles)
-  static constexpr int64_t kD = 0, kScale = 32, kQuants = 48;
+struct ScaledMinLayout {  // Q5_K, Q5_1: d, dmin halves, scale, min bytes, bytes
+  static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kDmin = 32;
+  static constexpr int64_t kScale = 64, kMin = 80, kQuants = 96, kBlockBytes = kQuants + 512;
+};
+struct Q6KLayout {  // header: d halves; block: scale bytes of inputs 0-15, 16-31, bytes
+  static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 32, kD = 0;
+  static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32, kBlockBytes = kQuants + 512;
+};
+struct LevelsLayout {  // IQ4_NL, IQ4_XS: d halves, scale bytes, level index nibbles
+  static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0;
+  static constexpr int64_t kScale = 32, kQuants = 48, kBlockBytes = kQuants + 256;
 };
 
 // Whether this build packs weights of this type and shape (AVX-512; Q4_0,

@@ -86,12 +86,14 @@ inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
 // per row at the block's start.
 struct OneHalfScale {
   static constexpr int kSubBlocks = 1;
-  static __m512 D(const uint8_t* block, int /*sub*/) { return HalvesAt(block); }
-  static __m512 M(const uint8_t* block) { return HalvesAt(block + 32); }
+  static __m512 D(const uint8_t* /*header*/, const uint8_t* block, int /*sub*/) {
+    return HalvesAt(block);
+  }
+  static __m512 M(const uint8_t* /*header*/, const uint8_t* block) { return HalvesAt(block + 32); }
 };
 
 struct Q4_1Bf16 : OneHalfScale {
-  static constexpr int64_t kBlockBytes = 32 + 32 + 256;
+  using L = PlainLayout<32 + 32 + 256>;
   static constexpr bool kHasMin = true;
   static __m512i Table() { return NibbleTable<0>::Table(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i table) {
@@ -100,7 +102,7 @@ struct Q4_1Bf16 : OneHalfScale {
 };
 
 struct Q4_0Bf16 : OneHalfScale {
-  static constexpr int64_t kBlockBytes = 32 + 256;
+  using L = PlainLayout<32 + 256>;
   static constexpr bool kHasMin = false;
   static __m512i Table() { return NibbleTable<8>::Table(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i table) {
@@ -109,7 +111,7 @@ struct Q4_0Bf16 : OneHalfScale {
 };
 
 struct Q8_0Bf16 : OneHalfScale {
-  static constexpr int64_t kBlockBytes = 32 + 512;
+  using L = PlainLayout<32 + 512>;
   static constexpr bool kHasMin = false;
   static __m512i Table() { return _mm512_setzero_si512(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
@@ -117,12 +119,11 @@ struct Q8_0Bf16 : OneHalfScale {
   }
 };
 
-// Q4_K (kNibbles), Q5_K and Q5_1 (packed_matmul.h's ScaledMinLayout):
+// Q4_K (Q4KLayout, nibbles), Q5_K and Q5_1 (ScaledMinLayout, bytes):
 // D = d * scale, M = -(dmin * min), both exact.
-template <bool kNibbles>
+template <typename Layout, bool kNibbles>
 struct ScaledMinBf16 {
-  using L = ScaledMinLayout;
-  static constexpr int64_t kBlockBytes = L::kQuants + (kNibbles ? 256 : 512);
+  using L = Layout;
   static constexpr bool kHasMin = true;
   static constexpr int kSubBlocks = 1;
   static __m512i Table() { return kNibbles ? NibbleTable<0>::Table() : _mm512_setzero_si512(); }
@@ -130,46 +131,44 @@ struct ScaledMinBf16 {
     if constexpr (kNibbles) return DecodeNibblePair<0, L::kQuants>(block, j, table);
     return DecodeBytePair<L::kQuants>(block, j);
   }
-  static __m512 D(const uint8_t* block, int /*sub*/) {
-    return _mm512_mul_ps(HalvesAt(block + L::kD), BytesAt(block + L::kScale));
+  static __m512 D(const uint8_t* header, const uint8_t* block, int /*sub*/) {
+    return _mm512_mul_ps(HalvesAt(header + L::kD), BytesAt(block + L::kScale));
   }
-  static __m512 M(const uint8_t* block) {
-    return _mm512_mul_ps(_mm512_mul_ps(HalvesAt(block + L::kDmin), BytesAt(block + L::kMin)),
+  static __m512 M(const uint8_t* header, const uint8_t* block) {
+    return _mm512_mul_ps(_mm512_mul_ps(HalvesAt(header + L::kDmin), BytesAt(block + L::kMin)),
                          _mm512_set1_ps(-1.0f));
   }
 };
 
-// Q6_K (TwoScaleLayout): D of inputs 0-15 and of 16-31.
+// Q6_K (Q6KLayout): D of inputs 0-15 and of 16-31.
 struct TwoScaleBf16 {
-  using L = TwoScaleLayout;
-  static constexpr int64_t kBlockBytes = L::kQuants + 512;
+  using L = Q6KLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 2;
   static __m512i Table() { return _mm512_setzero_si512(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
     return DecodeBytePair<L::kQuants>(block, j);
   }
-  static __m512 D(const uint8_t* block, int sub) {
-    return _mm512_mul_ps(HalvesAt(block + L::kD),
+  static __m512 D(const uint8_t* header, const uint8_t* block, int sub) {
+    return _mm512_mul_ps(HalvesAt(header + L::kD),
                          BytesAt(block + (sub == 0 ? L::kScale0 : L::kScale1)));
   }
-  static __m512 M(const uint8_t* /*block*/) { return _mm512_setzero_ps(); }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
 
 // IQ4_NL and IQ4_XS (LevelsLayout): D = d * scale, the levels from a table.
 struct LevelsBf16 {
   using L = LevelsLayout;
-  static constexpr int64_t kBlockBytes = L::kQuants + 256;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 1;
   static __m512i Table() { return LevelTable(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i table) {
     return DecodeNibblePair<0, L::kQuants>(block, j, table);
   }
-  static __m512 D(const uint8_t* block, int /*sub*/) {
+  static __m512 D(const uint8_t* /*header*/, const uint8_t* block, int /*sub*/) {
     return _mm512_mul_ps(HalvesAt(block + L::kD), BytesAt(block + L::kScale));
   }
-  static __m512 M(const uint8_t* /*block*/) { return _mm512_setzero_ps(); }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
 
 inline __m512 Dot(__m512 acc, __m512i x_pair, __m512i w_pair) {
@@ -215,7 +214,11 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block[P];
-    for (int p = 0; p < P; ++p) block[p] = panel + p * panel_bytes + b * F::kBlockBytes;
+    const uint8_t* header[P];
+    for (int p = 0; p < P; ++p) {
+      header[p] = panel + p * panel_bytes + HeaderOffset<typename F::L>(b);
+      block[p] = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
+    }
     for (int sub = 0; sub < F::kSubBlocks; ++sub) {
       __m512 inner[R][P];
       for (int r = 0; r < R; ++r) {
@@ -230,13 +233,13 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
         }
       }
       for (int p = 0; p < P; ++p) {
-        const __m512 d = F::D(block[p], sub);
+        const __m512 d = F::D(header[p], block[p], sub);
         for (int r = 0; r < R; ++r) acc[r][p] = _mm512_fmadd_ps(d, inner[r][p], acc[r][p]);
       }
     }
     if constexpr (F::kHasMin) {
       for (int p = 0; p < P; ++p) {
-        const __m512 m = F::M(block[p]);
+        const __m512 m = F::M(header[p], block[p]);
         for (int r = 0; r < R; ++r) {
           acc[r][p] = _mm512_fmadd_ps(m, _mm512_set1_ps(sums[r * blocks + b]), acc[r][p]);
         }
@@ -263,15 +266,16 @@ void DecodePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, flo
   for (int64_t b = 0; b < blocks; ++b) {
     float* dst = scratch + b * ScratchFloatsPerBlock<P>();
     for (int p = 0; p < P; ++p) {
-      const uint8_t* block = panel + p * panel_bytes + b * F::kBlockBytes;
+      const uint8_t* header = panel + p * panel_bytes + HeaderOffset<typename F::L>(b);
+      const uint8_t* block = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
       for (int j = 0; j < kPairs; ++j) {
         _mm512_storeu_si512(dst + (j * P + p) * 16, F::Pair(block, j, table));
       }
       float* scales = dst + kPairs * P * 16;
       for (int sub = 0; sub < F::kSubBlocks; ++sub) {
-        _mm512_storeu_ps(scales + (sub * P + p) * 16, F::D(block, sub));
+        _mm512_storeu_ps(scales + (sub * P + p) * 16, F::D(header, block, sub));
       }
-      if constexpr (F::kHasMin) _mm512_storeu_ps(scales + (2 * P + p) * 16, F::M(block));
+      if constexpr (F::kHasMin) _mm512_storeu_ps(scales + (2 * P + p) * 16, F::M(header, block));
     }
   }
 }
@@ -385,10 +389,12 @@ void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const 
     case DType::kQ4_0:
       return Bf16Rows<Q4_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kQ4_K:
-      return Bf16Rows<ScaledMinBf16<true>>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+      return Bf16Rows<ScaledMinBf16<Q4KLayout, true>>(weight, xb, sums, rows, n0, n1, bias, scratch,
+                                                      out);
     case DType::kQ5_K:
     case DType::kQ5_1:
-      return Bf16Rows<ScaledMinBf16<false>>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+      return Bf16Rows<ScaledMinBf16<ScaledMinLayout, false>>(weight, xb, sums, rows, n0, n1, bias,
+                                                             scratch, out);
     case DType::kQ6_K:
       return Bf16Rows<TwoScaleBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kIQ4_NL:
