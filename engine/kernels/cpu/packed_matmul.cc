@@ -8,6 +8,7 @@
 
 #include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
+#include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
@@ -83,32 +84,12 @@ struct Q8_0Format {
   }
 };
 
-inline __m512 HalvesAt(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 UnsignedBytesAt(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 SignedBytesAt(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
 // Row i's quants of a Block32 in Q4_1's nibble layout: byte i of group j
 // holds input 2j (low nibble) and 2j + 1 (high).
 inline void PackNibbles(const Block32& row, int i, uint8_t* quants) {
   for (int j = 0; j < kBlockInputs / 2; ++j) {
     quants[16 * j + i] = static_cast<uint8_t>(row.q[2 * j] | row.q[2 * j + 1] << 4);
   }
-}
-
-// The float32 nibbles of inputs 2j and 2j + 1 (Q4_1's layout) as indices.
-inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  *lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
-  *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
 }
 
 // Block32 types (block32.h) with a minimum: Q4_K (Q4KLayout, nibbles), Q5_K
@@ -170,16 +151,21 @@ struct TwoScaleFormat {
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     const __m512 scale = j < kBlockInputs / 4 ? s.first : s.second;
-    *w0 = _mm512_mul_ps(scale, SignedBytesAt(block + L::kQuants + 32 * j));
-    *w1 = _mm512_mul_ps(scale, SignedBytesAt(block + L::kQuants + 32 * j + 16));
+    // Each 32-bit lane holds a row's pair: input 2j in its low word.
+    const __m512i pair = Q6KPairWords(block, j);
+    const __m512i q0 = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+    const __m512i q1 = _mm512_srai_epi32(pair, 16);
+    *w0 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(q0));
+    *w1 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(q1));
   }
   static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
     for (int i = 0; i < kPanelWidth; ++i) {
       std::memcpy(header + L::kD + 2 * i, &rows[i].d, 2);
       dst[L::kScale0 + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kScale1 + i] = static_cast<uint8_t>(rows[i].scale[1]);
-      for (int j = 0; j < kBlockInputs; ++j) {
-        dst[L::kQuants + 16 * j + i] = static_cast<uint8_t>(rows[i].q[j]);
+      for (int j = 0; j < kBlockInputs / 2; ++j) {
+        dst[L::kQuants + 32 * j + 2 * i] = static_cast<uint8_t>(rows[i].q[2 * j]);
+        dst[L::kQuants + 32 * j + 2 * i + 1] = static_cast<uint8_t>(rows[i].q[2 * j + 1]);
       }
     }
   }

@@ -86,7 +86,11 @@ struct ScaledMinLayout {  // Q5_K, Q5_1: d, dmin halves, scale, min bytes, bytes
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kDmin = 32;
   static constexpr int64_t kScale = 64, kMin = 80, kQuants = 96, kBlockBytes = kQuants + 512;
 };
-struct Q6KLayout {  // header: d halves; block: scale bytes of inputs 0-15, 16-31, bytes
+// Q6_K: header: d halves; block: scale bytes of inputs 0-15 and 16-31, then
+// the quants as signed bytes in pairs: 16 groups of 32 bytes, bytes 2i and
+// 2i + 1 of group j row i's quants of inputs 2j and 2j + 1 (one load gives
+// a pair's 32 values in the order the bfloat16 pair products take them).
+struct Q6KLayout {
   static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 32, kD = 0;
   static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32, kBlockBytes = kQuants + 512;
 };

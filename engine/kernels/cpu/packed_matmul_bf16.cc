@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "engine/kernels/cpu/matmul_tiling.h"
+#include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/simd.h"
 
@@ -24,14 +25,6 @@ constexpr int kGemmPanels = 2;
 // The bfloat16 bits of a small integer (exact: at most 8 significant bits).
 constexpr uint16_t Bf16Of(int v) {
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v)) >> 16);
-}
-
-inline __m512 HalvesAt(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 BytesAt(const uint8_t* p) {  // signed; the unsigned quants stored are < 128
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Per packed format: the quants of inputs 2j and 2j + 1 for the panel's 16
@@ -57,17 +50,23 @@ struct NibbleTable {
   }
 };
 
-// Quants stored as bytes, group j (16 bytes) = input j of the 16 rows: as
-// floats they are exact, so their top halves are their bfloat16s.
+// Two vectors of small integers (exact in bfloat16) as one of bfloat16
+// pairs, q0's in the low halves: as floats they are exact, so their top
+// halves are their bfloat16s.
+inline __m512i Bf16PairOf(__m512i q0, __m512i q1) {
+  const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(q0));
+  const __m512i b = _mm512_castps_si512(_mm512_cvtepi32_ps(q1));
+  // (a >> 16) | (b & 0xffff0000)
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b, _mm512_set1_epi32(-65536), 0xf8);
+}
+
+// Quants stored as bytes, group j (16 bytes) = input j of the 16 rows.
 template <int64_t kQuants>
 inline __m512i DecodeBytePair(const uint8_t* block, int j) {
   const uint8_t* q = block + kQuants + 32 * j;
-  const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
-  const __m512i b = _mm512_castps_si512(_mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))));
-  // (a >> 16) | (b & 0xffff0000)
-  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b, _mm512_set1_epi32(-65536), 0xf8);
+  return Bf16PairOf(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
 }
 
 template <int kOffset, int64_t kQuants>
@@ -132,10 +131,10 @@ struct ScaledMinBf16 {
     return DecodeBytePair<L::kQuants>(block, j);
   }
   static __m512 D(const uint8_t* header, const uint8_t* block, int /*sub*/) {
-    return _mm512_mul_ps(HalvesAt(header + L::kD), BytesAt(block + L::kScale));
+    return _mm512_mul_ps(HalvesAt(header + L::kD), SignedBytesAt(block + L::kScale));
   }
   static __m512 M(const uint8_t* header, const uint8_t* block) {
-    return _mm512_mul_ps(_mm512_mul_ps(HalvesAt(header + L::kDmin), BytesAt(block + L::kMin)),
+    return _mm512_mul_ps(_mm512_mul_ps(HalvesAt(header + L::kDmin), SignedBytesAt(block + L::kMin)),
                          _mm512_set1_ps(-1.0f));
   }
 };
@@ -145,13 +144,22 @@ struct TwoScaleBf16 {
   using L = Q6KLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 2;
-  static __m512i Table() { return _mm512_setzero_si512(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
-    return DecodeBytePair<L::kQuants>(block, j);
+  // Quant q -> bfloat16(q), indexed by q's low six bits: 0-31 in `low`,
+  // -32..-1 (32-63) in `high`.
+  struct Tables {
+    __m512i low, high;
+  };
+  static Tables Table() {
+    alignas(64) uint16_t words[64];
+    for (int v = 0; v < 64; ++v) words[v] = Bf16Of(v < 32 ? v : v - 64);
+    return {_mm512_load_si512(words), _mm512_load_si512(words + 32)};
+  }
+  static __m512i Pair(const uint8_t* block, int j, const Tables& t) {
+    return _mm512_permutex2var_epi16(t.low, Q6KPairWords(block, j), t.high);
   }
   static __m512 D(const uint8_t* header, const uint8_t* block, int sub) {
     return _mm512_mul_ps(HalvesAt(header + L::kD),
-                         BytesAt(block + (sub == 0 ? L::kScale0 : L::kScale1)));
+                         SignedBytesAt(block + (sub == 0 ? L::kScale0 : L::kScale1)));
   }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
@@ -166,7 +174,7 @@ struct LevelsBf16 {
     return DecodeNibblePair<0, L::kQuants>(block, j, table);
   }
   static __m512 D(const uint8_t* /*header*/, const uint8_t* block, int /*sub*/) {
-    return _mm512_mul_ps(HalvesAt(block + L::kD), BytesAt(block + L::kScale));
+    return _mm512_mul_ps(HalvesAt(block + L::kD), SignedBytesAt(block + L::kScale));
   }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
@@ -207,7 +215,7 @@ template <typename F, int R, int P>
 void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, const uint16_t* xb,
                   const float* sums, int64_t cols, const Matrix& out, int64_t n,
                   const float* bias) {
-  const __m512i table = F::Table();
+  const auto table = F::Table();
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
@@ -262,7 +270,7 @@ constexpr int64_t ScratchFloatsPerBlock() {
 
 template <typename F, int P>
 void DecodePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, float* scratch) {
-  const __m512i table = F::Table();
+  const auto table = F::Table();
   for (int64_t b = 0; b < blocks; ++b) {
     float* dst = scratch + b * ScratchFloatsPerBlock<P>();
     for (int p = 0; p < P; ++p) {

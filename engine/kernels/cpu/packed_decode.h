@@ -1,0 +1,47 @@
+// Loads and decodings of packed panels (packed_matmul.h) shared by the
+// float32 and the bfloat16 kernels. AVX-512 builds only.
+#ifndef TANDEM_ENGINE_KERNELS_CPU_PACKED_DECODE_H_
+#define TANDEM_ENGINE_KERNELS_CPU_PACKED_DECODE_H_
+
+#include <cstdint>
+
+#include "engine/kernels/cpu/packed_matmul.h"
+#include "engine/kernels/cpu/simd.h"
+
+#ifdef TANDEM_CPU_AVX512
+namespace tandem::kernels::cpu {
+
+// 16 half floats as floats.
+inline __m512 HalvesAt(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// 16 bytes as floats.
+inline __m512 UnsignedBytesAt(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 SignedBytesAt(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// The nibbles of inputs 2j (lo) and 2j + 1 (hi) of the 16 rows, from a
+// nibble group run starting at `quants`.
+inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  *lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
+  *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+}
+
+// Q6_K's quants of inputs 2j and 2j + 1 of the 16 rows as 32 signed words,
+// in pairs (word 2i: row i's input 2j; word 2i + 1: its input 2j + 1).
+inline __m512i Q6KPairWords(const uint8_t* block, int j) {
+  return _mm512_cvtepi8_epi16(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + Q6KLayout::kQuants + 32 * j)));
+}
+
+}  // namespace tandem::kernels::cpu
+#endif  // TANDEM_CPU_AVX512
+
+#endif  // TANDEM_ENGINE_KERNELS_CPU_PACKED_DECODE_H_
