@@ -302,6 +302,40 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
   }
 }
 
+TEST(PackedMatMulTest, WeightBytesCountThePanelsAndWidenedBlocksEachModeMakes) {
+  // What --kv_cache_memory_fraction takes off the free memory for a 64 x 512
+  // weight (32,768 weights): the panels' bytes a weight (docs/architecture.md,
+  // "Matrix products") and, for widened types, the 34-byte Q8_0 blocks.
+  struct Case {
+    DType type;
+    int64_t f32_bf16, q8;
+  };
+  const int64_t w = 64 * 512;
+  const Case cases[] = {
+      {DType::kF32, 0, 0},
+      {DType::kQ4_0, w * 288 / 512, 0},  // half d, nibbles
+      {DType::kQ4_1, w * 320 / 512, 0},
+      {DType::kQ8_0, w * 544 / 512, 0},
+      {DType::kQ4_K, w * (64 + 8 * 288) / 4096, w * (64 + 8 * 288) / 4096},
+      {DType::kQ6_K, w * (32 + 8 * 544) / 4096, w * (32 + 8 * 544) / 4096},
+      {DType::kQ5_K, w * 608 / 512, w * 608 / 512},
+      {DType::kIQ4_XS, w * 304 / 512, w * 304 / 512},
+      {DType::kIQ4_NL, w * 304 / 512, w * 34 / 32},  // q8: widened, read as blocks
+      {DType::kQ5_0, w * 34 / 32 + w * 544 / 512, w * 34 / 32},
+  };
+  for (const Case& c : cases) {
+    for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+      if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
+      EXPECT_EQ(CpuBackend(1, mode).WeightBytes(c.type, 64, 512),
+                mode == MatMulMode::kQ8 ? c.q8 : c.f32_bf16)
+          << Info(c.type).name << " " << MatMulModeName(mode);
+    }
+  }
+  // Rows that are not whole panels are not packed (Q5_0 is still widened).
+  EXPECT_EQ(CpuBackend(1).WeightBytes(DType::kQ4_K, 40, 512), 0);
+  EXPECT_EQ(CpuBackend(1).WeightBytes(DType::kQ5_0, 40, 512), 40 * 512 * 34 / 32);
+}
+
 TEST(PackedMatMulTest, AWeightAfterAnUnpackableOneIsStillBatchInvariant) {
   // One call with two weights: 24 rows (not whole panels) and then 64 packed
   // rows. Each weight starts its own task ranges, so the packed one is cut

@@ -94,22 +94,39 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
   return std::make_unique<DeviceBuffer>(data, bytes, [](void* p) { std::free(p); });
 }
 
-absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
-                                                const void* host_data) {
-  Weight weight{dtype, rows, cols, host_data};
+CpuBackend::UploadPlan CpuBackend::PlanUpload(DType dtype, int64_t rows, int64_t cols) const {
+  UploadPlan plan;
   // Q5_0 always becomes Q8_0 blocks; IQ4_NL only where it has no panels of
   // its own (q8, which has an integer kernel for Q8_0, or unpackable shapes).
   const bool iq4_panels = dtype == DType::kIQ4_NL && matmul_mode_ != MatMulMode::kQ8 &&
                           CanPackWeight(dtype, rows, cols);
-  if (WidensToQ8_0(dtype) && !iq4_panels) {
-    widened_weights_.push_back(SharedWidenedToQ8_0(weight));
-    weight = Weight{DType::kQ8_0, rows, cols, widened_weights_.back()->data()};
-  }
+  plan.widen = WidensToQ8_0(dtype) && !iq4_panels;
+  plan.dtype = plan.widen ? DType::kQ8_0 : dtype;
   // The float32 and bfloat16 modes multiply by packed panels; q8 reads the
   // GGUF blocks of the types it has kernels for, and multiplies the others
   // by the float32 packed panels.
-  const bool q8_reads_blocks = matmul_mode_ == MatMulMode::kQ8 && HasQ8Kernel(weight.dtype);
-  if (!q8_reads_blocks && CanPackWeight(weight.dtype, rows, cols)) {
+  const bool q8_reads_blocks = matmul_mode_ == MatMulMode::kQ8 && HasQ8Kernel(plan.dtype);
+  plan.pack = !q8_reads_blocks && CanPackWeight(plan.dtype, rows, cols);
+  return plan;
+}
+
+int64_t CpuBackend::WeightBytes(DType dtype, int64_t rows, int64_t cols) const {
+  const UploadPlan plan = PlanUpload(dtype, rows, cols);
+  int64_t bytes = 0;
+  if (plan.widen) bytes += static_cast<int64_t>(RowBytes(DType::kQ8_0, cols)) * rows;
+  if (plan.pack) bytes += PackedWeightBytes(plan.dtype, rows, cols);
+  return bytes;
+}
+
+absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64_t cols,
+                                                const void* host_data) {
+  const UploadPlan plan = PlanUpload(dtype, rows, cols);
+  Weight weight{dtype, rows, cols, host_data};
+  if (plan.widen) {
+    widened_weights_.push_back(SharedWidenedToQ8_0(weight));
+    weight = Weight{DType::kQ8_0, rows, cols, widened_weights_.back()->data()};
+  }
+  if (plan.pack) {
     packed_weights_.push_back(SharedPackedWeight(weight));
     weight.packed = packed_weights_.back().get();
   }

@@ -33,6 +33,10 @@ class CpuBackend final : public Backend {
   // read from the mapped model file (packed copies are not counted either,
   // as when the fraction was read before loading).
   absl::StatusOr<int64_t> FreeMemoryBytes() const override;
+  // What UploadWeight allocates beside the file: the packed panels and the
+  // Q8_0 blocks a weight is widened to (the file's own bytes stay mapped,
+  // and the kernel can drop their pages once packing has read them).
+  int64_t WeightBytes(DType dtype, int64_t rows, int64_t cols) const override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, int64_t rows, int64_t cols,
                                       const void* host_data) override;
   absl::Status CreateKvCache(const KvCacheShape& shape) override;
@@ -63,6 +67,14 @@ class CpuBackend final : public Backend {
   void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
 
  private:
+  // What UploadWeight makes of a weight.
+  struct UploadPlan {
+    bool widen = false;         // rewritten as Q8_0 blocks of exactly its values
+    DType dtype = DType::kF32;  // the type the kernels read (Q8_0 if widened)
+    bool pack = false;          // packed panels (packed_matmul.h)
+  };
+  UploadPlan PlanUpload(DType dtype, int64_t rows, int64_t cols) const;
+
   std::shared_ptr<ComputePool> pool_;
   ComputeLane& lane_;
   MatMulMode matmul_mode_;

@@ -423,13 +423,17 @@ bool CanPackWeight(DType dtype, int64_t rows, int64_t cols) {
          rows > 0 && rows % kPanelWidth == 0 && cols > 0 && cols % Info(dtype).block_elements == 0;
 }
 
+int64_t PackedWeightBytes(DType dtype, int64_t rows, int64_t cols) {
+  return rows / kPanelWidth *
+         WithFormat(dtype, [&](auto f) { return PanelBytes<typename decltype(f)::L>(cols); });
+}
+
 std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
   auto packed = std::make_unique<PackedWeight>();
   packed->dtype = weight.dtype;
   packed->rows = weight.rows;
   packed->cols = weight.cols;
-  packed->panel_bytes = WithFormat(
-      weight.dtype, [&](auto f) { return PanelBytes<typename decltype(f)::L>(weight.cols); });
+  packed->panel_bytes = PackedWeightBytes(weight.dtype, kPanelWidth, weight.cols);
   const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
   constexpr size_t kAlignment = 64;
   packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
@@ -465,6 +469,8 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
        // other two functions are never reached.
 
 bool CanPackWeight(DType, int64_t, int64_t) { return false; }
+
+int64_t PackedWeightBytes(DType, int64_t, int64_t) { return 0; }
 
 std::unique_ptr<PackedWeight> PackWeight(const Weight&) { return nullptr; }
 

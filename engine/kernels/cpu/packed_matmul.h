@@ -103,6 +103,9 @@ struct LevelsLayout {  // IQ4_NL, IQ4_XS: d halves, scale bytes, level index nib
 // Q4_1, Q8_0 or a Block32 type; rows a multiple of 16, cols of 32).
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols);
 
+// The bytes of PackWeight's copy. REQUIRES: CanPackWeight(dtype, rows, cols).
+int64_t PackedWeightBytes(DType dtype, int64_t rows, int64_t cols);
+
 // The packed copy of `weight`. REQUIRES: CanPackWeight(weight's shape).
 std::unique_ptr<PackedWeight> PackWeight(const Weight& weight);
 
