@@ -5,8 +5,9 @@
 //
 //   build/bin/tandem-roofline [--threads=2]
 //
-// The compute loops run 12 independent accumulator chains per thread (more
-// than the FMA latency times the issue rate), in registers; the bandwidth
+// The compute loops (the ones --cpu_matmul=auto measures, product_rates.h)
+// run 12 independent accumulator chains per thread (more than the FMA
+// latency times the issue rate), in registers; the bandwidth
 // loop streams a buffer much larger than the caches with 512-bit loads.
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "engine/kernels/cpu/product_rates.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -41,35 +43,6 @@ double OnThreads(int threads, Fn fn) {
 #if defined(__AVX512F__)
 constexpr long kIterations = 100'000'000;
 
-float FmaLoop() {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
-  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  for (long it = 0; it < kIterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
-  }
-  float sink = 0;
-  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
-  return sink;
-}
-
-#if defined(__AVX512BF16__)
-float Bf16Loop() {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_setzero_ps();
-  const __m512i one = _mm512_set1_epi16(0x3f80);  // bfloat16 1.0
-  const __m512bh ones = reinterpret_cast<const __m512bh&>(one);
-  for (long it = 0; it < kIterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], ones, ones);
-  }
-  float sink = 0;
-  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
-  return sink;
-}
-#endif
-
 float SumBytes(const float* data, size_t floats) {
   __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
   __m512 c = _mm512_setzero_ps(), d = _mm512_setzero_ps();
@@ -91,11 +64,13 @@ int main(int argc, char** argv) {
 #if defined(__AVX512F__)
   volatile float sink = 0;
   std::printf("threads %d\n", threads);
-  const double fma_seconds = OnThreads(threads, [&](int) { sink = sink + FmaLoop(); });
+  const double fma_seconds = OnThreads(
+      threads, [&](int) { sink = sink + tandem::kernels::cpu::Fp32FmaChains(kIterations); });
   // 12 FMAs x 16 lanes x 2 flops per iteration.
   std::printf("fp32_fma_gflops %.1f\n", threads * kIterations * 12.0 * 32 / fma_seconds / 1e9);
 #if defined(__AVX512BF16__)
-  const double bf16_seconds = OnThreads(threads, [&](int) { sink = sink + Bf16Loop(); });
+  const double bf16_seconds = OnThreads(
+      threads, [&](int) { sink = sink + tandem::kernels::cpu::Bf16DotChains(kIterations); });
   // 12 dot products x 16 lanes x 2 pairs x 2 flops per iteration.
   std::printf("bf16_dot_gflops %.1f\n", threads * kIterations * 12.0 * 64 / bf16_seconds / 1e9);
 #endif

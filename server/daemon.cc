@@ -97,6 +97,11 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadModel(const DaemonOptions& opt
       (*model)->backend_name(), (*model)->chat_template().family_name(), (*model)->kv_blocks(),
       (*model)->block_size(), options.model.kv_cache_bytes >> 20,
       absl::ToDoubleSeconds(absl::Now() - start));
+  if (!options.model.matmul_mode_reason.empty()) {
+    spdlog::info("--cpu_matmul=auto: {} products on the CPU: {}",
+                 kernels::cpu::MatMulModeName(options.model.matmul_mode),
+                 options.model.matmul_mode_reason);
+  }
   for (const std::string& warning : (*model)->warnings()) spdlog::warn("{}", warning);
   return model;
 }

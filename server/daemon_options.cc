@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "common/strings.h"
 #include "engine/kernels/cpu/matmul.h"
+#include "engine/kernels/cpu/product_rates.h"
 #include "server/peer_list.h"
 
 // The flags are defined here, and read only by DaemonOptionsFromFlags (and
@@ -95,7 +96,8 @@ ABSL_FLAG(std::string, cpu_matmul, "auto",
           "CPU matrix products: f32 (dequantized weights x float activations, the model's own "
           "arithmetic), bf16 (activations rounded to bfloat16 times the exact quants, summed in "
           "float32: twice the rate on CPUs with AVX-512 BF16), q8 (8-bit activations as "
-          "llama.cpp does: less exact), or auto (bf16 where the CPU has it, else f32)");
+          "llama.cpp does: less exact), or auto (bf16 where this CPU's bfloat16 dot products run "
+          "at least 1.5x its float32 FMA rate, measured at start-up and logged; else f32)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
 ABSL_FLAG(int64_t, decode_kv_cache_bytes, 0,
           "> 0: the decode worker keeps its KV in storage of its own of this many bytes (as a "
@@ -287,6 +289,9 @@ absl::Status ReadModel(DaemonOptions& options) {
       kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
   if (!matmul.ok()) return Prefixed("--cpu_matmul: ", matmul.status());
   model.matmul_mode = *matmul;
+  if (absl::GetFlag(FLAGS_cpu_matmul) == "auto") {
+    model.matmul_mode_reason = kernels::cpu::AutoMatMulMode().reason;
+  }
   model.device = options.device.device;
   model.step_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   model.cuda_decode_sms = absl::GetFlag(FLAGS_cuda_decode_sms);

@@ -46,6 +46,9 @@ struct ServingModelOptions {
   // CUDA: SMs a prefill leaves free while decode runs (-1: auto, 0: none).
   int cuda_decode_sms = -1;
   kernels::cpu::MatMulMode matmul_mode = kernels::cpu::MatMulMode::kF32;
+  // Why --cpu_matmul=auto chose matmul_mode (logged at start-up); empty when
+  // the flag named the mode.
+  std::string matmul_mode_reason;
   int64_t kv_cache_bytes = int64_t{512} << 20;
   // In (0, 1): size the KV cache to this fraction of the memory the backend
   // has free at start-up (host MemAvailable, or the GPU's free memory) less

@@ -536,6 +536,8 @@ TEST(TandemdLifecycleTest, ARandomWeightsModelIsServedAndTheDeviceChoiceIsLogged
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   EXPECT_THAT(daemon.Log(), HasSubstr("device: cpu (--device=auto: "));
   EXPECT_THAT(daemon.Log(), HasSubstr("; serving on the CPU)"));
+  // --cpu_matmul=auto (the default) says what it measured and chose.
+  EXPECT_THAT(daemon.Log(), HasSubstr("--cpu_matmul=auto: "));
   auto stub = daemon.Stub();
   v1::ModelInfo info;
   grpc::ClientContext context;

@@ -13,6 +13,7 @@
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/matmul_q8.h"
+#include "engine/kernels/cpu/product_rates.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 #include "tests/unit/random_weights.h"
@@ -215,6 +216,29 @@ TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValu
       }
     }
   }
+}
+
+TEST(MatMulModeTest, AutoChoosesBf16OnlyWhereItsDotProductsClearlyOutrunFloat32) {
+  // The two kinds of machine measured (docs/performance.md): AMD Zen 4, bf16
+  // dot products at twice the float32 FMA's flops; an Intel Xeon without AMX,
+  // at half. And a CPU without the instructions.
+  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 130, .bf16_dot_gflops = 260}),
+            MatMulMode::kBf16);
+  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 330, .bf16_dot_gflops = 165}),
+            MatMulMode::kF32);
+  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 130, .bf16_dot_gflops = 0}), MatMulMode::kF32);
+  // Near parity the exact mode wins: bf16 must be clearly faster.
+  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 130, .bf16_dot_gflops = 180}),
+            MatMulMode::kF32);
+  // This machine's measurement: both rates real, bf16 only where the build
+  // has the instructions, and "auto" is what the rule makes of it.
+  const ProductRates rates = MeasureProductRates();
+  EXPECT_GT(rates.fp32_fma_gflops, 1.0);
+  EXPECT_EQ(rates.bf16_dot_gflops > 0, HasBf16Products());
+  const absl::StatusOr<MatMulMode> mode = ParseMatMulMode("auto");
+  ASSERT_TRUE(mode.ok());
+  EXPECT_EQ(*mode, AutoMatMulMode().mode);
+  EXPECT_NE(AutoMatMulMode().reason, "");
 }
 
 TEST(MatMulTest, BiasIsAddedPerOutputFeature) {

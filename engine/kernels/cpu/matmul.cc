@@ -6,6 +6,7 @@
 #include "engine/kernels/cpu/matmul_f32.h"
 #include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/packed_matmul.h"
+#include "engine/kernels/cpu/product_rates.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -27,7 +28,7 @@ bool UsesQ8(MatMulMode mode, DType dtype) { return mode == MatMulMode::kQ8 && Ha
 
 absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name) {
   if (name == "f32") return MatMulMode::kF32;
-  if (name == "auto") return HasBf16Products() ? MatMulMode::kBf16 : MatMulMode::kF32;
+  if (name == "auto") return AutoMatMulMode().mode;
   if (name == "q8") return MatMulMode::kQ8;
   if (name == "bf16") {
     if (!HasBf16Products()) {
