@@ -119,17 +119,21 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 //
 // The same packed weights, with each activation rounded to bfloat16 and the
 // products summed in float32 by AVX-512 BF16 dot products (two products per
-// lane per instruction: twice the float32 FMA rate). The quants are small
-// integers, exact in bfloat16, so only the activations are rounded. Per
-// output element:
+// lane per instruction: twice the float32 FMA rate on AMD Zen 4). The quants
+// are small integers, exact in bfloat16, so only the activations are
+// rounded. Per output element:
 //   acc = 0
-//   for each block b: inner = 0
-//                     for j in 0..16: inner = dot(inner, x~[2j], x~[2j+1],
-//                                                 q[2j], q[2j+1])
-//                     acc = fma(d_b, inner, acc)
-//                     Q4_1: acc = fma(m_b, sum of x~ over the block, acc)
-// (q = the nibble for Q4_1, the nibble - 8 for Q4_0, the byte for Q8_0), the
-// same in both kernels, so rows stay batch invariant.
+//   for each block b:
+//     for each run r of its inputs (one run of 32; Q6_K: two of 16):
+//       inner = 0
+//       for each pair j of the run: inner = dot(inner, x~[2j], x~[2j+1],
+//                                               v[2j], v[2j+1])
+//       acc = fma(D_b,r, inner, acc)
+//     with a minimum: acc = fma(M_b, sum of x~ over the block, acc)
+// (v = the nibble for Q4_1, the nibble - 8 for Q4_0, the byte for Q8_0, a
+// Block32's v(q); D = d, or d * scale; M = m for Q4_1, -(dmin * min) for the
+// Block32 types that have one), the same in both kernels, so rows stay batch
+// invariant.
 
 // Whether this build has the AVX-512 BF16 instructions.
 bool HasBf16Products();
