@@ -127,6 +127,12 @@ struct BlockIQ4_XS {
   uint8_t scales_l[4];
   uint8_t qs[128];  // sub-block i: qs[16i .. 16i + 15], laid out as IQ4_NL's
 };
+// Sub-block i's (0-7) scale of an IQ4_XS block, its stored 6 bits - 32.
+inline int Iq4XsScale(const BlockIQ4_XS& block, int i) {
+  return (((block.scales_l[i / 2] >> (4 * (i % 2))) & 0x0f) |
+          (((block.scales_h >> (2 * i)) & 3) << 4)) -
+         32;
+}
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);

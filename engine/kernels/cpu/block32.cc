@@ -60,9 +60,7 @@ void Iq4Indices(const uint8_t* qs, int8_t* q) {
 Block32 ReadIq4XsSubBlock(const BlockIQ4_XS& block, int s) {
   Block32 out;
   out.d = block.d;
-  const int scale =
-      ((block.scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) | (((block.scales_h >> (2 * s)) & 3) << 4);
-  out.scale[0] = out.scale[1] = static_cast<int8_t>(scale - 32);
+  out.scale[0] = out.scale[1] = static_cast<int8_t>(Iq4XsScale(block, s));
   Iq4Indices(block.qs + 16 * s, out.q);
   return out;
 }

@@ -87,9 +87,7 @@ void DequantizeIQ4_XS(const BlockIQ4_XS* blocks, int64_t n_blocks, float* dst) {
     const BlockIQ4_XS& block = blocks[b];
     const float d = HalfToFloat(block.d);
     for (int sub = 0; sub < 8; ++sub) {
-      const int scale = ((block.scales_l[sub / 2] >> (4 * (sub % 2))) & 0x0f) |
-                        (((block.scales_h >> (2 * sub)) & 3) << 4);
-      DequantizeIq4Nibbles(d * static_cast<float>(scale - 32), block.qs + 16 * sub,
+      DequantizeIq4Nibbles(d * static_cast<float>(Iq4XsScale(block, sub)), block.qs + 16 * sub,
                            dst + b * 256 + 32 * sub);
     }
   }

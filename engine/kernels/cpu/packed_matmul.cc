@@ -1,6 +1,7 @@
 #include "engine/kernels/cpu/packed_matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -35,16 +36,13 @@ struct Q4_1Format {
     __m512 d, m;
   };
   static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
-    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block))),
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)))};
+    return {HalvesAt(block), HalvesAt(block + 32)};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 64 + 16 * j));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(packed, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-    *w0 = _mm512_add_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo))), s.m);
-    *w1 = _mm512_add_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi))), s.m);
+    __m512i lo, hi;
+    NibbleIndices(block + 64, j, &lo, &hi);
+    *w0 = _mm512_add_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(lo)), s.m);
+    *w1 = _mm512_add_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(hi)), s.m);
   }
 };
 
@@ -53,15 +51,11 @@ struct Q4_0Format {
   struct Scales {
     __m512 d;
   };
-  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
-    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))};
-  }
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) { return {HalvesAt(block)}; }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 + 16 * j));
-    const __m128i mask = _mm_set1_epi8(0x0f);
     const __m512i eight = _mm512_set1_epi32(8);
-    const __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
-    const __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+    __m512i lo, hi;
+    NibbleIndices(block + 32, j, &lo, &hi);
     *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)));
     *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)));
   }
@@ -72,15 +66,10 @@ struct Q8_0Format {
   struct Scales {
     __m512 d;
   };
-  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
-    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))};
-  }
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) { return {HalvesAt(block)}; }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    const uint8_t* q = block + 32 + 32 * j;
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
-    *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
-    *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+    *w0 = _mm512_mul_ps(s.d, SignedBytesAt(block + 32 + 32 * j));
+    *w1 = _mm512_mul_ps(s.d, SignedBytesAt(block + 32 + 32 * j + 16));
   }
 };
 
@@ -179,13 +168,13 @@ struct LevelsFormat {
     __m512 d, levels;
   };
   static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
-    alignas(64) static constexpr float kLevels[16] = {
-        kIq4NlLevels[0],  kIq4NlLevels[1],  kIq4NlLevels[2],  kIq4NlLevels[3],
-        kIq4NlLevels[4],  kIq4NlLevels[5],  kIq4NlLevels[6],  kIq4NlLevels[7],
-        kIq4NlLevels[8],  kIq4NlLevels[9],  kIq4NlLevels[10], kIq4NlLevels[11],
-        kIq4NlLevels[12], kIq4NlLevels[13], kIq4NlLevels[14], kIq4NlLevels[15]};
+    static constexpr auto kLevels = [] {
+      std::array<float, 16> levels{};
+      for (int v = 0; v < 16; ++v) levels[v] = kIq4NlLevels[v];
+      return levels;
+    }();
     return {_mm512_mul_ps(HalvesAt(block + L::kD), SignedBytesAt(block + L::kScale)),
-            _mm512_load_ps(kLevels)};
+            _mm512_loadu_ps(kLevels.data())};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     __m512i lo, hi;

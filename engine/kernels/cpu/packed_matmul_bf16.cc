@@ -27,11 +27,6 @@ constexpr uint16_t Bf16Of(int v) {
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v)) >> 16);
 }
 
-// Per packed format: the quants of inputs 2j and 2j + 1 for the panel's 16
-// rows as one vector of bfloat16 pairs (lane i = row i; its low half is
-// input 2j); the block's scale D for each of its kSubBlocks runs of inputs
-// (32 or 16 inputs each); whether it has a minimum, and its term M (the
-// coefficient of the block's activation sum).
 // IQ4_NL and IQ4_XS level index -> bfloat16(level) (exact: at most 7
 // significant bits), in the low 16 of 32 words.
 inline __m512i LevelTable() {
@@ -80,6 +75,12 @@ inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
       _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
   return _mm512_permutexvar_epi16(indices, table);
 }
+
+// Per packed format: the quants of inputs 2j and 2j + 1 for the panel's 16
+// rows as one vector of bfloat16 pairs (lane i = row i; its low half is
+// input 2j); the block's scale D for each of its kSubBlocks runs of inputs
+// (32 or 16 inputs each); whether it has a minimum, and its term M (the
+// coefficient of the block's activation sum).
 
 // Q4_0, Q4_1 and Q8_0: one half scale d (then, for Q4_1, the half minimum)
 // per row at the block's start.
