@@ -5,6 +5,8 @@
 //   tandem generate --prompt_file=FILE             the prompt from a file
 //   tandem chat-template --model=GGUF < conversation.json
 //                                                  the prompt the chat template renders
+//   tandem tokenize --model=GGUF "TEXT"            token ids, without a daemon
+//   tandem tokenize --model=GGUF --ids "1 2 3"     and back to text
 //   tandem shape [--metrics=URL]                   the traffic's token shape, and
 //                                                  whether disaggregation pays
 //   tandem bench --scenario=chat [...]             load in a product's token shape:
@@ -32,6 +34,7 @@
 #include "client/bench/bench_command.h"
 #include "client/chat_template_command.h"
 #include "client/shape.h"
+#include "client/tokenize_command.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
@@ -45,6 +48,7 @@ ABSL_FLAG(std::string, system, "", "system message (chat)");
 ABSL_FLAG(std::string, template_file, "",
           "chat-template: render with this .jinja file instead of the model's template");
 ABSL_DECLARE_FLAG(std::string, model);
+ABSL_FLAG(bool, ids, false, "tokenize: the argument is token ids to turn back into text");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
 ABSL_FLAG(double, timeout, 300.0, "seconds before the request is abandoned");
 ABSL_FLAG(std::string, prompt_file, "", "read the question or prompt from this file");
@@ -144,6 +148,9 @@ int main(int argc, char** argv) {
       "  tandem generate \"PROMPT\"      a raw prompt, no template (or --prompt_file=FILE)\n"
       "  tandem chat-template          the prompt a conversation (JSON on stdin, OpenAI shapes)\n"
       "                                becomes under --model's chat template (or --template_file)\n"
+      "  tandem tokenize \"TEXT\"        TEXT's token ids under --model's tokenizer (a model or\n"
+      "                                a vocabulary-only GGUF; stdin without TEXT); --ids: the\n"
+      "                                text of token ids\n"
       "  tandem shape                  the traffic's token shape from --metrics, and whether\n"
       "                                disaggregation pays\n"
       "  tandem bench                  load in a product's token shape (--scenario): TTFT,\n"
@@ -178,6 +185,18 @@ int main(int argc, char** argv) {
     return tandem::client::RunChatTemplateCommand(absl::GetFlag(FLAGS_model),
                                                   absl::GetFlag(FLAGS_template_file), std::cin,
                                                   std::cout, std::cerr);
+  }
+  if ((args.size() == 2 || args.size() == 3) && std::string(args[1]) == "tokenize") {
+    tandem::client::TokenizeOptions options;
+    options.model_path = absl::GetFlag(FLAGS_model);
+    options.decode = absl::GetFlag(FLAGS_ids);
+    if (args.size() == 3) {
+      options.input = args[2];
+    } else {
+      options.input.assign(std::istreambuf_iterator<char>(std::cin),
+                           std::istreambuf_iterator<char>());
+    }
+    return tandem::client::RunTokenizeCommand(options, std::cout, std::cerr);
   }
   if (args.size() == 2 && std::string(args[1]) == "shape") {
     absl::StatusOr<std::string> text = tandem::client::HttpGet(absl::GetFlag(FLAGS_metrics));

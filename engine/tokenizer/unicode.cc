@@ -64,6 +64,10 @@ bool ValidContinuation(unsigned char lead, int i, unsigned char b) {
 
 }  // namespace
 
+bool IsPunctuation(char32_t cp) { return InRanges(kPunctuationRanges, cp); }
+
+bool IsMark(char32_t cp) { return InRanges(kMarkRanges, cp); }
+
 CharClass Classify(char32_t cp) {
   if (cp < 0x80) {
     if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return CharClass::kLetter;

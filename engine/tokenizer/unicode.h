@@ -14,6 +14,9 @@ enum class CharClass : uint8_t { kLetter, kNumber, kWhitespace, kOther };
 
 // \p{L}, \p{N}, \s (the Unicode White_Space property), or none of them.
 CharClass Classify(char32_t cp);
+// \p{P} (punctuation) and \p{M} (marks): the general categories P* and M*.
+bool IsPunctuation(char32_t cp);
+bool IsMark(char32_t cp);
 
 // One decoded code point and the bytes it came from.
 struct CodePoint {

@@ -14,7 +14,6 @@ import functools
 import json
 import os
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -22,8 +21,9 @@ import time
 import pytest
 from transformers.utils import chat_template_utils
 
+import sdist
+
 RENDER = os.environ.get("TANDEM_JINJA_RENDER", "build/bin/tandem-jinja-render")
-SDIST = "llama_cpp_python-0.3.36.tar.gz"
 TEMPLATE_DIR = "vendor/llama.cpp/models/templates/"
 
 # strftime_now() sees this moment in both renderers.
@@ -149,23 +149,11 @@ def special_tokens(name):
     return "<s>", "</s>"
 
 
-def sdist_path():
-    cache = os.environ.get("TANDEM_CACHE", os.path.expanduser("~/.cache/tandem"))
-    directory = os.path.join(cache, "downloads", "sdist")
-    path = os.path.join(directory, SDIST)
-    if not os.path.exists(path):
-        os.makedirs(directory, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--no-binary", ":all:", "--dest", directory, "llama-cpp-python==0.3.36"],
-                       check=True)
-    return path
-
-
 @functools.lru_cache(maxsize=1)
 def templates():
     """{name: source} of every template in the sdist."""
     out = {}
-    with tarfile.open(sdist_path()) as tar:
+    with tarfile.open(sdist.path()) as tar:
         for member in tar.getmembers():
             if TEMPLATE_DIR in member.name and member.name.endswith(".jinja"):
                 name = os.path.basename(member.name)[:-len(".jinja")]

@@ -49,6 +49,13 @@ class GgufBuilder {
     for (int32_t x : v) Put(x);
     return *this;
   }
+  GgufBuilder& Float32Array(const std::string& key, const std::vector<float>& v) {
+    Key(key, 9);
+    Put(uint32_t{6});
+    Put(static_cast<uint64_t>(v.size()));
+    for (float x : v) Put(x);
+    return *this;
+  }
   // A tensor with dims (dims[0] contiguous), ggml type id and raw data.
   GgufBuilder& Tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type,
                       std::vector<uint8_t> data) {

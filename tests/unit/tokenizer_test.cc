@@ -41,10 +41,35 @@ TEST(PretokenizerTest, Llama3GroupsDigitsByThreeAndKeepsNewlines) {
   EXPECT_THAT(Pieces(PretokenizerKind::kQwen2, "123"), ElementsAre("1", "2", "3"));
 }
 
+TEST(PretokenizerTest, Qwen35JoinsMarksToLetters) {
+  // U+0301 COMBINING ACUTE ACCENT is \p{M}: a letter's companion in Qwen3.5,
+  // punctuation-like in Qwen2.
+  EXPECT_THAT(Pieces(PretokenizerKind::kQwen35, "e\u0301t\u00e9"), ElementsAre("e\u0301t\u00e9"));
+  EXPECT_THAT(Pieces(PretokenizerKind::kQwen2, "e\u0301t\u00e9"),
+              ElementsAre("e", "\u0301t\u00e9"));
+}
+
+TEST(PretokenizerTest, FalconSplitsPunctuationFirstAndDigitsByThree) {
+  // [\p{P}$+<=>^~|`]+ first, so "+=" is a piece before GPT-2 splits the
+  // rest; then runs of three ASCII digits leave the space on its own.
+  EXPECT_THAT(Pieces(PretokenizerKind::kFalcon, "a+=b 12345"),
+              ElementsAre("a", "+=", "b", " ", "123", "45"));
+  EXPECT_THAT(Pieces(PretokenizerKind::kFalcon, "12345"), ElementsAre("123", "45"));
+}
+
+TEST(PretokenizerTest, DeepseekSplitsNewlinesScriptsAndNumbers) {
+  EXPECT_THAT(Pieces(PretokenizerKind::kDeepseekLlm, "Hi 東京\n12 ok.  "),
+              ElementsAre("Hi", " ", "東京", "\n", "12", " ok", ".", "  "));
+  EXPECT_THAT(Pieces(PretokenizerKind::kDeepseekCoder, "x=12\n"),
+              ElementsAre("x", "=", "1", "2", "\n"));
+}
+
 TEST(PretokenizerTest, PiecesAlwaysConcatenateToTheInput) {
-  const std::string text = "naïve café — 東京 🙂\t\tx\r\n  ,,, \xff\xfe end";
-  for (auto kind : {PretokenizerKind::kGpt2, PretokenizerKind::kDigitsThenGpt2,
-                    PretokenizerKind::kLlama3, PretokenizerKind::kQwen2}) {
+  const std::string text = "naïve café — 東京 🙂\t\tx\r\n  ,,, \xff\xfe end 12345\n ";
+  for (auto kind :
+       {PretokenizerKind::kGpt2, PretokenizerKind::kDigitsThenGpt2, PretokenizerKind::kLlama3,
+        PretokenizerKind::kQwen2, PretokenizerKind::kQwen35, PretokenizerKind::kFalcon,
+        PretokenizerKind::kDeepseekLlm, PretokenizerKind::kDeepseekCoder}) {
     std::string joined;
     for (std::string_view p : Pretokenize(kind, text)) joined += p;
     EXPECT_EQ(joined, text);
