@@ -189,6 +189,10 @@ absl::Status LlamaModel::BindWeights() {
       if (file_->FindTensor(p + name) == nullptr) continue;
       if (auto s = bind(p + name, 1, shape.first, shape.second); !s.ok()) return s;
     }
+    if (c.qk_norm) {
+      if (auto s = bind(p + "attn_q_norm.weight", 1, c.head_dim, &l.q_norm); !s.ok()) return s;
+      if (auto s = bind(p + "attn_k_norm.weight", 1, c.head_dim, &l.k_norm); !s.ok()) return s;
+    }
   }
   // Every weight the integer kernels use must have rows of whole blocks of 32.
   for (const Layer& l : layers_) {
@@ -508,6 +512,13 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
                                 l.bv.rows ? &l.bv : nullptr};
     const Matrix qkv_out[] = {q, k, v};
     be.MatMul(h, qkv, qkv_bias, qkv_out);
+    if (c.qk_norm) {
+      // Each head is a row of head_dim: the rows are contiguous heads.
+      const Matrix q_heads{q.data, t * c.heads, c.head_dim};
+      const Matrix k_heads{k.data, t * c.kv_heads, c.head_dim};
+      be.RmsNorm(q_heads, l.q_norm, c.norm_eps, q_heads);
+      be.RmsNorm(k_heads, l.k_norm, c.norm_eps, k_heads);
+    }
     be.RopeWriteKv(i, q, k, v, shape, positions, slots, rope_);
     be.Attention(i, q, shape, spans, attn);
     const Weight* wo[] = {&l.wo};

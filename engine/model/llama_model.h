@@ -130,7 +130,8 @@ class LlamaModel {
  private:
   struct Layer {
     kernels::Weight attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
-    kernels::Weight bq, bk, bv;  // rows == 0 when absent
+    kernels::Weight bq, bk, bv;      // rows == 0 when absent
+    kernels::Weight q_norm, k_norm;  // ModelConfig::qk_norm only
   };
 
   LlamaModel() = default;

@@ -37,9 +37,12 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
     config.rope_neox = false;
   } else if (config.architecture == "qwen2") {
     config.rope_neox = true;
+  } else if (config.architecture == "qwen3") {
+    config.rope_neox = true;
+    config.qk_norm = true;
   } else {
     return absl::UnimplementedError(StrCat("model architecture '", config.architecture,
-                                           "' is not supported (supported: llama, qwen2)"));
+                                           "' is not supported (supported: llama, qwen2, qwen3)"));
   }
   absl::StatusOr<std::string_view> name = file.GetString("general.name");
   config.name = name.ok() ? std::string(*name) : std::filesystem::path(file.path()).stem().string();

@@ -12,7 +12,7 @@
 namespace tandem::model {
 
 struct ModelConfig {
-  std::string architecture;  // "llama" or "qwen2"
+  std::string architecture;  // "llama", "qwen2" or "qwen3"
   std::string name;          // general.name, or the file's base name
   int layers = 0;
   int embedding = 0;  // model width
@@ -28,6 +28,9 @@ struct ModelConfig {
   // dimensions (2i, 2i+1); Qwen2 GGUFs keep the Hugging Face layout, where
   // pairs are (i, i + rotary_dims/2) ("NeoX" style).
   bool rope_neox = false;
+  // Qwen3: each head of Q and K is RMS-normed (attn_q_norm, attn_k_norm, one
+  // weight of head_dim shared by the heads) after the projection, before RoPE.
+  bool qk_norm = false;
   float norm_eps = 1e-5f;
 };
 

@@ -81,6 +81,10 @@ void Describe(GgufWriter& w, const RandomModelShape& s) {
   w.Uint32(a + "context_length", static_cast<uint32_t>(s.context));
   w.Float32(a + "rope.freq_base", s.rope_theta);
   w.Float32(a + "attention.layer_norm_rms_epsilon", s.rms_epsilon);
+  if (s.head_dim != 0) {
+    w.Uint32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
+    w.Uint32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
+  }
   // A byte-level vocabulary: the 256 byte tokens, ChatML's control tokens,
   // then unused fillers up to the shape's vocabulary size.
   std::vector<std::string> tokens;
@@ -111,7 +115,7 @@ void Describe(GgufWriter& w, const RandomModelShape& s) {
 }
 
 void AddTensors(GgufWriter& w, const RandomModelShape& s, uint64_t seed) {
-  const int head_dim = s.embedding / s.heads;
+  const int head_dim = s.head_dim != 0 ? s.head_dim : s.embedding / s.heads;
   const int q_width = s.heads * head_dim, kv_width = s.kv_heads * head_dim;
   uint64_t key = Mix(seed);
   auto next_key = [&key] { return key = Mix(key); };
@@ -129,6 +133,10 @@ void AddTensors(GgufWriter& w, const RandomModelShape& s, uint64_t seed) {
       Vector(w, p + "attn_k.bias", kv_width, 0.0f);
       Vector(w, p + "attn_v.bias", kv_width, 0.0f);
     }
+    if (s.architecture == "qwen3") {
+      Vector(w, p + "attn_q_norm.weight", head_dim, 1.0f);
+      Vector(w, p + "attn_k_norm.weight", head_dim, 1.0f);
+    }
     Matrix(w, p + "attn_output.weight", q_width, s.embedding, next_key());
     Vector(w, p + "ffn_norm.weight", s.embedding, 1.0f);
     Matrix(w, p + "ffn_gate.weight", s.embedding, s.ffn, next_key());
@@ -142,8 +150,13 @@ void AddTensors(GgufWriter& w, const RandomModelShape& s, uint64_t seed) {
 const std::vector<RandomModelShape>& RandomModelShapes() {
   static const auto* shapes = new std::vector<RandomModelShape>{
       {"llama3-8b", "llama", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0f, 1e-5f, false, false},
+      {"llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 128256, 131072, 500000.0f, 1e-5f, false,
+       true},
+      {"qwen2.5-3b", "qwen2", 36, 2048, 11008, 16, 2, 151936, 32768, 1000000.0f, 1e-6f, true, true},
       {"qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 152064, 32768, 1000000.0f, 1e-6f, true,
        false},
+      {"qwen3-8b", "qwen3", 36, 4096, 12288, 32, 8, 151936, 40960, 1000000.0f, 1e-6f, false, false,
+       128},
       {"smollm2-135m", "llama", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, false, true},
   };
   return *shapes;

@@ -22,7 +22,7 @@ namespace tandem::model {
 
 struct RandomModelShape {
   std::string name;          // "llama3-8b"
-  std::string architecture;  // "llama" or "qwen2"
+  std::string architecture;  // "llama", "qwen2" or "qwen3" (with Q/K norms)
   int layers = 0;
   int embedding = 0;
   int ffn = 0;
@@ -34,9 +34,11 @@ struct RandomModelShape {
   float rms_epsilon = 1e-5f;
   bool qkv_bias = false;         // Qwen2's
   bool tied_embeddings = false;  // the output head is the embedding
+  int head_dim = 0;              // 0: embedding / heads
 };
 
-// The shapes --model=random: knows: llama3-8b, qwen2.5-7b, smollm2-135m.
+// The shapes --model=random: knows: llama3-8b, llama3.2-1b, qwen2.5-3b,
+// qwen2.5-7b, qwen3-8b, smollm2-135m.
 const std::vector<RandomModelShape>& RandomModelShapes();
 
 // Whether `model_flag` asks for a random model ("random:...").

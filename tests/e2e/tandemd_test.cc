@@ -492,7 +492,9 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       {{"--device=tpu"}, 2, "--device='tpu': expected auto, cpu or cuda"},
       // No GPU here (on a GPU machine this build still has no CUDA backend).
       {{"--device=cuda"}, 2, "--device=cuda: "},
-      {{"--model=random:gpt-5"}, 1, "known: llama3-8b, qwen2.5-7b, smollm2-135m"},
+      {{"--model=random:gpt-5"},
+       1,
+       "known: llama3-8b, llama3.2-1b, qwen2.5-3b, qwen2.5-7b, qwen3-8b, smollm2-135m"},
       {{"--kv_cache_memory_fraction=1.5"}, 2, "--kv_cache_memory_fraction=1.5: must be in [0, 1)"},
       {{"--cuda_decode_sms=-2"}, 2, "--cuda_decode_sms=-2: expected -1 (auto), 0 (off)"},
       // A fraction too small for one full-context sequence names itself.

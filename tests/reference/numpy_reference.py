@@ -3,9 +3,12 @@ written in numpy over the GGUF's tensors as the `gguf` package dequantizes
 them. Shares nothing with our engine but the file.
 
 Layout facts it relies on (llama.cpp's converter and GGUF): matrices are
-stored [out][in]; the Q and K weights were permuted so that rotary embedding
-pairs adjacent elements (2i, 2i+1) of each head; the output projection is the
-token embedding when the file has no `output.weight`.
+stored [out][in]; in `llama` files the Q and K weights were permuted so that
+rotary embedding pairs adjacent elements (2i, 2i+1) of each head, while
+`qwen2` and `qwen3` files keep Hugging Face's order, which pairs (i, i + d/2);
+Qwen3 RMS-norms each head of Q and K before the rotation (`attn_q_norm`,
+`attn_k_norm`); the output projection is the token embedding when the file
+has no `output.weight`.
 """
 import functools
 
@@ -31,6 +34,7 @@ def model(path=None):
         "kv_heads": meta[f"{arch}.attention.head_count_kv"],
         "eps": meta[f"{arch}.attention.layer_norm_rms_epsilon"],
         "rope_base": meta.get(f"{arch}.rope.freq_base", 10000.0),
+        "neox": arch in ("qwen2", "qwen3"),
     }
     return config, tensors
 
@@ -39,24 +43,29 @@ def _rms_norm(x, weight, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x, positions, base):
-    """x: [tokens, heads, head_dim]; rotates adjacent pairs (GGUF's layout)."""
+def _rope(x, positions, base, neox):
+    """x: [tokens, heads, head_dim]; rotates pairs (2i, 2i+1), or (i, i + d/2)
+    with neox."""
     head_dim = x.shape[-1]
     theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     angles = positions[:, None] * theta[None, :]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
-    even, odd = x[..., 0::2], x[..., 1::2]
+    first, second = ((slice(0, head_dim // 2), slice(head_dim // 2, head_dim)) if neox
+                     else (slice(0, head_dim, 2), slice(1, head_dim, 2)))
+    a, b = x[..., first], x[..., second]
     out = np.empty_like(x)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
+    out[..., first] = a * cos - b * sin
+    out[..., second] = a * sin + b * cos
     return out
 
 
 class Session:
     """One sequence evaluated incrementally (a float64 KV cache)."""
 
-    def __init__(self, path=None):
+    def __init__(self, path=None, skip_qk_norm=False):
+        """skip_qk_norm: leave out Qwen3's Q/K norms (a wrong model, for controls)."""
         self.config, self.t = model(path)
+        self.skip_qk_norm = skip_qk_norm
         self.keys = [None] * self.config["layers"]
         self.values = [None] * self.config["layers"]
         self.length = 0
@@ -72,7 +81,11 @@ class Session:
             q = (x @ t[p + "attn_q.weight"].T).reshape(len(ids), c["heads"], -1)
             k = (x @ t[p + "attn_k.weight"].T).reshape(len(ids), c["kv_heads"], -1)
             v = (x @ t[p + "attn_v.weight"].T).reshape(len(ids), c["kv_heads"], -1)
-            q, k = _rope(q, positions, c["rope_base"]), _rope(k, positions, c["rope_base"])
+            if p + "attn_q_norm.weight" in t and not self.skip_qk_norm:
+                q = _rms_norm(q, t[p + "attn_q_norm.weight"], c["eps"])
+                k = _rms_norm(k, t[p + "attn_k_norm.weight"], c["eps"])
+            q = _rope(q, positions, c["rope_base"], c["neox"])
+            k = _rope(k, positions, c["rope_base"], c["neox"])
             if self.keys[layer] is not None:
                 k = np.concatenate([self.keys[layer], k])
                 v = np.concatenate([self.values[layer], v])

@@ -5,6 +5,7 @@ The tests compare our outputs with independent implementations: Hugging Face
 and llama.cpp through `llama-cpp-python`. Paths come from the environment
 that ctest sets: TANDEM_PROBE (the probe binary) and TANDEM_TEST_MODEL.
 """
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -13,6 +14,17 @@ import numpy as np
 
 PROBE = os.environ.get("TANDEM_PROBE", "build/bin/tandem-probe")
 MODEL = os.environ.get("TANDEM_TEST_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@contextlib.contextmanager
+def using_model(path):
+    """Runs the probe on another GGUF file (a vocabulary, a random model) inside the block."""
+    global MODEL
+    saved, MODEL = MODEL, path
+    try:
+        yield
+    finally:
+        MODEL = saved
 
 
 def run(command, lines, *flags):

@@ -66,12 +66,8 @@ def test_token_ids_equal_hugging_faces(name):
     examples = cases(name)
     assert len(examples) >= 40
     texts = [text for text, _ in examples]
-    probe_run = probe.MODEL
-    try:
-        probe.MODEL = vocab_file(name)
+    with probe.using_model(vocab_file(name)):
         ours = probe.tokenize(texts, parse_special=False)
-    finally:
-        probe.MODEL = probe_run
     mismatches = [(t, o, e) for (t, e), o in zip(examples, ours) if o != e]
     assert not mismatches, f"{len(mismatches)} of {len(examples)} differ; first: {mismatches[0]!r}"
 

@@ -1,0 +1,70 @@
+"""Random-weight GGUF files of the model families we load, small enough for
+the reference tests: the file layout llama.cpp's converter writes for each
+family (tensor names, metadata keys, Q/K row order) with seeded random
+weights, and the default model's tokenizer. Both our engine and the
+references (numpy_reference.py, llama.cpp) read the very same file."""
+import gguf
+import numpy as np
+
+import probe
+
+# A small config of each family. Qwen3's head size is its own (not
+# embedding / heads), as in the published models.
+CONFIGS = {
+    "qwen3": dict(layers=2, embedding=256, heads=4, kv_heads=2, head_dim=128, ffn=768,
+                  context=512, rope_base=1000000.0, eps=1e-6),
+}
+
+
+def write(path, arch, seed=0):
+    c = CONFIGS[arch]
+    rng = np.random.default_rng(seed)
+    source = gguf.GGUFReader(probe.MODEL)
+    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"random-{arch}")
+    writer.add_block_count(c["layers"])
+    writer.add_context_length(c["context"])
+    writer.add_embedding_length(c["embedding"])
+    writer.add_feed_forward_length(c["ffn"])
+    writer.add_head_count(c["heads"])
+    writer.add_head_count_kv(c["kv_heads"])
+    writer.add_key_length(c["head_dim"])
+    writer.add_value_length(c["head_dim"])
+    writer.add_rope_freq_base(c["rope_base"])
+    writer.add_layer_norm_rms_eps(c["eps"])
+    for field in source.fields.values():
+        if field.name.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
+
+    def matrix(rows, cols):  # [out][in], F16 as converted Hugging Face models are
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
+
+    def norm(width):  # learned norms sit around 1
+        return (1.0 + 0.2 * rng.standard_normal(width)).astype(np.float32)
+
+    q_width, kv_width = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+    # Tied output: logits of a spread real models have (std ~2.4, not ~16).
+    writer.add_tensor("token_embd.weight",
+                      (0.15 * rng.standard_normal((vocab, c["embedding"]))).astype(np.float16))
+    writer.add_tensor("output_norm.weight", norm(c["embedding"]))
+    for i in range(c["layers"]):
+        p = f"blk.{i}."
+        writer.add_tensor(p + "attn_norm.weight", norm(c["embedding"]))
+        writer.add_tensor(p + "attn_q.weight", matrix(q_width, c["embedding"]))
+        writer.add_tensor(p + "attn_k.weight", matrix(kv_width, c["embedding"]))
+        writer.add_tensor(p + "attn_v.weight", matrix(kv_width, c["embedding"]))
+        writer.add_tensor(p + "attn_q_norm.weight", norm(c["head_dim"]))
+        writer.add_tensor(p + "attn_k_norm.weight", norm(c["head_dim"]))
+        writer.add_tensor(p + "attn_output.weight", matrix(c["embedding"], q_width))
+        writer.add_tensor(p + "ffn_norm.weight", norm(c["embedding"]))
+        writer.add_tensor(p + "ffn_gate.weight", matrix(c["ffn"], c["embedding"]))
+        writer.add_tensor(p + "ffn_up.weight", matrix(c["ffn"], c["embedding"]))
+        writer.add_tensor(p + "ffn_down.weight", matrix(c["embedding"], c["ffn"]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

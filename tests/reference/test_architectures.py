@@ -1,0 +1,97 @@
+"""Model families beyond Llama, each on a random-weight file of a small config
+of the family (random_models.py): our exact (f32) mode against two
+independent evaluations of the same file, a float64 numpy forward pass
+(numpy_reference.py) and llama.cpp.
+
+- Greedy: 48 of 48 tokens equal to the float64 pass.
+- Logprobs: along that continuation, the float64 pass's top 5 at every
+  position within 0.005 of ours.
+- llama.cpp, which rounds activations to 8 bits, picks our token at every
+  position of its own greedy continuation or the two are a near-tie.
+- Control: the float64 pass without the family's own operation (Qwen3's Q/K
+  norms) is far from ours, so leaving it out would fail the tests above.
+"""
+import numpy as np
+import pytest
+
+import numpy_reference
+import probe
+import random_models
+
+TOKENS = 48
+LOGPROB_TOLERANCE = 0.005
+NEAR_TIE = 0.5
+ARCHITECTURES = ["qwen3"]
+PROMPT = "The history of the printing press begins in"
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch_file(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("arch") / f"random-{request.param}.gguf")
+    return request.param, random_models.write(path, request.param, seed=7)
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return probe.tokenize([PROMPT], parse_special=False)[0]
+
+
+def log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def test_greedy_tokens_equal_the_float64_pass(arch_file, prompt):
+    _, path = arch_file
+    reference, _ = numpy_reference.greedy(prompt, TOKENS, path)
+    with probe.using_model(path):
+        ours = probe.generate([prompt], TOKENS)[0]
+    assert ours == reference
+
+
+def test_top5_logprobs_are_within_tolerance(arch_file, prompt):
+    _, path = arch_file
+    reference, reference_logits = numpy_reference.greedy(prompt, TOKENS, path)
+    with probe.using_model(path):
+        ours = probe.logits([prompt + reference[:-1]], f"--positions={TOKENS}")[0]
+    ours, theirs = log_softmax(ours.reshape(TOKENS, -1).astype(np.float64)), log_softmax(
+        reference_logits)
+    worst = 0.0
+    for i in range(TOKENS):
+        top5 = np.argsort(theirs[i])[-5:]
+        worst = max(worst, float(np.abs(ours[i][top5] - theirs[i][top5]).max()))
+    print(f"largest top-5 logprob difference: {worst:.2e}")
+    assert worst <= LOGPROB_TOLERANCE
+
+
+def test_llama_cpp_makes_the_same_choices(arch_file, prompt):
+    import llama_cpp
+    _, path = arch_file
+    llm = llama_cpp.Llama(path, n_ctx=256, n_threads=2, n_threads_batch=2, logits_all=True,
+                          verbose=False)
+    continuation = []
+    for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        continuation.append(int(token))
+        if len(continuation) == TOKENS:
+            break
+    sequence = prompt + continuation
+    llm.reset()
+    llm.eval(sequence[:-1])
+    n = len(sequence) - 1
+    theirs = np.array(llm.scores[n - TOKENS:n], dtype=np.float64)
+    with probe.using_model(path):
+        ours = probe.logits([sequence[:-1]], f"--positions={TOKENS}")[0].reshape(TOKENS, -1)
+    for i in range(TOKENS):
+        mine = int(np.argmax(ours[i]))
+        if mine == continuation[i]:
+            continue
+        assert theirs[i][continuation[i]] - theirs[i][mine] <= NEAR_TIE, f"position {i}"
+        assert ours[i][mine] - ours[i][continuation[i]] <= NEAR_TIE, f"position {i}"
+
+
+def test_leaving_out_the_family_operation_is_caught(arch_file, prompt):
+    _, path = arch_file
+    wrong = numpy_reference.Session(path, skip_qk_norm=True).forward(prompt)[-1]
+    with probe.using_model(path):
+        ours = probe.logits([prompt])[0].astype(np.float64)
+    assert np.abs(log_softmax(ours) - log_softmax(wrong)).max() > 0.1
