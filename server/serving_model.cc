@@ -70,7 +70,15 @@ absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& mode
                                                          int draft_layers) {
   constexpr int kWide = 9;  // the decode token and 8 drafts
   const int block_size = model.block_size();
-  const int context = std::min(1024, (model.kv_blocks() - 1) * block_size - kWide);
+  // The long context stays inside the KV cache and the model's context.
+  const int context = std::min(
+      {1024, (model.kv_blocks() - 1) * block_size - kWide, model.config().context_length - kWide});
+  if (context < block_size) {
+    return absl::InvalidArgumentError(StrCat("a context of ", model.config().context_length,
+                                             " tokens and ", model.kv_blocks(),
+                                             " KV blocks are too few to serve from (at least ",
+                                             block_size + kWide, " tokens and 2 blocks)"));
+  }
   std::vector<int32_t> table((context + kWide + block_size - 1) / block_size);
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
   const std::vector<int32_t> tokens(kWide, 0);

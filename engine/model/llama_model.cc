@@ -127,8 +127,16 @@ absl::Status LlamaModel::BindWeights() {
   const ModelConfig& c = config_;
   // Finds a tensor, checks its shape ([rows][cols]; rows == 1 for vectors) and
   // hands it to the backend.
-  auto bind = [&](const std::string& name, int64_t rows, int64_t cols,
-                  Weight* out) -> absl::Status {
+  // A fused tensor (Phi-3's attn_qkv and gate-and-up ffn_up) is uploaded as
+  // one weight per part, each a range of its rows.
+  struct Part {
+    int64_t rows;
+    Weight* out;
+  };
+  auto bind_parts = [&](const std::string& name, std::span<const Part> parts,
+                        int64_t cols) -> absl::Status {
+    int64_t rows = 0;
+    for (const Part& part : parts) rows += part.rows;
     const GgufTensor* t = file_->FindTensor(name);
     if (t == nullptr) return absl::InvalidArgumentError(StrCat("tensor '", name, "' is missing"));
     const int64_t t_cols = t->dims[0];
@@ -142,13 +150,24 @@ absl::Status LlamaModel::BindWeights() {
                                                kernels::Info(t->dtype).name,
                                                "; vectors (norms, biases) must be F32"));
     }
-    absl::StatusOr<Weight> w = backend_->UploadWeight(t->dtype, rows, cols, t->data);
-    if (!w.ok()) return w.status();
+    const auto* data = static_cast<const uint8_t*>(t->data);
+    bool packed = true;
+    for (const Part& part : parts) {
+      absl::StatusOr<Weight> w = backend_->UploadWeight(t->dtype, part.rows, cols, data);
+      if (!w.ok()) return w.status();
+      packed = packed && w->packed != nullptr;
+      *part.out = *w;
+      data += static_cast<size_t>(part.rows) * kernels::RowBytes(t->dtype, cols);
+    }
     // The backend multiplies by its own copy: the file's pages need not stay
     // resident beside it (about the model's size in RSS).
-    if (w->packed != nullptr) file_->ReleasePages(*t);
-    *out = *w;
+    if (packed) file_->ReleasePages(*t);
     return absl::OkStatus();
+  };
+  auto bind = [&](const std::string& name, int64_t rows, int64_t cols,
+                  Weight* out) -> absl::Status {
+    const Part whole[] = {{rows, out}};
+    return bind_parts(name, whole, cols);
   };
   const int64_t q_width = int64_t{c.heads} * c.head_dim;
   const int64_t kv_width = int64_t{c.kv_heads} * c.head_dim;
@@ -167,18 +186,33 @@ absl::Status LlamaModel::BindWeights() {
     const std::string p = StrCat("blk.", i, ".");
     const std::pair<std::string, std::tuple<int64_t, int64_t, Weight*>> required[] = {
         {"attn_norm.weight", {1, c.embedding, &l.attn_norm}},
-        {"attn_q.weight", {q_width, c.embedding, &l.wq}},
-        {"attn_k.weight", {kv_width, c.embedding, &l.wk}},
-        {"attn_v.weight", {kv_width, c.embedding, &l.wv}},
         {"attn_output.weight", {c.embedding, q_width, &l.wo}},
         {"ffn_norm.weight", {1, c.embedding, &l.ffn_norm}},
-        {"ffn_gate.weight", {c.ffn, c.embedding, &l.gate}},
-        {"ffn_up.weight", {c.ffn, c.embedding, &l.up}},
         {"ffn_down.weight", {c.embedding, c.ffn, &l.down}},
     };
     for (const auto& [name, shape] : required) {
       auto [rows, cols, out] = shape;
       if (auto s = bind(p + name, rows, cols, out); !s.ok()) return s;
+    }
+    // Q, K and V: one fused tensor (rows Q, then K, then V) or three.
+    if (file_->FindTensor(p + "attn_qkv.weight") != nullptr) {
+      const Part qkv[] = {{q_width, &l.wq}, {kv_width, &l.wk}, {kv_width, &l.wv}};
+      if (auto s = bind_parts(p + "attn_qkv.weight", qkv, c.embedding); !s.ok()) return s;
+    } else {
+      for (auto [name, rows, out] : {std::tuple{"attn_q.weight", q_width, &l.wq},
+                                     std::tuple{"attn_k.weight", kv_width, &l.wk},
+                                     std::tuple{"attn_v.weight", kv_width, &l.wv}}) {
+        if (auto s = bind(p + name, rows, c.embedding, out); !s.ok()) return s;
+      }
+    }
+    // Gate and up: ffn_up alone holding both (gate rows first, as SwiGLU
+    // takes the first half through SiLU), or two tensors.
+    if (file_->FindTensor(p + "ffn_gate.weight") == nullptr) {
+      const Part gate_up[] = {{c.ffn, &l.gate}, {c.ffn, &l.up}};
+      if (auto s = bind_parts(p + "ffn_up.weight", gate_up, c.embedding); !s.ok()) return s;
+    } else {
+      if (auto s = bind(p + "ffn_gate.weight", c.ffn, c.embedding, &l.gate); !s.ok()) return s;
+      if (auto s = bind(p + "ffn_up.weight", c.ffn, c.embedding, &l.up); !s.ok()) return s;
     }
     const std::pair<std::string, std::pair<int64_t, Weight*>> biases[] = {
         {"attn_q.bias", {q_width, &l.bq}},

@@ -40,9 +40,19 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
   } else if (config.architecture == "qwen3") {
     config.rope_neox = true;
     config.qk_norm = true;
+  } else if (config.architecture == "phi3") {
+    // Fused attn_qkv and gate-and-up ffn_up, split at upload (LlamaModel).
+    config.rope_neox = true;
+    if (file.FindTensor("rope_factors_long.weight") != nullptr ||
+        file.FindTensor("rope_factors_short.weight") != nullptr) {
+      return absl::UnimplementedError(
+          "phi3 with LongRoPE factors (rope_factors_long/short: the 128k-context models) is not "
+          "supported; the 4k-context models are");
+    }
   } else {
-    return absl::UnimplementedError(StrCat("model architecture '", config.architecture,
-                                           "' is not supported (supported: llama, qwen2, qwen3)"));
+    return absl::UnimplementedError(
+        StrCat("model architecture '", config.architecture,
+               "' is not supported (supported: llama, qwen2, qwen3, phi3)"));
   }
   absl::StatusOr<std::string_view> name = file.GetString("general.name");
   config.name = name.ok() ? std::string(*name) : std::filesystem::path(file.path()).stem().string();

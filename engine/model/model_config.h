@@ -12,7 +12,7 @@
 namespace tandem::model {
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2" or "qwen3"
+  std::string architecture;  // "llama", "qwen2", "qwen3" or "phi3"
   std::string name;          // general.name, or the file's base name
   int layers = 0;
   int embedding = 0;  // model width

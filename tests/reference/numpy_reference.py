@@ -7,7 +7,9 @@ stored [out][in]; in `llama` files the Q and K weights were permuted so that
 rotary embedding pairs adjacent elements (2i, 2i+1) of each head, while
 `qwen2` and `qwen3` files keep Hugging Face's order, which pairs (i, i + d/2);
 Qwen3 RMS-norms each head of Q and K before the rotation (`attn_q_norm`,
-`attn_k_norm`); the output projection is the token embedding when the file
+`attn_k_norm`); Phi-3 files fuse Q, K and V into `attn_qkv` (rows in that
+order) and gate and up into `ffn_up` (gate rows first), and pair like Qwen;
+the output projection is the token embedding when the file
 has no `output.weight`.
 """
 import functools
@@ -34,7 +36,7 @@ def model(path=None):
         "kv_heads": meta[f"{arch}.attention.head_count_kv"],
         "eps": meta[f"{arch}.attention.layer_norm_rms_epsilon"],
         "rope_base": meta.get(f"{arch}.rope.freq_base", 10000.0),
-        "neox": arch in ("qwen2", "qwen3"),
+        "neox": arch in ("qwen2", "qwen3", "phi3"),
     }
     return config, tensors
 
@@ -62,10 +64,11 @@ def _rope(x, positions, base, neox):
 class Session:
     """One sequence evaluated incrementally (a float64 KV cache)."""
 
-    def __init__(self, path=None, skip_qk_norm=False):
-        """skip_qk_norm: leave out Qwen3's Q/K norms (a wrong model, for controls)."""
+    def __init__(self, path=None, mistake=None):
+        """mistake: a wrong model, for controls: "no_qk_norm" leaves out Qwen3's
+        Q/K norms, "up_gate_swapped" takes a fused ffn_up's halves the wrong way."""
         self.config, self.t = model(path)
-        self.skip_qk_norm = skip_qk_norm
+        self.mistake = mistake
         self.keys = [None] * self.config["layers"]
         self.values = [None] * self.config["layers"]
         self.length = 0
@@ -78,10 +81,17 @@ class Session:
         for layer in range(c["layers"]):
             p = f"blk.{layer}."
             x = _rms_norm(h, t[p + "attn_norm.weight"], c["eps"])
-            q = (x @ t[p + "attn_q.weight"].T).reshape(len(ids), c["heads"], -1)
-            k = (x @ t[p + "attn_k.weight"].T).reshape(len(ids), c["kv_heads"], -1)
-            v = (x @ t[p + "attn_v.weight"].T).reshape(len(ids), c["kv_heads"], -1)
-            if p + "attn_q_norm.weight" in t and not self.skip_qk_norm:
+            if p + "attn_qkv.weight" in t:
+                qkv = x @ t[p + "attn_qkv.weight"].T
+                kv_width = (qkv.shape[1] // (c["heads"] + 2 * c["kv_heads"])) * c["kv_heads"]
+                q_width = qkv.shape[1] - 2 * kv_width
+                q, k, v = np.split(qkv, [q_width, q_width + kv_width], axis=1)
+            else:
+                q, k, v = (x @ t[p + f"attn_{name}.weight"].T for name in "qkv")
+            q = q.reshape(len(ids), c["heads"], -1)
+            k = k.reshape(len(ids), c["kv_heads"], -1)
+            v = v.reshape(len(ids), c["kv_heads"], -1)
+            if p + "attn_q_norm.weight" in t and self.mistake != "no_qk_norm":
                 q = _rms_norm(q, t[p + "attn_q_norm.weight"], c["eps"])
                 k = _rms_norm(k, t[p + "attn_k_norm.weight"], c["eps"])
             q = _rope(q, positions, c["rope_base"], c["neox"])
@@ -100,7 +110,12 @@ class Session:
             attended = np.einsum("hqk,khd->qhd", scores, v_all).reshape(len(ids), -1)
             h = h + attended @ t[p + "attn_output.weight"].T
             x = _rms_norm(h, t[p + "ffn_norm.weight"], c["eps"])
-            gate, up = x @ t[p + "ffn_gate.weight"].T, x @ t[p + "ffn_up.weight"].T
+            if p + "ffn_gate.weight" in t:
+                gate, up = x @ t[p + "ffn_gate.weight"].T, x @ t[p + "ffn_up.weight"].T
+            else:
+                gate, up = np.split(x @ t[p + "ffn_up.weight"].T, 2, axis=1)
+                if self.mistake == "up_gate_swapped":
+                    gate, up = up, gate
             h = h + (gate / (1.0 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
         self.length += len(ids)
         out = _rms_norm(h, t["output_norm.weight"], c["eps"])

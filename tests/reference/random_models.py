@@ -1,25 +1,31 @@
 """Random-weight GGUF files of the model families we load, small enough for
 the reference tests: the file layout llama.cpp's converter writes for each
-family (tensor names, metadata keys, Q/K row order) with seeded random
-weights, and the default model's tokenizer. Both our engine and the
-references (numpy_reference.py, llama.cpp) read the very same file."""
+family (tensor names, metadata keys, Q/K row order, fused tensors) with
+seeded random weights, and a tokenizer of the family where llama.cpp's
+sdist has one (Phi-3's SentencePiece vocabulary), the default model's
+otherwise. Both our engine and the references (numpy_reference.py,
+llama.cpp) read the very same file."""
 import gguf
 import numpy as np
 
 import probe
+import sdist
 
 # A small config of each family. Qwen3's head size is its own (not
 # embedding / heads), as in the published models.
 CONFIGS = {
     "qwen3": dict(layers=2, embedding=256, heads=4, kv_heads=2, head_dim=128, ffn=768,
                   context=512, rope_base=1000000.0, eps=1e-6),
+    # Fused attn_qkv and gate-and-up ffn_up; Phi-3's vocabulary.
+    "phi3": dict(layers=2, embedding=256, heads=4, kv_heads=4, head_dim=64, ffn=512,
+                 context=512, rope_base=10000.0, eps=1e-5, fused=True, vocab="phi-3"),
 }
 
 
 def write(path, arch, seed=0):
     c = CONFIGS[arch]
     rng = np.random.default_rng(seed)
-    source = gguf.GGUFReader(probe.MODEL)
+    source = gguf.GGUFReader(sdist.vocab_file(c["vocab"]) if "vocab" in c else probe.MODEL)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(f"random-{arch}")
@@ -32,6 +38,7 @@ def write(path, arch, seed=0):
     writer.add_key_length(c["head_dim"])
     writer.add_value_length(c["head_dim"])
     writer.add_rope_freq_base(c["rope_base"])
+    writer.add_rope_dimension_count(c["head_dim"])
     writer.add_layer_norm_rms_eps(c["eps"])
     for field in source.fields.values():
         if field.name.startswith("tokenizer."):
@@ -53,15 +60,22 @@ def write(path, arch, seed=0):
     for i in range(c["layers"]):
         p = f"blk.{i}."
         writer.add_tensor(p + "attn_norm.weight", norm(c["embedding"]))
-        writer.add_tensor(p + "attn_q.weight", matrix(q_width, c["embedding"]))
-        writer.add_tensor(p + "attn_k.weight", matrix(kv_width, c["embedding"]))
-        writer.add_tensor(p + "attn_v.weight", matrix(kv_width, c["embedding"]))
-        writer.add_tensor(p + "attn_q_norm.weight", norm(c["head_dim"]))
-        writer.add_tensor(p + "attn_k_norm.weight", norm(c["head_dim"]))
+        if c.get("fused"):  # rows Q, then K, then V
+            writer.add_tensor(p + "attn_qkv.weight", matrix(q_width + 2 * kv_width, c["embedding"]))
+        else:
+            writer.add_tensor(p + "attn_q.weight", matrix(q_width, c["embedding"]))
+            writer.add_tensor(p + "attn_k.weight", matrix(kv_width, c["embedding"]))
+            writer.add_tensor(p + "attn_v.weight", matrix(kv_width, c["embedding"]))
+        if arch == "qwen3":
+            writer.add_tensor(p + "attn_q_norm.weight", norm(c["head_dim"]))
+            writer.add_tensor(p + "attn_k_norm.weight", norm(c["head_dim"]))
         writer.add_tensor(p + "attn_output.weight", matrix(c["embedding"], q_width))
         writer.add_tensor(p + "ffn_norm.weight", norm(c["embedding"]))
-        writer.add_tensor(p + "ffn_gate.weight", matrix(c["ffn"], c["embedding"]))
-        writer.add_tensor(p + "ffn_up.weight", matrix(c["ffn"], c["embedding"]))
+        if c.get("fused"):  # gate rows, then up rows
+            writer.add_tensor(p + "ffn_up.weight", matrix(2 * c["ffn"], c["embedding"]))
+        else:
+            writer.add_tensor(p + "ffn_gate.weight", matrix(c["ffn"], c["embedding"]))
+            writer.add_tensor(p + "ffn_up.weight", matrix(c["ffn"], c["embedding"]))
         writer.add_tensor(p + "ffn_down.weight", matrix(c["embedding"], c["ffn"]))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -8,9 +8,17 @@ independent evaluations of the same file, a float64 numpy forward pass
   position within 0.005 of ours.
 - llama.cpp, which rounds activations to 8 bits, picks our token at every
   position of its own greedy continuation or the two are a near-tie.
+- Served: tandemd starts on the file and answers a chat request through the
+  OpenAI API (the family's chat template and tokenizer, streamed text).
 - Control: the float64 pass without the family's own operation (Qwen3's Q/K
-  norms) is far from ours, so leaving it out would fail the tests above.
+  norms; Phi-3's fused tensors split the other way round) is far from ours,
+  so getting it wrong would fail the tests above.
 """
+import json
+import os
+import sys
+import urllib.request
+
 import numpy as np
 import pytest
 
@@ -21,7 +29,9 @@ import random_models
 TOKENS = 48
 LOGPROB_TOLERANCE = 0.005
 NEAR_TIE = 0.5
-ARCHITECTURES = ["qwen3"]
+ARCHITECTURES = ["qwen3", "phi3"]
+# The family's own operation, done wrong (numpy_reference.Session's mistakes).
+MISTAKES = {"qwen3": "no_qk_norm", "phi3": "up_gate_swapped"}
 PROMPT = "The history of the printing press begins in"
 
 
@@ -32,8 +42,11 @@ def arch_file(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def prompt():
-    return probe.tokenize([PROMPT], parse_special=False)[0]
+def prompt(arch_file):
+    """The prompt in the file's own vocabulary, BOS first where it asks for one."""
+    _, path = arch_file
+    with probe.using_model(path):
+        return probe.tokenize([PROMPT], parse_special=False)[0]
 
 
 def log_softmax(x):
@@ -90,8 +103,32 @@ def test_llama_cpp_makes_the_same_choices(arch_file, prompt):
 
 
 def test_leaving_out_the_family_operation_is_caught(arch_file, prompt):
-    _, path = arch_file
-    wrong = numpy_reference.Session(path, skip_qk_norm=True).forward(prompt)[-1]
+    arch, path = arch_file
+    wrong = numpy_reference.Session(path, MISTAKES[arch]).forward(prompt)[-1]
     with probe.using_model(path):
         ours = probe.logits([prompt])[0].astype(np.float64)
     assert np.abs(log_softmax(ours) - log_softmax(wrong)).max() > 0.1
+
+
+def test_tandemd_serves_it(arch_file):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e", "python"))
+    import tandem_e2e
+    _, path = arch_file
+    daemon = tandem_e2e.Daemon(f"--model={path}")
+    try:
+        daemon.wait_serving()
+        base = f"http://127.0.0.1:{daemon.http_port}/v1"
+        with urllib.request.urlopen(f"{base}/models", timeout=60) as response:
+            model = json.load(response)["data"][0]["id"]
+        body = json.dumps({"model": model, "max_tokens": 8, "temperature": 0,
+                           "messages": [{"role": "user", "content": "Hello there!"}]}).encode()
+        request = urllib.request.Request(
+            f"{base}/chat/completions", data=body,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.load(response)
+        assert answer["usage"]["completion_tokens"] == 8
+        assert answer["choices"][0]["finish_reason"] == "length"
+        assert answer["choices"][0]["message"]["content"]
+    finally:
+        daemon.stop()

@@ -4,11 +4,8 @@ sdist), each with test inputs (.inp) and the ids Hugging Face's tokenizer of
 that model gives them (.out, written by llama.cpp's convert_hf_to_gguf_update.py).
 Ids are compared as llama.cpp's test-tokenizer-0 compares them: no BOS, and
 the text of control tokens is plain text."""
-import functools
 import os
 import subprocess
-import tarfile
-import tempfile
 
 import gguf
 import pytest
@@ -17,7 +14,6 @@ import probe
 import sdist
 
 CLI = os.environ.get("TANDEM_CLI", "build/bin/tandem")
-VOCAB_DIR = "vendor/llama.cpp/models/"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 # Every vocabulary the sdist has expected ids for, but BERT's: WordPiece is
@@ -30,20 +26,8 @@ VOCABULARIES = [
 NOT_SERVED = {"bert-bge"}
 
 
-@functools.lru_cache(maxsize=1)
-def vocab_dir():
-    """Extracts the vocabulary files once; returns the directory."""
-    out = tempfile.mkdtemp(prefix="tandem-vocab-")
-    with tarfile.open(sdist.path()) as tar:
-        for member in tar.getmembers():
-            if VOCAB_DIR in member.name and os.path.basename(member.name).startswith("ggml-vocab-"):
-                member.name = os.path.basename(member.name)
-                tar.extract(member, out)
-    return out
-
-
 def vocab_file(name):
-    return os.path.join(vocab_dir(), f"ggml-vocab-{name}.gguf")
+    return sdist.vocab_file(name)
 
 
 def cases(name):
@@ -57,7 +41,7 @@ def cases(name):
 
 def test_every_vocabulary_with_expected_ids_is_covered():
     with_ids = sorted(f[len("ggml-vocab-"):-len(".gguf.out")]
-                      for f in os.listdir(vocab_dir()) if f.endswith(".gguf.out"))
+                      for f in os.listdir(sdist.vocab_dir()) if f.endswith(".gguf.out"))
     assert sorted(VOCABULARIES + list(NOT_SERVED)) == with_ids
 
 
