@@ -18,11 +18,15 @@ import llama_cpp
 import numpy as np
 
 # hidden, layers, heads, KV heads, feed-forward, RoPE base, RMS epsilon,
-# architecture (qwen2 adds q/k/v biases).
+# architecture (qwen2 adds q/k/v biases, qwen3 q/k norms and a head size of
+# its own, phi3 fuses q/k/v and gate/up), head size (None: hidden / heads).
 SHAPES = {
-    "llama3.2-1b": (2048, 16, 32, 8, 8192, 500000.0, 1e-5, "llama"),
-    "llama3.2-3b": (3072, 28, 24, 8, 8192, 500000.0, 1e-5, "llama"),
-    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, 1000000.0, 1e-6, "qwen2"),
+    "llama3.2-1b": (2048, 16, 32, 8, 8192, 500000.0, 1e-5, "llama", None),
+    "llama3.2-3b": (3072, 28, 24, 8, 8192, 500000.0, 1e-5, "llama", None),
+    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, 1000000.0, 1e-6, "qwen2", None),
+    "qwen3-1.7b": (2048, 28, 16, 8, 6144, 1000000.0, 1e-6, "qwen3", 128),
+    "qwen3-8b": (4096, 36, 32, 8, 12288, 1000000.0, 1e-6, "qwen3", 128),
+    "phi3-mini": (3072, 32, 32, 32, 8192, 10000.0, 1e-5, "phi3", None),
 }
 
 
@@ -36,7 +40,9 @@ def copy_tokenizer(reader, writer):
 
 
 def write_f16(path, shape, vocab_model, seed, context):
-    hidden, layers, heads, kv_heads, ffn, rope_base, eps, arch = SHAPES[shape]
+    hidden, layers, heads, kv_heads, ffn, rope_base, eps, arch, head_dim = SHAPES[shape]
+    head_dim = head_dim or hidden // heads
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
     reader = gguf.GGUFReader(vocab_model)
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     writer = gguf.GGUFWriter(path, arch)
@@ -49,12 +55,14 @@ def write_f16(path, shape, vocab_model, seed, context):
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(eps)
-    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_dimension_count(head_dim)
+    if head_dim != hidden // heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_vocab_size(vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     copy_tokenizer(reader, writer)
     rng = np.random.default_rng(seed)
-    head_dim = hidden // heads
 
     def matrix(rows, cols):
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
@@ -66,18 +74,26 @@ def write_f16(path, shape, vocab_model, seed, context):
     for i in range(layers):
         b = f"blk.{i}."
         writer.add_tensor(b + "attn_norm.weight", ones(hidden))
-        writer.add_tensor(b + "attn_q.weight", matrix(hidden, hidden))
-        writer.add_tensor(b + "attn_k.weight", matrix(kv_heads * head_dim, hidden))
-        writer.add_tensor(b + "attn_v.weight", matrix(kv_heads * head_dim, hidden))
+        if arch == "phi3":
+            writer.add_tensor(b + "attn_qkv.weight", matrix(q_width + 2 * kv_width, hidden))
+        else:
+            writer.add_tensor(b + "attn_q.weight", matrix(q_width, hidden))
+            writer.add_tensor(b + "attn_k.weight", matrix(kv_width, hidden))
+            writer.add_tensor(b + "attn_v.weight", matrix(kv_width, hidden))
         if arch == "qwen2":
-            for name, width in (("q", hidden), ("k", kv_heads * head_dim),
-                                ("v", kv_heads * head_dim)):
+            for name, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
                 writer.add_tensor(b + f"attn_{name}.bias",
                                   rng.standard_normal(width, dtype=np.float32) * 0.02)
-        writer.add_tensor(b + "attn_output.weight", matrix(hidden, hidden))
+        if arch == "qwen3":
+            writer.add_tensor(b + "attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(b + "attn_k_norm.weight", ones(head_dim))
+        writer.add_tensor(b + "attn_output.weight", matrix(hidden, q_width))
         writer.add_tensor(b + "ffn_norm.weight", ones(hidden))
-        writer.add_tensor(b + "ffn_gate.weight", matrix(ffn, hidden))
-        writer.add_tensor(b + "ffn_up.weight", matrix(ffn, hidden))
+        if arch == "phi3":  # gate rows, then up rows
+            writer.add_tensor(b + "ffn_up.weight", matrix(2 * ffn, hidden))
+        else:
+            writer.add_tensor(b + "ffn_gate.weight", matrix(ffn, hidden))
+            writer.add_tensor(b + "ffn_up.weight", matrix(ffn, hidden))
         writer.add_tensor(b + "ffn_down.weight", matrix(hidden, ffn))
     writer.add_tensor("output_norm.weight", ones(hidden))  # output tied to token_embd
     writer.write_header_to_file()
