@@ -109,12 +109,12 @@ std::span<const Rule> RulesOf(PretokenizerKind kind) {
 }
 
 // Matches rules at code point positions of one text. Each match is confined
-// to the piece being split: Limit() sets its end, which anchors ($) and
-// look-ahead ((?!\S)) see as the end of text.
+// to the piece being split: Limit() sets it, and anchors ($) and look-ahead
+// ((?!\S)) see its end as the end of text.
 class Matcher {
  public:
   Matcher(const std::vector<CodePoint>& cps, bool marks_are_letters)
-      : cps_(cps), classes_(cps.size()), end_(cps.size()) {
+      : cps_(cps), classes_(cps.size()), end_(cps.size()), trailing_whitespace_(cps.size()) {
     for (size_t i = 0; i < cps.size(); ++i) {
       classes_[i] = Classify(cps[i].value);
       if (marks_are_letters && classes_[i] == CharClass::kOther && IsMark(cps[i].value)) {
@@ -123,7 +123,15 @@ class Matcher {
     }
   }
 
-  void Limit(size_t end) { end_ = end; }
+  // Confines matches to the piece [begin, end).
+  void Limit(size_t begin, size_t end) {
+    end_ = end;
+    trailing_whitespace_ = end;
+    while (trailing_whitespace_ > begin &&
+           classes_[trailing_whitespace_ - 1] == CharClass::kWhitespace) {
+      --trailing_whitespace_;
+    }
+  }
 
   // Length in code points of the rule's match starting at i, or 0.
   size_t Match(Rule rule, size_t i) const {
@@ -166,7 +174,7 @@ class Matcher {
         return SpaceThenRun(
             i, [this](size_t j) { return InSortedRanges(kDeepseekPunctuation, cps_[j].value); });
       case Rule::kTrailingWhitespace:
-        return RunOf(i, CharClass::kWhitespace) == end_ ? end_ - i : 0;
+        return i >= trailing_whitespace_ ? end_ - i : 0;
       case Rule::kCjkHangul:
         return RunWhile(i, [this](size_t j) { return InSortedRanges(kCjkHangul, cps_[j].value); }) -
                i;
@@ -265,6 +273,7 @@ class Matcher {
   const std::vector<CodePoint>& cps_;
   std::vector<CharClass> classes_;
   size_t end_;
+  size_t trailing_whitespace_;  // where the whitespace run that ends at end_ begins
 };
 
 }  // namespace
@@ -304,7 +313,7 @@ std::vector<std::string_view> Pretokenize(PretokenizerKind kind, std::string_vie
   for (Rule rule : RulesOf(kind)) {
     split.clear();
     for (auto [begin, end] : pieces) {
-      matcher.Limit(end);
+      matcher.Limit(begin, end);
       size_t unmatched = begin;  // start of the text no match has taken yet
       size_t i = begin;
       while (i < end) {
