@@ -76,6 +76,10 @@ class BpeTokenizer {
   // Whether the vocabulary has a token for this byte (byte-level
   // vocabularies may omit bytes never seen in training; Encode drops them).
   bool HasByteToken(unsigned char byte) const { return byte_token_[byte] >= 0; }
+  // That token (its byte-level symbol or its <0xXX> token), -1 when none.
+  // Some vocabularies made the symbol an added token (DeepSeek's 'ÿ' is
+  // user-defined), which decodes as its text, as in Hugging Face and llama.cpp.
+  TokenId ByteToken(unsigned char byte) const { return byte_token_[byte]; }
   const SpecialTokens& special() const { return special_; }
   TokenizerModel model() const { return model_; }
   // Byte-level BPE only.
