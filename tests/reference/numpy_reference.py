@@ -2,7 +2,8 @@
 written in numpy over the GGUF's tensors as the `gguf` package dequantizes
 them. Shares nothing with our engine but the file.
 
-Layout facts it relies on (llama.cpp's converter and GGUF): matrices are
+Layout facts it relies on (llama.cpp's converter and GGUF): Qwen2 adds
+biases to Q, K and V (`attn_{q,k,v}.bias`); matrices are
 stored [out][in]; in `llama` files the Q and K weights were permuted so that
 rotary embedding pairs adjacent elements (2i, 2i+1) of each head, while
 `qwen2` and `qwen3` files keep Hugging Face's order, which pairs (i, i + d/2);
@@ -65,8 +66,9 @@ class Session:
     """One sequence evaluated incrementally (a float64 KV cache)."""
 
     def __init__(self, path=None, mistake=None):
-        """mistake: a wrong model, for controls: "no_qk_norm" leaves out Qwen3's
-        Q/K norms, "up_gate_swapped" takes a fused ffn_up's halves the wrong way."""
+        """mistake: a wrong model, for controls: "no_qkv_bias" leaves out Qwen2's
+        biases, "no_qk_norm" Qwen3's Q/K norms, "up_gate_swapped" takes a fused
+        ffn_up's halves the wrong way."""
         self.config, self.t = model(path)
         self.mistake = mistake
         self.keys = [None] * self.config["layers"]
@@ -88,6 +90,8 @@ class Session:
                 q, k, v = np.split(qkv, [q_width, q_width + kv_width], axis=1)
             else:
                 q, k, v = (x @ t[p + f"attn_{name}.weight"].T for name in "qkv")
+            if p + "attn_q.bias" in t and self.mistake != "no_qkv_bias":
+                q, k, v = (y + t[p + f"attn_{name}.bias"] for y, name in zip((q, k, v), "qkv"))
             q = q.reshape(len(ids), c["heads"], -1)
             k = k.reshape(len(ids), c["kv_heads"], -1)
             v = v.reshape(len(ids), c["kv_heads"], -1)

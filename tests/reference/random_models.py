@@ -14,6 +14,9 @@ import sdist
 # A small config of each family. Qwen3's head size is its own (not
 # embedding / heads), as in the published models.
 CONFIGS = {
+    # Q/K/V biases; Qwen2's own vocabulary.
+    "qwen2": dict(layers=2, embedding=256, heads=4, kv_heads=2, head_dim=64, ffn=768,
+                  context=512, rope_base=1000000.0, eps=1e-6, biases=True, vocab="qwen2"),
     "qwen3": dict(layers=2, embedding=256, heads=4, kv_heads=2, head_dim=128, ffn=768,
                   context=512, rope_base=1000000.0, eps=1e-6),
     # Fused attn_qkv and gate-and-up ffn_up; Phi-3's vocabulary.
@@ -66,6 +69,10 @@ def write(path, arch, seed=0):
             writer.add_tensor(p + "attn_q.weight", matrix(q_width, c["embedding"]))
             writer.add_tensor(p + "attn_k.weight", matrix(kv_width, c["embedding"]))
             writer.add_tensor(p + "attn_v.weight", matrix(kv_width, c["embedding"]))
+        if c.get("biases"):
+            for name, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
+                writer.add_tensor(p + f"attn_{name}.bias",
+                                  (0.5 * rng.standard_normal(width)).astype(np.float32))
         if arch == "qwen3":
             writer.add_tensor(p + "attn_q_norm.weight", norm(c["head_dim"]))
             writer.add_tensor(p + "attn_k_norm.weight", norm(c["head_dim"]))

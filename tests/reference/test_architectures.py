@@ -10,8 +10,8 @@ independent evaluations of the same file, a float64 numpy forward pass
   position of its own greedy continuation or the two are a near-tie.
 - Served: tandemd starts on the file and answers a chat request through the
   OpenAI API (the family's chat template and tokenizer, streamed text).
-- Control: the float64 pass without the family's own operation (Qwen3's Q/K
-  norms; Phi-3's fused tensors split the other way round) is far from ours,
+- Control: the float64 pass without the family's own operation (Qwen2's
+  biases, Qwen3's Q/K norms; Phi-3's fused tensors split the other way round) is far from ours,
   so getting it wrong would fail the tests above.
 """
 import json
@@ -29,9 +29,9 @@ import random_models
 TOKENS = 48
 LOGPROB_TOLERANCE = 0.005
 NEAR_TIE = 0.5
-ARCHITECTURES = ["qwen3", "phi3"]
+ARCHITECTURES = ["qwen2", "qwen3", "phi3"]
 # The family's own operation, done wrong (numpy_reference.Session's mistakes).
-MISTAKES = {"qwen3": "no_qk_norm", "phi3": "up_gate_swapped"}
+MISTAKES = {"qwen2": "no_qkv_bias", "qwen3": "no_qk_norm", "phi3": "up_gate_swapped"}
 PROMPT = "The history of the printing press begins in"
 
 
