@@ -40,11 +40,13 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const model
     t->model_ = TokenizerModel::kSentencePiece;
   } else if (*model == "gemma4") {
     t->model_ = TokenizerModel::kSentencePieceMerges;
+  } else if (*model == "bert") {
+    t->model_ = TokenizerModel::kWordPiece;
   } else {
-    return absl::UnimplementedError(
-        StrCat("tokenizer model '", *model,
-               "' is not supported (supported: gpt2, i.e. byte-level BPE; llama, i.e. "
-               "SentencePiece BPE; gemma4, i.e. ranked merges over SentencePiece text)"));
+    return absl::UnimplementedError(StrCat(
+        "tokenizer model '", *model,
+        "' is not supported (supported: gpt2, i.e. byte-level BPE; llama, i.e. SentencePiece "
+        "BPE; gemma4, i.e. ranked merges over SentencePiece text; bert, i.e. WordPiece)"));
   }
 
   absl::StatusOr<std::vector<std::string_view>> tokens =
@@ -93,8 +95,23 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const model
       !read.ok()) {
     return read;
   }
-  if (t->model_ != TokenizerModel::kSentencePiece) {
+  if (t->model_ == TokenizerModel::kByteLevelBpe ||
+      t->model_ == TokenizerModel::kSentencePieceMerges) {
     if (absl::Status read = t->ReadMerges(file); !read.ok()) return read;
+  }
+  if (t->model_ == TokenizerModel::kWordPiece) {
+    for (auto [key, field] :
+         {std::pair{"tokenizer.ggml.normalizer.lowercase", &t->bert_normalizer_.lowercase},
+          std::pair{"tokenizer.ggml.normalizer.strip_accents",
+                    &t->bert_normalizer_.strip_accents}}) {
+      if (!file.Has(key)) continue;
+      absl::StatusOr<bool> value = file.GetBool(key);
+      if (!value.ok()) return value.status();
+      *field = *value;
+    }
+    for (const std::string_view token : *tokens) {
+      t->longest_token_bytes_ = std::max(t->longest_token_bytes_, token.size());
+    }
   }
 
   for (auto [key, field] : {std::pair{"tokenizer.ggml.bos_token_id", &t->special_.bos},
@@ -208,7 +225,10 @@ absl::Status BpeTokenizer::ReadSentencePiece(const model::GgufFile& file,
     }
     scores_ = *std::move(scores);
   }
-  add_space_prefix_ = model_ == TokenizerModel::kSentencePiece;
+  // WordPiece puts U+2581 before each word's first piece, which DecodeText
+  // drops at the start as it drops SentencePiece's prefix.
+  add_space_prefix_ =
+      model_ == TokenizerModel::kSentencePiece || model_ == TokenizerModel::kWordPiece;
   if (file.Has("tokenizer.ggml.add_space_prefix")) {
     absl::StatusOr<bool> add = file.GetBool("tokenizer.ggml.add_space_prefix");
     if (!add.ok()) return add.status();
@@ -279,6 +299,10 @@ std::vector<TokenId> BpeTokenizer::EncodeSpecialWhere(
 
 void BpeTokenizer::EncodePlain(std::string_view text, std::vector<TokenId>* out) const {
   if (text.empty()) return;
+  if (model_ == TokenizerModel::kWordPiece) {
+    EncodeWordPiece(text, out);
+    return;
+  }
   if (model_ != TokenizerModel::kByteLevelBpe) {
     // Every run of plain text starts the text or follows a special token,
     // which is where SentencePiece prefixes its space.
@@ -301,6 +325,30 @@ void BpeTokenizer::EncodePlain(std::string_view text, std::vector<TokenId>* out)
     return;
   }
   for (std::string_view piece : Pretokenize(pretokenizer_, text)) EncodePiece(piece, out);
+}
+
+void BpeTokenizer::EncodeWordPiece(std::string_view text, std::vector<TokenId>* out) const {
+  for (const std::string& word : BertWords(text, bert_normalizer_)) {
+    const std::string pieces = StrCat(kSentencePieceSpace, word);
+    const size_t first = out->size();
+    for (size_t at = 0; at < pieces.size();) {
+      // The longest token that starts here.
+      size_t length = std::min(pieces.size() - at, longest_token_bytes_);
+      for (; length > 0; --length) {
+        auto it = vocab_.find(AbslView(std::string_view(pieces).substr(at, length)));
+        if (it != vocab_.end()) {
+          out->push_back(it->second);
+          break;
+        }
+      }
+      if (length == 0) {  // the word cannot be pieced together
+        out->resize(first);
+        break;
+      }
+      at += length;
+    }
+    if (out->size() == first && special_.unknown.has_value()) out->push_back(*special_.unknown);
+  }
 }
 
 void BpeTokenizer::EncodeSentencePiece(std::string_view text, std::vector<TokenId>* out) const {

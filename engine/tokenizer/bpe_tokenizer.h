@@ -13,7 +13,12 @@
 //    (no prefix), and runs of newlines and runs of other characters are
 //    merged by rank as byte-level BPE merges bytes; a run of newlines that
 //    is a token is that token, and a character with no token is spelled
-//    with the byte tokens.
+//    with the byte tokens;
+//  - WordPiece ("bert": BERT's encoders): BERT's normalization and word
+//    splitting (wordpiece.h), then each word as its longest pieces from the
+//    left, the first with U+2581 before it (GGUF's spelling of a word start;
+//    Hugging Face's "##" continuations are bare); a word that cannot be
+//    pieced together is the unknown token.
 //
 // Special and user-defined tokens are matched in the text first (longest
 // match wins) when parse_special is set, and the text between them is encoded
@@ -40,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/gguf_file.h"
 #include "engine/tokenizer/pretokenizer.h"
+#include "engine/tokenizer/wordpiece.h"
 
 namespace tandem::tokenizer {
 
@@ -59,6 +65,7 @@ enum class TokenizerModel {
   kByteLevelBpe,         // "gpt2"
   kSentencePiece,        // "llama"
   kSentencePieceMerges,  // "gemma4"
+  kWordPiece,            // "bert"
 };
 
 struct SpecialTokens {
@@ -126,6 +133,7 @@ class BpeTokenizer {
   absl::Status ReadMerges(const model::GgufFile& file);
   void EncodePiece(std::string_view piece, std::vector<TokenId>* out) const;
   void EncodeSentencePiece(std::string_view text, std::vector<TokenId>* out) const;
+  void EncodeWordPiece(std::string_view text, std::vector<TokenId>* out) const;
   void EncodePlain(std::string_view text, std::vector<TokenId>* out) const;
 
   struct Merge {
@@ -150,6 +158,8 @@ class BpeTokenizer {
   TokenId byte_token_[256] = {};
   absl::flat_hash_map<uint64_t, Merge> merges_;  // all but kSentencePiece
   std::vector<float> scores_;                    // kSentencePiece
+  BertNormalizer bert_normalizer_;               // kWordPiece
+  size_t longest_token_bytes_ = 0;               // kWordPiece
   // Texts matched before pre-tokenization, longest first.
   std::vector<std::pair<std::string, TokenId>> specials_by_length_;
   bool special_first_byte_[256] = {};

@@ -1,6 +1,7 @@
 #include "engine/tokenizer/unicode.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace tandem::tokenizer {
 namespace {
@@ -10,6 +11,17 @@ struct CodepointRange {
   char32_t last;
 };
 
+struct CodepointPair {
+  char32_t from;
+  char32_t to;
+};
+
+struct CodepointDecomposition {
+  char32_t from;
+  char32_t to[4];  // zero-padded
+};
+
+#include "engine/tokenizer/unicode_mappings.inc"
 #include "engine/tokenizer/unicode_ranges.inc"
 
 template <size_t N>
@@ -67,6 +79,41 @@ bool ValidContinuation(unsigned char lead, int i, unsigned char b) {
 bool IsPunctuation(char32_t cp) { return InRanges(kPunctuationRanges, cp); }
 
 bool IsMark(char32_t cp) { return InRanges(kMarkRanges, cp); }
+
+bool IsControl(char32_t cp) { return InRanges(kControlRanges, cp); }
+
+char32_t Lowercase(char32_t cp) {
+  if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
+  const CodepointPair* end = std::end(kLowercase);
+  const CodepointPair* it =
+      std::lower_bound(std::begin(kLowercase), end, cp,
+                       [](const CodepointPair& p, char32_t v) { return p.from < v; });
+  return it != end && it->from == cp ? it->to : cp;
+}
+
+void AppendDecomposition(char32_t cp, std::vector<char32_t>* out) {
+  // Hangul syllables: leading consonant, vowel and optional trailing consonant.
+  constexpr char32_t kSyllables = 0xAC00, kLeads = 0x1100, kVowels = 0x1161, kTrails = 0x11A7;
+  constexpr char32_t kVowelCount = 21, kTrailCount = 28, kSyllableCount = 19 * 21 * 28;
+  if (cp >= kSyllables && cp < kSyllables + kSyllableCount) {
+    const char32_t s = cp - kSyllables;
+    out->push_back(kLeads + s / (kVowelCount * kTrailCount));
+    out->push_back(kVowels + (s % (kVowelCount * kTrailCount)) / kTrailCount);
+    if (s % kTrailCount != 0) out->push_back(kTrails + s % kTrailCount);
+    return;
+  }
+  const CodepointDecomposition* end = std::end(kDecompositions);
+  const CodepointDecomposition* it =
+      std::lower_bound(std::begin(kDecompositions), end, cp,
+                       [](const CodepointDecomposition& d, char32_t v) { return d.from < v; });
+  if (it == end || it->from != cp) {
+    out->push_back(cp);
+    return;
+  }
+  for (char32_t part : it->to) {
+    if (part != 0) out->push_back(part);
+  }
+}
 
 CharClass Classify(char32_t cp) {
   if (cp < 0x80) {

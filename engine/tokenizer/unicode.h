@@ -17,6 +17,14 @@ CharClass Classify(char32_t cp);
 // \p{P} (punctuation) and \p{M} (marks): the general categories P* and M*.
 bool IsPunctuation(char32_t cp);
 bool IsMark(char32_t cp);
+// \p{C}: control, format, private-use, surrogate and unassigned code points.
+bool IsControl(char32_t cp);
+
+// The simple lowercase of cp (cp itself when it has none of its own).
+char32_t Lowercase(char32_t cp);
+// Appends cp's canonical decomposition (NFD of the one code point; cp itself
+// when it has none). Hangul syllables decompose into their jamo.
+void AppendDecomposition(char32_t cp, std::vector<char32_t>* out);
 
 // One decoded code point and the bytes it came from.
 struct CodePoint {

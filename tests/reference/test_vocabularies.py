@@ -16,14 +16,12 @@ import sdist
 CLI = os.environ.get("TANDEM_CLI", "build/bin/tandem")
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
-# Every vocabulary the sdist has expected ids for, but BERT's: WordPiece is
-# the tokenizer of encoder (embedding) models, which Tandem does not serve;
-# test_wordpiece_is_refused_by_name checks that it is refused by name.
+# Every vocabulary the sdist has expected ids for: byte-level BPE,
+# SentencePiece (llama-spm, phi-3), Gemma 4's merges and BERT's WordPiece.
 VOCABULARIES = [
-    "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
-    "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
+    "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",
+    "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
 ]
-NOT_SERVED = {"bert-bge"}
 
 
 def vocab_file(name):
@@ -42,7 +40,7 @@ def cases(name):
 def test_every_vocabulary_with_expected_ids_is_covered():
     with_ids = sorted(f[len("ggml-vocab-"):-len(".gguf.out")]
                       for f in os.listdir(sdist.vocab_dir()) if f.endswith(".gguf.out"))
-    assert sorted(VOCABULARIES + list(NOT_SERVED)) == with_ids
+    assert sorted(VOCABULARIES) == with_ids
 
 
 @pytest.mark.parametrize("name", VOCABULARIES)
@@ -61,7 +59,8 @@ def cli(*args, text=None):
                           timeout=120, check=False)
 
 
-@pytest.mark.parametrize("name,bos", [("llama-spm", "<s>"), ("qwen2", None), ("gemma-4", "<bos>")])
+@pytest.mark.parametrize("name,bos", [("llama-spm", "<s>"), ("qwen2", None), ("gemma-4", "<bos>"),
+                                      ("bert-bge", None)])
 def test_tandem_tokenize_works_on_vocabulary_only_files(name, bos):
     text, expected = next((t, e) for t, e in cases(name) if t == "Hello world")
     encoded = cli(f"--model={vocab_file(name)}", text)
@@ -75,7 +74,8 @@ def test_tandem_tokenize_works_on_vocabulary_only_files(name, bos):
         assert ids == expected
     decoded = cli(f"--model={vocab_file(name)}", "--ids", " ".join(map(str, ids)))
     assert decoded.returncode == 0, decoded.stderr
-    assert decoded.stdout == (bos or "") + text + "\n"
+    # BERT's normalizer lowercases.
+    assert decoded.stdout == (bos or "") + (text.lower() if name == "bert-bge" else text) + "\n"
     # Text from stdin when there is no argument.
     from_stdin = cli(f"--model={vocab_file(name)}", text=text)
     assert from_stdin.stdout == encoded.stdout
@@ -87,9 +87,3 @@ def test_tandem_tokenize_names_bad_input():
     assert bad_id.returncode == 2 and "'999999' is not a token id" in bad_id.stderr
     missing = cli("--model=/nonexistent.gguf", "x")
     assert missing.returncode == 1 and "/nonexistent.gguf" in missing.stderr
-
-
-def test_wordpiece_is_refused_by_name():
-    refused = cli(f"--model={vocab_file('bert-bge')}", "hello")
-    assert refused.returncode == 1
-    assert "tokenizer model 'bert' is not supported" in refused.stderr

@@ -94,19 +94,41 @@ TEST_F(SentencePieceTest, TheVocabularyCanTurnThePrefixOff) {
   EXPECT_EQ(tok->DecodeText(tok->Encode(" ab", false)), " ab");
 }
 
+TEST(WordPieceTest, WordsAreTheirLongestPiecesFromTheLeftOrUnknown) {
+  tandem::testing::GgufBuilder b(3);
+  // Ids:  0        1             2        3      4        5      6       7
+  b.String("tokenizer.ggml.model", "bert")
+      .StringArray("tokenizer.ggml.tokens", {"[UNK]", "\u2581hello", "\u2581un", "aff", "able",
+                                             "\u2581,", "\u2581u", "affable"})
+      .Int32Array("tokenizer.ggml.token_type",
+                  {kControl, kNormal, kNormal, kNormal, kNormal, kNormal, kNormal, kNormal})
+      .Uint32("tokenizer.ggml.unknown_token_id", 0);
+  const std::string path = ::testing::TempDir() + "/wpm_" + std::to_string(::getpid()) + ".gguf";
+  tandem::testing::WriteFile(path, b.Build());
+  auto file = model::GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tok = BpeTokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->model(), TokenizerModel::kWordPiece);
+  // "▁un" is longer than "▁u", then "affable" than "aff"; "xyz" has no
+  // pieces at all and "▁hellox" runs out after "▁hello": both unknown.
+  EXPECT_THAT((*tok)->Encode("Hello unaffable, xyz hellox", false), ElementsAre(1, 2, 7, 5, 0, 0));
+  EXPECT_EQ((*tok)->DecodeText(std::vector<TokenId>{1, 2, 7, 5}), "hello unaffable ,");
+}
+
 TEST(TokenizerModelTest, UnsupportedModelsAreNamed) {
   tandem::testing::GgufBuilder b(3);
-  b.String("tokenizer.ggml.model", "bert")
+  b.String("tokenizer.ggml.model", "t5")
       .StringArray("tokenizer.ggml.tokens", {"[PAD]", "a"})
       .Int32Array("tokenizer.ggml.token_type", {kControl, kNormal});
-  const std::string path = ::testing::TempDir() + "/wpm_" + std::to_string(::getpid()) + ".gguf";
+  const std::string path = ::testing::TempDir() + "/ugm_" + std::to_string(::getpid()) + ".gguf";
   tandem::testing::WriteFile(path, b.Build());
   auto file = model::GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   auto tok = BpeTokenizer::FromGguf(**file);
   ASSERT_FALSE(tok.ok());
   EXPECT_THAT(std::string(tok.status().message()),
-              ::testing::HasSubstr("tokenizer model 'bert' is not supported"));
+              ::testing::HasSubstr("tokenizer model 't5' is not supported"));
 }
 
 }  // namespace

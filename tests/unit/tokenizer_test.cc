@@ -8,6 +8,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/pretokenizer.h"
 #include "engine/tokenizer/unicode.h"
+#include "engine/tokenizer/wordpiece.h"
 #include "server/stop_strings.h"
 
 namespace tandem::tokenizer {
@@ -80,6 +81,20 @@ TEST(PretokenizerTest, UnknownGgufNameIsAnError) {
   auto kind = PretokenizerFromGgufName("mystery");
   EXPECT_FALSE(kind.ok());
   EXPECT_THAT(std::string(kind.status().message()), ::testing::HasSubstr("'mystery'"));
+}
+
+TEST(BertWordsTest, NormalizesAndSplitsAsBertsBasicTokenizer) {
+  // Accents go through the canonical decomposition, control characters
+  // vanish, punctuation and CJK ideographs are words of their own.
+  EXPECT_THAT(BertWords("H\u00e9llo, WORLD! \u6771\u4eac a\x01"
+                        "b",
+                        {}),
+              ElementsAre("hello", ",", "world", "!", "\u6771", "\u4eac", "ab"));
+  EXPECT_THAT(BertWords("H\u00e9llo, WORLD!", {.lowercase = false, .strip_accents = false}),
+              ElementsAre("H\u00e9llo", ",", "WORLD", "!"));
+  // A Hangul syllable decomposes into its jamo, which are letters, not marks.
+  EXPECT_THAT(BertWords("\ud55c", {}), ElementsAre("\u1112\u1161\u11ab"));
+  EXPECT_THAT(BertWords(" \t\n ", {}), ElementsAre());
 }
 
 TEST(UnicodeTest, ClassifiesLettersNumbersAndWhitespace) {
