@@ -136,6 +136,12 @@ struct AttentionShape {
   int kv_heads = 0;
   int head_dim = 0;
   float scale = 0.0f;  // usually 1/sqrt(head_dim)
+  // A sliding window (Gemma's local layers): a query at position p sees only
+  // the keys at positions > p - window. 0: every earlier key.
+  int window = 0;
+  // Soft-capping of the scaled scores (Gemma 2): s -> softcap * tanh(s /
+  // softcap) before the softmax. 0: none.
+  float softcap = 0.0f;
 };
 
 // Which lane of work a backend computes for, when two lanes (workers) share
@@ -224,6 +230,14 @@ class Backend {
                          std::span<const AttentionSpan> spans, Matrix out) = 0;
   // out = silu(gate) * up, elementwise.
   virtual void SiluMul(const Matrix& gate, const Matrix& up, Matrix out) = 0;
+  // out = gelu(gate) * up, elementwise, with GELU's tanh approximation
+  // (PyTorch's approximate="tanh", which Gemma uses):
+  // gelu(x) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+  virtual void GeluMul(const Matrix& gate, const Matrix& up, Matrix out) = 0;
+  // x *= factor, elementwise (Gemma's embedding scale).
+  virtual void Scale(Matrix x, float factor) = 0;
+  // x = cap * tanh(x / cap), elementwise (Gemma 2's final logits).
+  virtual void Softcap(Matrix x, float cap) = 0;
   // acc += x, elementwise.
   virtual void Add(Matrix acc, const Matrix& x) = 0;
   // out[i] = x[rows[i]].

@@ -18,14 +18,23 @@ int64_t RopeTableElements(const ModelConfig& config) {
   return int64_t{config.context_length} * (config.rotary_dims / 2) * 2;
 }
 
+// Whether sliding-window layers need a rotary table of their own.
+bool HasSlidingRopeTable(const ModelConfig& config) {
+  return config.HasSlidingLayers() && (config.rope_base_sliding != config.rope_base ||
+                                       config.rope_scale_sliding != config.rope_scale);
+}
+
 // Host-side cos/sin table: [position][pair] -> (cos, sin) of position * theta_i,
-// theta_i = base^(-2i/rotary_dims) / factor_i, computed in double precision.
-std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<float>& factors) {
+// theta_i = base^(-2i/rotary_dims) / factor_i / scale, computed in double
+// precision.
+std::vector<float> BuildRopeTable(const ModelConfig& config, float base, float scale,
+                                  const std::vector<float>& factors) {
   const int pairs = config.rotary_dims / 2;
   std::vector<float> table(static_cast<size_t>(RopeTableElements(config)));
   for (int i = 0; i < pairs; ++i) {
-    double theta = std::pow(static_cast<double>(config.rope_base),
-                            -2.0 * i / static_cast<double>(config.rotary_dims));
+    double theta =
+        std::pow(static_cast<double>(base), -2.0 * i / static_cast<double>(config.rotary_dims)) /
+        static_cast<double>(scale);
     if (!factors.empty()) theta /= factors[static_cast<size_t>(i)];
     for (int p = 0; p < config.context_length; ++p) {
       const double angle = p * theta;
@@ -39,9 +48,10 @@ std::vector<float> BuildRopeTable(const ModelConfig& config, const std::vector<f
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(
-    std::shared_ptr<const GgufFile> file, kernels::Backend* backend,
-    const ModelOverrides& overrides, std::shared_ptr<const std::vector<float>> rope_table) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(std::shared_ptr<const GgufFile> file,
+                                                             kernels::Backend* backend,
+                                                             const ModelOverrides& overrides,
+                                                             RopeTables rope_tables) {
   absl::StatusOr<ModelConfig> config = ReadModelConfig(*file, overrides);
   if (!config.ok()) return config.status();
   std::unique_ptr<LlamaModel> model(new LlamaModel());
@@ -49,7 +59,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Bind(
   model->backend_ = backend;
   model->overrides_ = overrides;
   model->config_ = *std::move(config);
-  model->rope_table_host_ = std::move(rope_table);
+  model->rope_tables_host_ = std::move(rope_tables);
   if (absl::Status s = model->BindWeights(); !s.ok()) {
     return absl::Status(s.code(), StrCat("model '", model->file_->path(), "': ", s.message()));
   }
@@ -62,14 +72,15 @@ absl::StatusOr<int64_t> LlamaModel::WeightBytes(const GgufFile& file,
   absl::StatusOr<ModelConfig> config = ReadModelConfig(file, overrides);
   if (!config.ok()) return config.status();
   // BindWeights uploads each of these tensors once (rope_freqs is read on
-  // the host), then the rotary table as one float32 row.
+  // the host), then each rotary table as one float32 row.
   int64_t bytes = 0;
   for (const GgufTensor& t : file.tensors()) {
     const bool bound = t.name.starts_with("blk.") || t.name == "token_embd.weight" ||
                        t.name == "output_norm.weight" || t.name == "output.weight";
     if (bound) bytes += backend.WeightBytes(t.dtype, t.Rows(), t.dims.empty() ? 0 : t.dims[0]);
   }
-  return bytes + backend.WeightBytes(DType::kF32, 1, RopeTableElements(*config));
+  const int tables = HasSlidingRopeTable(*config) ? 2 : 1;
+  return bytes + tables * backend.WeightBytes(DType::kF32, 1, RopeTableElements(*config));
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::shared_ptr<const GgufFile> file,
@@ -106,7 +117,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateLike(const LlamaMo
         StrCat("the KV cache needs at least one block (got ", kv_blocks, ")"));
   }
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      Bind(other.file_, backend, other.overrides_, other.rope_table_host_);
+      Bind(other.file_, backend, other.overrides_, other.rope_tables_host_);
   if (!model.ok()) return model.status();
   if (absl::Status s = (*model)->CreateKvCache(kv_blocks, other.block_size_); !s.ok()) return s;
   return model;
@@ -115,7 +126,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateLike(const LlamaMo
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateSharingKv(const LlamaModel& other,
                                                                         kernels::Backend* backend) {
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      Bind(other.file_, backend, other.overrides_, other.rope_table_host_);
+      Bind(other.file_, backend, other.overrides_, other.rope_tables_host_);
   if (!model.ok()) return model.status();
   (*model)->block_size_ = other.block_size_;
   (*model)->kv_blocks_ = other.kv_blocks_;
@@ -125,14 +136,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateSharingKv(const Ll
 
 absl::Status LlamaModel::BindWeights() {
   const ModelConfig& c = config_;
-  // Finds a tensor, checks its shape ([rows][cols]; rows == 1 for vectors) and
-  // hands it to the backend.
-  // A fused tensor (Phi-3's attn_qkv and gate-and-up ffn_up) is uploaded as
-  // one weight per part, each a range of its rows.
+  // A weight made of a range of a tensor's rows.
   struct Part {
     int64_t rows;
     Weight* out;
   };
+  // Finds a tensor, checks its shape ([rows][cols]; rows == 1 for vectors) and
+  // hands it to the backend as one weight per part, in row order: a fused
+  // tensor (Phi-3's attn_qkv and gate-and-up ffn_up) has several parts.
   auto bind_parts = [&](const std::string& name, std::span<const Part> parts,
                         int64_t cols) -> absl::Status {
     int64_t rows = 0;
@@ -227,6 +238,15 @@ absl::Status LlamaModel::BindWeights() {
       if (auto s = bind(p + "attn_q_norm.weight", 1, c.head_dim, &l.q_norm); !s.ok()) return s;
       if (auto s = bind(p + "attn_k_norm.weight", 1, c.head_dim, &l.k_norm); !s.ok()) return s;
     }
+    if (c.post_norms) {
+      if (auto s = bind(p + "post_attention_norm.weight", 1, c.embedding, &l.attn_post_norm);
+          !s.ok()) {
+        return s;
+      }
+      if (auto s = bind(p + "post_ffw_norm.weight", 1, c.embedding, &l.ffn_post_norm); !s.ok()) {
+        return s;
+      }
+    }
   }
   // Every weight the integer kernels use must have rows of whole blocks of 32.
   for (const Layer& l : layers_) {
@@ -238,6 +258,11 @@ absl::Status LlamaModel::BindWeights() {
     }
   }
 
+  return BindRopeTables();
+}
+
+absl::Status LlamaModel::BindRopeTables() {
+  const ModelConfig& c = config_;
   std::vector<float> factors;
   if (const GgufTensor* t = file_->FindTensor("rope_freqs.weight"); t != nullptr) {
     if (t->dtype != DType::kF32 || t->Elements() != c.rotary_dims / 2) {
@@ -247,18 +272,29 @@ absl::Status LlamaModel::BindWeights() {
     const auto* f = reinterpret_cast<const float*>(t->data);
     factors.assign(f, f + c.rotary_dims / 2);
   }
-  if (rope_table_host_ == nullptr) {
-    rope_table_host_ = std::make_shared<const std::vector<float>>(BuildRopeTable(c, factors));
+  RopeTables& host = rope_tables_host_;
+  if (host.global == nullptr) {
+    host.global = std::make_shared<const std::vector<float>>(
+        BuildRopeTable(c, c.rope_base, c.rope_scale, factors));
+    if (HasSlidingRopeTable(c)) {
+      host.sliding = std::make_shared<const std::vector<float>>(
+          BuildRopeTable(c, c.rope_base_sliding, c.rope_scale_sliding, factors));
+    }
   }
   // One row (RopeSpec): a float32 matrix would also get a bf16 copy for
   // products on the GPU, unused here and ~33 MB at a 131k context.
-  absl::StatusOr<Weight> table = backend_->UploadWeight(
-      DType::kF32, 1, static_cast<int64_t>(rope_table_host_->size()), rope_table_host_->data());
-  if (!table.ok()) return table.status();
-  rope_.table = *table;
-  rope_.rotary_dims = c.rotary_dims;
-  rope_.neox = c.rope_neox;
-  return absl::OkStatus();
+  auto upload = [&](const std::vector<float>& table, kernels::RopeSpec* spec) -> absl::Status {
+    absl::StatusOr<Weight> weight =
+        backend_->UploadWeight(DType::kF32, 1, static_cast<int64_t>(table.size()), table.data());
+    if (!weight.ok()) return weight.status();
+    spec->table = *weight;
+    spec->rotary_dims = c.rotary_dims;
+    spec->neox = c.rope_neox;
+    return absl::OkStatus();
+  };
+  if (absl::Status s = upload(*host.global, &rope_); !s.ok()) return s;
+  rope_sliding_ = rope_;
+  return host.sliding == nullptr ? absl::OkStatus() : upload(*host.sliding, &rope_sliding_);
 }
 
 absl::Status LlamaModel::EnsureCapacity(int64_t tokens, int64_t logit_rows) {
@@ -533,13 +569,18 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
   const Matrix x = x_.FirstRows(t), h = h_.FirstRows(t), q = q_.FirstRows(t), k = k_.FirstRows(t),
                v = v_.FirstRows(t), attn = attn_.FirstRows(t), gate = gate_.FirstRows(t),
                up = up_.FirstRows(t);
-  kernels::AttentionShape shape{c.heads, c.kv_heads, c.head_dim,
-                                1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  kernels::AttentionShape global_shape{c.heads, c.kv_heads, c.head_dim, c.attention_scale};
+  global_shape.softcap = c.attention_softcap;
+  kernels::AttentionShape sliding_shape = global_shape;
+  sliding_shape.window = c.sliding_window;
 
   be.Embed(token_embedding_, tokens, x);
+  if (c.embedding_scale != 1.0f) be.Scale(x, c.embedding_scale);
   be.RmsNorm(x, layers_[0].attn_norm, c.norm_eps, h);
   for (int i = 0; i < run_layers; ++i) {
     const Layer& l = layers_[static_cast<size_t>(i)];
+    const bool sliding = c.HasSlidingLayers() && c.sliding_layers[static_cast<size_t>(i)];
+    const kernels::AttentionShape& shape = sliding ? sliding_shape : global_shape;
     // h holds this layer's normed input here.
     const Weight* qkv[] = {&l.wq, &l.wk, &l.wv};
     const Weight* qkv_bias[] = {l.bq.rows ? &l.bq : nullptr, l.bk.rows ? &l.bk : nullptr,
@@ -553,20 +594,26 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
       be.RmsNorm(q_heads, l.q_norm, c.norm_eps, q_heads);
       be.RmsNorm(k_heads, l.k_norm, c.norm_eps, k_heads);
     }
-    be.RopeWriteKv(i, q, k, v, shape, positions, slots, rope_);
+    be.RopeWriteKv(i, q, k, v, shape, positions, slots, sliding ? rope_sliding_ : rope_);
     be.Attention(i, q, shape, spans, attn);
     const Weight* wo[] = {&l.wo};
     const Matrix o_out[] = {h};
     be.MatMul(attn, wo, {}, o_out);
+    if (c.post_norms) be.RmsNorm(h, l.attn_post_norm, c.norm_eps, h);
     be.AddRmsNorm(x, h, l.ffn_norm, c.norm_eps, h);
 
     const Weight* gate_up[] = {&l.gate, &l.up};
     const Matrix gate_up_out[] = {gate, up};
     be.MatMul(h, gate_up, {}, gate_up_out);
-    be.SiluMul(gate, up, gate);
+    if (c.activation == ModelConfig::Activation::kGeluTanh) {
+      be.GeluMul(gate, up, gate);
+    } else {
+      be.SiluMul(gate, up, gate);
+    }
     const Weight* down[] = {&l.down};
     const Matrix down_out[] = {h};
     be.MatMul(gate, down, {}, down_out);
+    if (c.post_norms) be.RmsNorm(h, l.ffn_post_norm, c.norm_eps, h);
     if (i + 1 < run_layers) {
       be.AddRmsNorm(x, h, layers_[static_cast<size_t>(i) + 1].attn_norm, c.norm_eps, h);
     } else {
@@ -582,6 +629,7 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
   const Weight* output[] = {&output_};
   const Matrix logits_outs[] = {logits};
   be.MatMul(selected, output, {}, logits_outs);
+  if (c.final_softcap > 0.0f) be.Softcap(logits, c.final_softcap);
 }
 
 }  // namespace tandem::model

@@ -1,6 +1,8 @@
 // The Llama-family transformer (Llama 2/3, SmolLM2, Qwen2-style GQA with
-// optional Q/K/V biases): weights bound to a backend, and the forward pass
-// over a ragged batch of sequences whose KV lives in the backend's paged cache.
+// optional Q/K/V biases, Qwen3's Q/K norms, Phi-3's fused tensors, Gemma 2/3's
+// GELU, post-norms, soft-capping and sliding-window layers): weights bound to
+// a backend, and the forward pass over a ragged batch of sequences whose KV
+// lives in the backend's paged cache.
 //
 // Thread safety: Forward() is called by one thread at a time (the owning
 // worker). The model keeps the GgufFile alive: weights point into its mapping.
@@ -130,16 +132,23 @@ class LlamaModel {
  private:
   struct Layer {
     kernels::Weight attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
-    kernels::Weight bq, bk, bv;      // rows == 0 when absent
-    kernels::Weight q_norm, k_norm;  // ModelConfig::qk_norm only
+    kernels::Weight bq, bk, bv;                     // rows == 0 when absent
+    kernels::Weight q_norm, k_norm;                 // ModelConfig::qk_norm only
+    kernels::Weight attn_post_norm, ffn_post_norm;  // ModelConfig::post_norms only
+  };
+  // The rotary tables (host copies): one for every layer, or a second for
+  // sliding-window layers that rotate differently (Gemma 3).
+  struct RopeTables {
+    std::shared_ptr<const std::vector<float>> global, sliding;
   };
 
   LlamaModel() = default;
-  // `rope_table`: another model's (same file and overrides), or null to build one.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Bind(
-      std::shared_ptr<const GgufFile> file, kernels::Backend* backend,
-      const ModelOverrides& overrides,
-      std::shared_ptr<const std::vector<float>> rope_table = nullptr);
+  // `rope_tables`: another model's (same file and overrides), or empty to build them.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Bind(std::shared_ptr<const GgufFile> file,
+                                                          kernels::Backend* backend,
+                                                          const ModelOverrides& overrides,
+                                                          RopeTables rope_tables = {});
+  absl::Status BindRopeTables();
   absl::Status CreateKvCache(int kv_blocks, int block_size);
   absl::Status BindWeights();
   absl::Status EnsureCapacity(int64_t tokens, int64_t logit_rows);
@@ -164,8 +173,8 @@ class LlamaModel {
   // Shared by the models bound from one another (CreateSharingKv,
   // CreateLike), so a backend that copies weights once per host address
   // (the GPU's) keeps one device copy of it.
-  std::shared_ptr<const std::vector<float>> rope_table_host_;
-  kernels::RopeSpec rope_;
+  RopeTables rope_tables_host_;
+  kernels::RopeSpec rope_, rope_sliding_;
 
   bool step_graphs_ = true;
   // Identifies this model's recorded steps on its backend (process-unique:

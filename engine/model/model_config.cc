@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "absl/status/status.h"
@@ -26,6 +27,89 @@ absl::Status ReadOptionalInt(const GgufFile& file, const std::string& key, int* 
   return file.Has(key) ? ReadInt(file, key, out) : absl::OkStatus();
 }
 
+// A positive float key, if present.
+absl::Status ReadOptionalPositive(const GgufFile& file, const std::string& key, float* out) {
+  if (!file.Has(key)) return absl::OkStatus();
+  absl::StatusOr<double> v = file.GetFloat(key);
+  if (!v.ok()) return v.status();
+  if (!(*v > 0.0 && *v < 1e30)) {
+    return absl::InvalidArgumentError(
+        StrCat("metadata key '", key, "' is ", *v, "; it must be positive"));
+  }
+  *out = static_cast<float>(*v);
+  return absl::OkStatus();
+}
+
+// Which layers slide: attention.sliding_window_pattern as one bool a layer,
+// or as a period n (every n-th layer, the last of each n, is global), or
+// `default_period` without the key; as llama.cpp reads it.
+absl::Status ReadSlidingLayers(const GgufFile& file, const std::string& p, int default_period,
+                               ModelConfig& config) {
+  const std::string key = p + "attention.sliding_window_pattern";
+  config.sliding_layers.assign(static_cast<size_t>(config.layers), false);
+  const GgufValue* v = file.Find(key);
+  if (v != nullptr && v->type == GgufType::kArray) {
+    if (v->elements.size() != static_cast<size_t>(config.layers)) {
+      return absl::InvalidArgumentError(StrCat("metadata key '", key, "' has ", v->elements.size(),
+                                               " values for ", config.layers, " layers"));
+    }
+    for (size_t i = 0; i < v->elements.size(); ++i) {
+      const bool* b = std::get_if<bool>(&v->elements[i].scalar);
+      if (b == nullptr) {
+        return absl::InvalidArgumentError(StrCat("metadata key '", key, "' must hold bools"));
+      }
+      config.sliding_layers[i] = *b;
+    }
+    return absl::OkStatus();
+  }
+  int period = default_period;
+  if (absl::Status s = ReadOptionalInt(file, key, &period); !s.ok()) return s;
+  for (int i = 0; i < config.layers; ++i) {
+    config.sliding_layers[static_cast<size_t>(i)] = i % period < period - 1;
+  }
+  return absl::OkStatus();
+}
+
+// Gemma 2 and 3 (the keys llama.cpp's converter writes; its defaults where
+// a key is missing).
+absl::Status ReadGemmaConfig(const GgufFile& file, const std::string& p, ModelConfig& config) {
+  const bool gemma2 = config.architecture == "gemma2";
+  config.activation = ModelConfig::Activation::kGeluTanh;
+  config.embedding_scale = std::sqrt(static_cast<float>(config.embedding));
+  config.post_norms = true;
+  config.qk_norm = !gemma2;
+  // Published 27B models (46 layers of Gemma 2, 62 of Gemma 3) scale by
+  // their query_pre_attn_scalar, embedding / heads, which GGUF does not keep.
+  if (config.layers == (gemma2 ? 46 : 62)) {
+    config.attention_scale = 1.0f / std::sqrt(static_cast<float>(config.embedding / config.heads));
+  }
+  if (gemma2) {
+    config.attention_softcap = 50.0f;
+    config.final_softcap = 30.0f;
+    config.sliding_window = 4096;
+    if (auto s =
+            ReadOptionalPositive(file, p + "attn_logit_softcapping", &config.attention_softcap);
+        !s.ok()) {
+      return s;
+    }
+    // Both layer kinds rotate alike unless the file says otherwise.
+    config.rope_base_sliding = config.rope_base;
+    config.rope_scale_sliding = config.rope_scale;
+  }
+  if (auto s = ReadOptionalPositive(file, p + "final_logit_softcapping", &config.final_softcap);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = ReadOptionalInt(file, p + "attention.sliding_window", &config.sliding_window);
+      !s.ok()) {
+    return s;
+  }
+  if (config.sliding_window > 0) {
+    if (auto s = ReadSlidingLayers(file, p, gemma2 ? 2 : 6, config); !s.ok()) return s;
+  }
+  return ReadOptionalPositive(file, p + "rope.freq_base_swa", &config.rope_base_sliding);
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOverrides& overrides) {
@@ -49,10 +133,12 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
           "phi3 with LongRoPE factors (rope_factors_long/short: the 128k-context models) is not "
           "supported; the 4k-context models are");
     }
+  } else if (config.architecture == "gemma2" || config.architecture == "gemma3") {
+    config.rope_neox = true;  // the rest is read below (ReadGemmaConfig)
   } else {
     return absl::UnimplementedError(
         StrCat("model architecture '", config.architecture,
-               "' is not supported (supported: llama, qwen2, qwen3, phi3)"));
+               "' is not supported (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)"));
   }
   absl::StatusOr<std::string_view> name = file.GetString("general.name");
   config.name = name.ok() ? std::string(*name) : std::filesystem::path(file.path()).stem().string();
@@ -109,6 +195,20 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
           StrCat("attention.layer_norm_rms_epsilon ", *eps, " must be in (0, 1)"));
     }
     config.norm_eps = static_cast<float>(*eps);
+  }
+  if (file.Has(p + "rope.scaling.type")) {
+    absl::StatusOr<std::string_view> type = file.GetString(p + "rope.scaling.type");
+    if (!type.ok()) return type.status();
+    if (*type == "linear") {
+      if (auto s = ReadOptionalPositive(file, p + "rope.scaling.factor", &config.rope_scale);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  config.attention_scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  if (config.architecture.starts_with("gemma")) {
+    if (absl::Status s = ReadGemmaConfig(file, p, config); !s.ok()) return s;
   }
   const GgufTensor* embeddings = file.FindTensor("token_embd.weight");
   if (embeddings == nullptr || embeddings->dims.size() != 2) {

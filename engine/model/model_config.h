@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model/gguf_file.h"
@@ -12,7 +13,7 @@
 namespace tandem::model {
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2", "qwen3" or "phi3"
+  std::string architecture;  // "llama", "qwen2", "qwen3", "phi3", "gemma2" or "gemma3"
   std::string name;          // general.name, or the file's base name
   int layers = 0;
   int embedding = 0;  // model width
@@ -32,6 +33,34 @@ struct ModelConfig {
   // weight of head_dim shared by the heads) after the projection, before RoPE.
   bool qk_norm = false;
   float norm_eps = 1e-5f;
+  // Linear RoPE scaling (rope.scaling.type "linear"): positions are divided
+  // by this factor. Other scaling types are not applied.
+  float rope_scale = 1.0f;
+  // Scale of the attention scores (of q . k): 1/sqrt(head_dim), but Gemma's
+  // 27B models use 1/sqrt(embedding / heads), as llama.cpp does.
+  float attention_scale = 0.0f;
+
+  // Gemma 2 and 3. The feed-forward's gate goes through GELU (tanh form)
+  // rather than SiLU; token embeddings are multiplied by sqrt(embedding);
+  // each sublayer's output is RMS-normed again (post_attention_norm,
+  // post_ffw_norm) before the residual add.
+  enum class Activation { kSilu, kGeluTanh };
+  Activation activation = Activation::kSilu;
+  float embedding_scale = 1.0f;
+  bool post_norms = false;
+  // Soft-capping (cap * tanh(x / cap); 0: none) of attention scores and of
+  // the final logits (Gemma 2; Gemma 3 files may cap the logits).
+  float attention_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  // Sliding-window layers: sliding_layers[i] says whether layer i attends
+  // only the last `sliding_window` positions; those layers rotate with
+  // their own base and no scaling (Gemma 3: 10,000 where global layers use
+  // 1,000,000 and, on the larger models, linear scaling). Empty: none.
+  int sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  float rope_base_sliding = 10000.0f;
+  float rope_scale_sliding = 1.0f;
+  bool HasSlidingLayers() const { return sliding_window > 0 && !sliding_layers.empty(); }
 };
 
 // Values that replace what the file says (like llama.cpp's --rope-freq-base),

@@ -264,6 +264,16 @@ TEST_F(CudaOpsTest, NormsElementwiseAndGather) {
   cpu_->SiluMul(gate.cpu, up.cpu, silu.cpu);
   gpu_->SiluMul(gate.gpu, up.gpu, silu.gpu);
   EXPECT_LE(Error(silu), kFloatTolerance) << "SiluMul, seed " << seed_;
+  Both gelu = Make(rows, cols);
+  cpu_->GeluMul(gate.cpu, up.cpu, gelu.cpu);
+  gpu_->GeluMul(gate.gpu, up.gpu, gelu.gpu);
+  EXPECT_LE(Error(gelu), kFloatTolerance) << "GeluMul, seed " << seed_;
+  cpu_->Softcap(gelu.cpu, 0.5f);
+  gpu_->Softcap(gelu.gpu, 0.5f);
+  EXPECT_LE(Error(gelu), kFloatTolerance) << "Softcap, seed " << seed_;
+  cpu_->Scale(gelu.cpu, 3.0f);
+  gpu_->Scale(gelu.gpu, 3.0f);
+  EXPECT_LE(Error(gelu), kFloatTolerance) << "Scale, seed " << seed_;
 
   cpu_->Add(gate.cpu, up.cpu);
   gpu_->Add(gate.gpu, up.gpu);
@@ -291,6 +301,8 @@ std::vector<float> RopeTable(int positions, int rotary_dims) {
 
 struct AttentionCase {
   int heads, kv_heads, head_dim;
+  int window = 0;        // AttentionShape::window
+  float softcap = 0.0f;  // AttentionShape::softcap
 };
 
 class CudaAttentionTest : public CudaOpsTest,
@@ -331,8 +343,10 @@ TEST_P(CudaAttentionTest, PagedAttentionAcrossARaggedBatch) {
                    ids.begin() + static_cast<std::ptrdiff_t>(next + needed));
     next += static_cast<size_t>(needed);
   }
-  const AttentionShape ashape{c.heads, c.kv_heads, c.head_dim,
-                              1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  AttentionShape ashape{c.heads, c.kv_heads, c.head_dim,
+                        1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  ashape.window = c.window;
+  ashape.softcap = c.softcap;
   const int64_t q_width = int64_t{c.heads} * c.head_dim,
                 kv_width = int64_t{c.kv_heads} * c.head_dim;
 
@@ -404,15 +418,21 @@ TEST_P(CudaAttentionTest, PagedAttentionAcrossARaggedBatch) {
   EXPECT_EQ(Read(**decode, lane_matrix), gpu_out) << "the other lane's backend";
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
-                         ::testing::Values(AttentionCase{9, 3, 64},     // SmolLM2-135M
-                                           AttentionCase{32, 8, 128},   // Llama 3 8B
-                                           AttentionCase{28, 4, 128}),  // Qwen2.5 7B
-                         [](const ::testing::TestParamInfo<AttentionCase>& info) {
-                           return "heads" + std::to_string(info.param.heads) + "_kv" +
-                                  std::to_string(info.param.kv_heads) + "_dim" +
-                                  std::to_string(info.param.head_dim);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionTest,
+    ::testing::Values(AttentionCase{9, 3, 64},    // SmolLM2-135M
+                      AttentionCase{32, 8, 128},  // Llama 3 8B
+                      AttentionCase{28, 4, 128},  // Qwen2.5 7B
+                      // Gemma 2's sliding layers (window shortened
+                      // below the chunks' lengths) with soft-capping,
+                      // and Gemma 3 1B's head size (per-row kernel).
+                      AttentionCase{8, 4, 128, 100, 2.0f}, AttentionCase{4, 1, 256, 90, 0.0f}),
+    [](const ::testing::TestParamInfo<AttentionCase>& info) {
+      return "heads" + std::to_string(info.param.heads) + "_kv" +
+             std::to_string(info.param.kv_heads) + "_dim" + std::to_string(info.param.head_dim) +
+             (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "") +
+             (info.param.softcap > 0 ? "_softcap" : "");
+    });
 
 TEST_F(CudaOpsTest, RopeBothPairings) {
   const int64_t rows = 11;

@@ -104,6 +104,18 @@ class RecordingCheckBackend final : public Backend {
     Log("SiluMul", 0, gate);
     cpu_.SiluMul(gate, up, out);
   }
+  void GeluMul(const Matrix& gate, const Matrix& up, Matrix out) override {
+    Log("GeluMul", 0, gate);
+    cpu_.GeluMul(gate, up, out);
+  }
+  void Scale(Matrix x, float factor) override {
+    Log("Scale", 0, x);
+    cpu_.Scale(x, factor);
+  }
+  void Softcap(Matrix x, float cap) override {
+    Log("Softcap", 0, x);
+    cpu_.Softcap(x, cap);
+  }
   void Add(Matrix acc, const Matrix& x) override {
     Log("Add", 0, acc);
     cpu_.Add(acc, x);

@@ -83,6 +83,9 @@ class UploadCountingBackend final : public kernels::Backend {
     Unused();
   }
   void SiluMul(const Matrix&, const Matrix&, Matrix) override { Unused(); }
+  void GeluMul(const Matrix&, const Matrix&, Matrix) override { Unused(); }
+  void Scale(Matrix, float) override { Unused(); }
+  void Softcap(Matrix, float) override { Unused(); }
   void Add(Matrix, const Matrix&) override { Unused(); }
   void GatherRows(const Matrix&, std::span<const int32_t>, Matrix) override { Unused(); }
 

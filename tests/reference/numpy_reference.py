@@ -12,6 +12,15 @@ Qwen3 RMS-norms each head of Q and K before the rotation (`attn_q_norm`,
 order) and gate and up into `ffn_up` (gate rows first), and pair like Qwen;
 the output projection is the token embedding when the file
 has no `output.weight`.
+
+Gemma 2 and 3 (Hugging Face's modeling code): embeddings times
+sqrt(hidden size); GELU (tanh form) on the gate; each sublayer's output
+RMS-normed again (`post_attention_norm`, `post_ffw_norm`; the converter stored
+every norm weight as 1 + w) before the residual add; sliding-window layers,
+where a query at position p sees keys at positions > p - window (Gemma 2:
+the even layers; Gemma 3: all but every sixth), which in Gemma 3 rotate with
+base 10,000 and no scaling; Gemma 2 soft-caps attention scores and final
+logits as cap * tanh(x / cap); Gemma 3 RMS-norms Q and K heads like Qwen3.
 """
 import functools
 
@@ -37,8 +46,26 @@ def model(path=None):
         "kv_heads": meta[f"{arch}.attention.head_count_kv"],
         "eps": meta[f"{arch}.attention.layer_norm_rms_epsilon"],
         "rope_base": meta.get(f"{arch}.rope.freq_base", 10000.0),
-        "neox": arch in ("qwen2", "qwen3", "phi3"),
+        "neox": arch in ("qwen2", "qwen3", "phi3", "gemma2", "gemma3"),
+        "gemma": arch.startswith("gemma"),
+        "rope_scale": (meta.get(f"{arch}.rope.scaling.factor", 1.0)
+                       if meta.get(f"{arch}.rope.scaling.type") == "linear" else 1.0),
+        "attn_softcap": meta.get(f"{arch}.attn_logit_softcapping", 50.0 if arch == "gemma2" else 0),
+        "final_softcap": meta.get(f"{arch}.final_logit_softcapping",
+                                  30.0 if arch == "gemma2" else 0),
+        "window": meta.get(f"{arch}.attention.sliding_window", 0),
     }
+    embedding = meta[f"{arch}.embedding_length"]
+    layers = config["layers"]
+    if arch == "gemma2":
+        config["sliding"] = [i % 2 == 0 for i in range(layers)]
+        config["sliding_rope"] = (config["rope_base"], config["rope_scale"])
+    elif arch == "gemma3":
+        config["sliding"] = [(i + 1) % 6 != 0 for i in range(layers)]
+        config["sliding_rope"] = (10000.0, 1.0)
+    else:
+        config["sliding"] = [False] * layers
+    config["embedding_scale"] = np.sqrt(embedding) if config["gemma"] else 1.0
     return config, tensors
 
 
@@ -46,11 +73,19 @@ def _rms_norm(x, weight, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x, positions, base, neox):
+def _softcap(x, cap):
+    return cap * np.tanh(x / cap) if cap else x
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _rope(x, positions, base, neox, scale=1.0):
     """x: [tokens, heads, head_dim]; rotates pairs (2i, 2i+1), or (i, i + d/2)
-    with neox."""
+    with neox; positions divided by `scale` (linear scaling)."""
     head_dim = x.shape[-1]
-    theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / scale
     angles = positions[:, None] * theta[None, :]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
     first, second = ((slice(0, head_dim // 2), slice(head_dim // 2, head_dim)) if neox
@@ -68,7 +103,8 @@ class Session:
     def __init__(self, path=None, mistake=None):
         """mistake: a wrong model, for controls: "no_qkv_bias" leaves out Qwen2's
         biases, "no_qk_norm" Qwen3's Q/K norms, "up_gate_swapped" takes a fused
-        ffn_up's halves the wrong way."""
+        ffn_up's halves the wrong way, "no_window" lets sliding layers see
+        every key, "one_rope" rotates sliding layers like global ones."""
         self.config, self.t = model(path)
         self.mistake = mistake
         self.keys = [None] * self.config["layers"]
@@ -79,9 +115,12 @@ class Session:
         """Appends `ids`; returns their logits [len(ids), vocab]."""
         c, t = self.config, self.t
         positions = np.arange(self.length, self.length + len(ids), dtype=np.float64)
-        h = t["token_embd.weight"][np.asarray(ids)]
+        h = t["token_embd.weight"][np.asarray(ids)] * c["embedding_scale"]
         for layer in range(c["layers"]):
             p = f"blk.{layer}."
+            sliding = c["sliding"][layer]
+            base, scale = (c["sliding_rope"] if sliding and self.mistake != "one_rope"
+                           else (c["rope_base"], c["rope_scale"]))
             x = _rms_norm(h, t[p + "attn_norm.weight"], c["eps"])
             if p + "attn_qkv.weight" in t:
                 qkv = x @ t[p + "attn_qkv.weight"].T
@@ -98,8 +137,8 @@ class Session:
             if p + "attn_q_norm.weight" in t and self.mistake != "no_qk_norm":
                 q = _rms_norm(q, t[p + "attn_q_norm.weight"], c["eps"])
                 k = _rms_norm(k, t[p + "attn_k_norm.weight"], c["eps"])
-            q = _rope(q, positions, c["rope_base"], c["neox"])
-            k = _rope(k, positions, c["rope_base"], c["neox"])
+            q = _rope(q, positions, base, c["neox"], scale)
+            k = _rope(k, positions, base, c["neox"], scale)
             if self.keys[layer] is not None:
                 k = np.concatenate([self.keys[layer], k])
                 v = np.concatenate([self.values[layer], v])
@@ -107,12 +146,19 @@ class Session:
             group = c["heads"] // c["kv_heads"]
             k_all, v_all = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
             scores = np.einsum("qhd,khd->hqk", q, k_all) / np.sqrt(q.shape[-1])
-            visible = np.arange(k_all.shape[0])[None, :] <= positions[:, None]
+            scores = _softcap(scores, c["attn_softcap"])
+            key_positions = np.arange(k_all.shape[0])[None, :]
+            visible = key_positions <= positions[:, None]
+            if sliding and self.mistake != "no_window":
+                visible &= key_positions > positions[:, None] - c["window"]
             scores = np.where(visible[None], scores, -np.inf)
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             scores /= scores.sum(axis=-1, keepdims=True)
             attended = np.einsum("hqk,khd->qhd", scores, v_all).reshape(len(ids), -1)
-            h = h + attended @ t[p + "attn_output.weight"].T
+            attended = attended @ t[p + "attn_output.weight"].T
+            if p + "post_attention_norm.weight" in t:
+                attended = _rms_norm(attended, t[p + "post_attention_norm.weight"], c["eps"])
+            h = h + attended
             x = _rms_norm(h, t[p + "ffn_norm.weight"], c["eps"])
             if p + "ffn_gate.weight" in t:
                 gate, up = x @ t[p + "ffn_gate.weight"].T, x @ t[p + "ffn_up.weight"].T
@@ -120,10 +166,14 @@ class Session:
                 gate, up = np.split(x @ t[p + "ffn_up.weight"].T, 2, axis=1)
                 if self.mistake == "up_gate_swapped":
                     gate, up = up, gate
-            h = h + (gate / (1.0 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
+            activated = _gelu_tanh(gate) if c["gemma"] else gate / (1.0 + np.exp(-gate))
+            ffn = (activated * up) @ t[p + "ffn_down.weight"].T
+            if p + "post_ffw_norm.weight" in t:
+                ffn = _rms_norm(ffn, t[p + "post_ffw_norm.weight"], c["eps"])
+            h = h + ffn
         self.length += len(ids)
         out = _rms_norm(h, t["output_norm.weight"], c["eps"])
-        return out @ t.get("output.weight", t["token_embd.weight"]).T
+        return _softcap(out @ t.get("output.weight", t["token_embd.weight"]).T, c["final_softcap"])
 
 
 def greedy(prompt, tokens, path=None):

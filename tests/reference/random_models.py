@@ -22,6 +22,17 @@ CONFIGS = {
     # Fused attn_qkv and gate-and-up ffn_up; Phi-3's vocabulary.
     "phi3": dict(layers=2, embedding=256, heads=4, kv_heads=4, head_dim=64, ffn=512,
                  context=512, rope_base=10000.0, eps=1e-5, fused=True, vocab="phi-3"),
+    # Post-norms, GELU, embedding scale; sliding-window layers (every other
+    # one) with a window shorter than the prompt, and soft-capping tighter
+    # than the published 50 / 30 so that both change the results.
+    "gemma2": dict(layers=2, embedding=256, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                   context=512, rope_base=10000.0, eps=1e-6, window=6, attn_softcap=4.0,
+                   final_softcap=15.0),
+    # Gemma 3 4B's layout: five sliding layers (base 10,000) then a global one
+    # (base 1,000,000, linear scaling by 8), Q/K norms, one KV head, a head
+    # size of its own.
+    "gemma3": dict(layers=6, embedding=256, heads=4, kv_heads=1, head_dim=128, ffn=512,
+                   context=512, rope_base=1000000.0, eps=1e-6, window=6, rope_linear=8.0),
 }
 
 
@@ -43,6 +54,15 @@ def write(path, arch, seed=0):
     writer.add_rope_freq_base(c["rope_base"])
     writer.add_rope_dimension_count(c["head_dim"])
     writer.add_layer_norm_rms_eps(c["eps"])
+    if "window" in c:
+        writer.add_sliding_window(c["window"])
+    if "attn_softcap" in c:
+        writer.add_attn_logit_softcapping(c["attn_softcap"])
+    if "final_softcap" in c:
+        writer.add_final_logit_softcapping(c["final_softcap"])
+    if "rope_linear" in c:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(c["rope_linear"])
     for field in source.fields.values():
         if field.name.startswith("tokenizer."):
             vtype = field.types[0]
@@ -73,10 +93,13 @@ def write(path, arch, seed=0):
             for name, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
                 writer.add_tensor(p + f"attn_{name}.bias",
                                   (0.5 * rng.standard_normal(width)).astype(np.float32))
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             writer.add_tensor(p + "attn_q_norm.weight", norm(c["head_dim"]))
             writer.add_tensor(p + "attn_k_norm.weight", norm(c["head_dim"]))
         writer.add_tensor(p + "attn_output.weight", matrix(c["embedding"], q_width))
+        if arch.startswith("gemma"):
+            writer.add_tensor(p + "post_attention_norm.weight", norm(c["embedding"]))
+            writer.add_tensor(p + "post_ffw_norm.weight", norm(c["embedding"]))
         writer.add_tensor(p + "ffn_norm.weight", norm(c["embedding"]))
         if c.get("fused"):  # gate rows, then up rows
             writer.add_tensor(p + "ffn_up.weight", matrix(2 * c["ffn"], c["embedding"]))

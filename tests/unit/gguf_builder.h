@@ -49,6 +49,13 @@ class GgufBuilder {
     for (int32_t x : v) Put(x);
     return *this;
   }
+  GgufBuilder& BoolArray(const std::string& key, const std::vector<bool>& v) {
+    Key(key, 9);
+    Put(uint32_t{7});
+    Put(static_cast<uint64_t>(v.size()));
+    for (bool x : v) Put(static_cast<uint8_t>(x));
+    return *this;
+  }
   GgufBuilder& Float32Array(const std::string& key, const std::vector<float>& v) {
     Key(key, 9);
     Put(uint32_t{6});

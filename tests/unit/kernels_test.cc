@@ -476,6 +476,34 @@ TEST(ElementwiseTest, SiluMulMatchesFloat64) {
   }
 }
 
+TEST(ElementwiseTest, GeluMulMatchesFloat64TanhGelu) {
+  std::mt19937 rng(3);
+  std::vector<float> g = RandomRows(3, 100, rng), u = RandomRows(3, 100, rng), out(300);
+  for (float& v : g) v *= 6.0f;
+  CpuBackend backend(1);
+  backend.GeluMul(View(g, 3, 100), View(u, 3, 100), View(out, 3, 100));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double x = g[i];
+    const double gelu =
+        0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    ASSERT_NEAR(out[i], gelu * u[i], 2e-6 * std::fabs(gelu * u[i]) + 1e-6) << "x = " << x;
+  }
+}
+
+TEST(ElementwiseTest, SoftcapAndScaleMatchFloat64) {
+  std::mt19937 rng(5);
+  std::vector<float> x = RandomRows(3, 101, rng);  // vector lanes and a scalar tail
+  for (float& v : x) v *= 40.0f;
+  std::vector<float> capped = x, scaled = x;
+  CpuBackend backend(1);
+  backend.Softcap(View(capped, 3, 101), 30.0f);
+  backend.Scale(View(scaled, 3, 101), 24.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(capped[i], 30.0 * std::tanh(double{x[i]} / 30.0), 1e-5) << "x = " << x[i];
+    ASSERT_EQ(scaled[i], x[i] * 24.0f);
+  }
+}
+
 TEST(SimdTest, ExpApproximationIsAccurateAndVectorMatchesScalarBitwise) {
   for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
     const double exact = std::exp(double{x});
@@ -525,11 +553,15 @@ TEST(HalfTest, HardwareRoundingToHalfMatchesFloatToHalf) {
 // computed in one pass, in chunks of any size, or batched with another
 // sequence; and they match a float64 softmax attention. Two shapes: a small
 // generic one, and the default model's head size (the vector path) over more
-// keys and rows than the kernel converts or groups at a time.
+// keys and rows than the kernel converts or groups at a time; each also with
+// Gemma's sliding window (shorter than the sequence, and for the vector path
+// not a multiple of the 64 keys it reads at a time) and soft-capped scores.
 struct AttentionCase {
   int head_dim;
   int block_size;
   int length;
+  int window = 0;
+  float softcap = 0.0f;
 };
 
 class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
@@ -570,7 +602,11 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
   }
 
   AttentionShape Shape() const {
-    return {kHeads, kKvHeads, head_dim_, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
+    AttentionShape shape{kHeads, kKvHeads, head_dim_,
+                         1.0f / std::sqrt(static_cast<float>(head_dim_))};
+    shape.window = GetParam().window;
+    shape.softcap = GetParam().softcap;
+    return shape;
   }
 
   // Runs rows [first, first+count) of the sequence, optionally after the
@@ -601,7 +637,11 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150}));
+                         ::testing::Values(AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150},
+                                           AttentionCase{16, 4, 23, 5, 0.0f},
+                                           AttentionCase{64, 16, 150, 37, 0.0f},
+                                           AttentionCase{64, 16, 150, 70, 1.5f},
+                                           AttentionCase{16, 4, 23, 0, 0.8f}));
 
 TEST_P(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
   const std::vector<float> whole = Run(0, length_, false);
@@ -639,28 +679,36 @@ TEST_P(AttentionTest, AVerificationsRowsGetTheBitsEachHasAlone) {
 
 TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
   const std::vector<float> out = Run(0, length_, false);
+  const int window = GetParam().window;
+  const double cap = GetParam().softcap;
   auto half = [](float f) {
     return double{HalfToFloat(FloatToHalf(f))};
   };  // the cache stores halves
   for (int t = 0; t < length_; ++t) {
     for (int h = 0; h < kHeads; ++h) {
       const int kv = h / (kHeads / kKvHeads);
-      std::vector<double> scores(static_cast<size_t>(t + 1));
+      std::vector<double> scores(static_cast<size_t>(t + 1), 0.0);
+      const int lowest = window > 0 ? std::max(0, t - window + 1) : 0;
       double max = -1e300;
-      for (int j = 0; j <= t; ++j) {
+      for (int j = lowest; j <= t; ++j) {
         double s = 0;
         for (int d = 0; d < head_dim_; ++d) {
           s += double{q_[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)]} *
                half(k_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
         }
-        scores[static_cast<size_t>(j)] = s / std::sqrt(static_cast<double>(head_dim_));
-        max = std::max(max, scores[static_cast<size_t>(j)]);
+        s /= std::sqrt(static_cast<double>(head_dim_));
+        if (cap > 0) s = cap * std::tanh(s / cap);
+        scores[static_cast<size_t>(j)] = s;
+        max = std::max(max, s);
       }
       double total = 0;
-      for (double& s : scores) total += (s = std::exp(s - max));
+      for (int j = lowest; j <= t; ++j) {
+        double& s = scores[static_cast<size_t>(j)];
+        total += (s = std::exp(s - max));
+      }
       for (int d = 0; d < head_dim_; ++d) {
         double expected = 0;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lowest; j <= t; ++j) {
           expected += scores[static_cast<size_t>(j)] / total *
                       half(v_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/kernels/cpu/elementwise.h"
 #include "engine/kernels/cpu/simd.h"
 
 // GCC 12 reports the undefined pass-through operand inside AVX-512
@@ -410,6 +411,15 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   auto visible = [&](int i, int64_t first, int n) {
     return std::min<int64_t>(n, tq.keys[static_cast<size_t>(i)] - first);
   };
+  // A sliding window: query i sees keys [lowest(i), keys[i]). The task reads
+  // from its first query's lowest key on; a later query's keys below its own
+  // lowest are scored with the rest, then given probability 0 (adding 0 x
+  // value changes nothing), so its result does not depend on the task.
+  auto lowest = [&](int i) {
+    return shape.window > 0 ? std::max<int64_t>(0, tq.keys[static_cast<size_t>(i)] - shape.window)
+                            : int64_t{0};
+  };
+  const int64_t task_lowest = lowest(0);
 #ifdef TANDEM_CPU_AVX512
   const bool vector64 = head_dim == 64;
 #else
@@ -432,7 +442,7 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
     ConvertBlock(cache, kv, span.block_table, task.kv_head, first, n, block);
     for (int j = 0; j < n; ++j) float_rows[j] = block + int64_t{j} * head_dim;
   };
-  for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
+  for (int64_t first = task_lowest; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
     load_rows(kv.k, first, n);
 #ifdef TANDEM_CPU_AVX512
@@ -461,11 +471,15 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
     }
   }
   for (int i = 0; i < queries; ++i) {
-    tq.sums.push_back(
-        ExpAndSum(tq.scores[static_cast<size_t>(i)], tq.keys[static_cast<size_t>(i)]));
+    float* scores = tq.scores[static_cast<size_t>(i)];
+    const int64_t low = lowest(i);
+    const int64_t seen = tq.keys[static_cast<size_t>(i)] - low;
+    if (shape.softcap > 0.0f) SoftcapRow(scores + low, seen, shape.softcap);
+    tq.sums.push_back(ExpAndSum(scores + low, seen));
+    std::fill(scores + task_lowest, scores + low, 0.0f);
     std::memset(tq.out[static_cast<size_t>(i)], 0, sizeof(float) * static_cast<size_t>(head_dim));
   }
-  for (int64_t first = 0; first < max_keys; first += kKeyBlock) {
+  for (int64_t first = task_lowest; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
     load_rows(kv.v, first, n);
 #ifdef TANDEM_CPU_AVX512

@@ -1,8 +1,10 @@
 // Causal grouped-query attention over the paged KV cache, on the CPU.
 //
 // For each query row and head: scores against every key at positions
-// 0..position in position order, a softmax with the maximum subtracted, and
-// the probability-weighted sum of values in position order. Each output
+// 0..position (position - window + 1..position with a sliding window) in
+// position order, soft-capped if the shape says so, a softmax with the
+// maximum subtracted, and the probability-weighted sum of values in position
+// order. Each output
 // depends only on its own query and the cached keys and values, so chunked
 // and batched prefill give bitwise the same result.
 //

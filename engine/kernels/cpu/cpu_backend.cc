@@ -263,6 +263,14 @@ void CpuBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
   cpu::SiluMul(lane_, gate, up, out);
 }
 
+void CpuBackend::GeluMul(const Matrix& gate, const Matrix& up, Matrix out) {
+  cpu::GeluMul(lane_, gate, up, out);
+}
+
+void CpuBackend::Scale(Matrix x, float factor) { cpu::Scale(lane_, x, factor); }
+
+void CpuBackend::Softcap(Matrix x, float cap) { cpu::Softcap(lane_, x, cap); }
+
 void CpuBackend::Add(Matrix acc, const Matrix& x) { cpu::Add(lane_, acc, x); }
 
 void CpuBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) {

@@ -63,6 +63,9 @@ class CpuBackend final : public Backend {
   void Attention(int layer, const Matrix& q, const AttentionShape& shape,
                  std::span<const AttentionSpan> spans, Matrix out) override;
   void SiluMul(const Matrix& gate, const Matrix& up, Matrix out) override;
+  void GeluMul(const Matrix& gate, const Matrix& up, Matrix out) override;
+  void Scale(Matrix x, float factor) override;
+  void Softcap(Matrix x, float cap) override;
   void Add(Matrix acc, const Matrix& x) override;
   void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
 

@@ -59,6 +59,71 @@ void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out
   });
 }
 
+// gelu(x) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): GELU's tanh
+// form, 0.5 x (1 + tanh(u)), rewritten with tanh(u) = 2 sigmoid(2u) - 1 so it
+// takes the exponential SiLU takes (vector and scalar lanes alike).
+constexpr float kGeluTwoC = 2.0f * 0.7978845608028654f;  // 2 sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+
+void GeluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
+  pool.ParallelFor(gate.rows, [&](int64_t r, int) {
+    const float* g = gate.Row(r);
+    const float* u = up.Row(r);
+    float* o = out.Row(r);
+    int64_t i = 0;
+#ifdef TANDEM_CPU_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 minus_two_c = _mm256_set1_ps(-kGeluTwoC);
+    const __m256 cubic = _mm256_set1_ps(kGeluCubic);
+    for (; i + 8 <= gate.cols; i += 8) {
+      const __m256 x = _mm256_loadu_ps(g + i);
+      const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+      const __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(cubic, x3));
+      const __m256 e = Exp8(_mm256_mul_ps(minus_two_c, inner));
+      const __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < gate.cols; ++i) {
+      const float x = g[i];
+      const float inner = x + kGeluCubic * ((x * x) * x);
+      o[i] = (x / (1.0f + ExpApprox(-kGeluTwoC * inner))) * u[i];
+    }
+  });
+}
+
+void Scale(ComputeLane& pool, Matrix x, float factor) {
+  pool.ParallelFor(x.rows, [&](int64_t r, int) {
+    float* row = x.Row(r);
+    for (int64_t i = 0; i < x.cols; ++i) row[i] *= factor;
+  });
+}
+
+// cap * tanh(x / cap) = cap * (2 / (1 + exp(-2x / cap)) - 1).
+void SoftcapRow(float* x, int64_t n, float cap) {
+  const float minus_two_over_cap = -2.0f / cap;
+  int64_t i = 0;
+#ifdef TANDEM_CPU_AVX2
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 two = _mm256_set1_ps(2.0f);
+  const __m256 vcap = _mm256_set1_ps(cap);
+  const __m256 vscale = _mm256_set1_ps(minus_two_over_cap);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = Exp8(_mm256_mul_ps(vscale, _mm256_loadu_ps(x + i)));
+    const __m256 t = _mm256_sub_ps(_mm256_div_ps(two, _mm256_add_ps(one, e)), one);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(vcap, t));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float e = ExpApprox(minus_two_over_cap * x[i]);
+    x[i] = cap * (2.0f / (1.0f + e) - 1.0f);
+  }
+}
+
+void Softcap(ComputeLane& pool, Matrix x, float cap) {
+  pool.ParallelFor(x.rows, [&](int64_t r, int) { SoftcapRow(x.Row(r), x.cols, cap); });
+}
+
 void Add(ComputeLane& pool, Matrix acc, const Matrix& x) {
   pool.ParallelFor(acc.rows, [&](int64_t r, int) {
     float* a = acc.Row(r);

@@ -48,8 +48,10 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionArgs arg
   const int32_t* table = args.row_info + args.row_info[row];
   const int keys = args.row_info[args.rows + row];
   if (keys < 0) return;  // a query tile's row: the tiled kernel computes it
-  const int per_split = (keys + args.splits - 1) / args.splits;
-  const int first = split * per_split;
+  // A sliding window: the row's keys are [lowest, keys), split between blocks.
+  const int lowest = args.window > 0 ? max(0, keys - args.window) : 0;
+  const int per_split = (keys - lowest + args.splits - 1) / args.splits;
+  const int first = lowest + split * per_split;
   const int end = min(keys, first + per_split);
 
   float q[kPerLane];
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionArgs arg
     float dot = 0.0f;
     for (int e = 0; e < kPerLane; ++e) dot += q[e] * __half2float(k[e]);
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (args.softcap > 0.0f) dot = args.softcap * tanhf(dot / args.softcap);
     const float new_max = fmaxf(state.max, dot);
     const float old_scale = Rescale(state.max, new_max);
     const float p = expf(dot - new_max);

@@ -723,6 +723,8 @@ void CudaBackend::Attention(int layer, const Matrix& q, const AttentionShape& sh
   args.head_dim = shape.head_dim;
   args.block_size = kv_shape_.block_size;
   args.scale = shape.scale;
+  args.window = shape.window;
+  args.softcap = shape.softcap;
   args.max_keys = attention_inputs_.max_keys;
   args.tiles = args.row_info + attention_inputs_.tile_offset;
   args.tile_count = attention_inputs_.tiles;
@@ -755,6 +757,24 @@ void CudaBackend::SiluMul(const Matrix& gate, const Matrix& up, Matrix out) {
   if (Replaying()) return;
   LaunchSiluMul(gate.data, up.data, gate.rows * gate.cols, out.data, stream_);
   CheckLaunch("LaunchSiluMul");
+}
+
+void CudaBackend::GeluMul(const Matrix& gate, const Matrix& up, Matrix out) {
+  if (Replaying()) return;
+  LaunchGeluMul(gate.data, up.data, gate.rows * gate.cols, out.data, stream_);
+  CheckLaunch("LaunchGeluMul");
+}
+
+void CudaBackend::Scale(Matrix x, float factor) {
+  if (Replaying()) return;
+  LaunchScale(x.data, x.rows * x.cols, factor, stream_);
+  CheckLaunch("LaunchScale");
+}
+
+void CudaBackend::Softcap(Matrix x, float cap) {
+  if (Replaying()) return;
+  LaunchSoftcap(x.data, x.rows * x.cols, cap, stream_);
+  CheckLaunch("LaunchSoftcap");
 }
 
 void CudaBackend::Add(Matrix acc, const Matrix& x) {

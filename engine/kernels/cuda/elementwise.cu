@@ -151,6 +151,30 @@ __global__ void SiluMulKernel(const float* gate, const float* up, int64_t n, flo
   }
 }
 
+// gelu(x) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3): the CPU's form.
+__global__ void GeluMulKernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = gate[i];
+    const float inner = x + 0.044715f * (x * x * x);
+    out[i] = (x / (1.0f + expf(-1.5957691216057308f * inner))) * up[i];
+  }
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] *= factor;
+  }
+}
+
+__global__ void SoftcapKernel(float* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = cap * tanhf(x[i] / cap);
+  }
+}
+
 __global__ void AddKernel(float* acc, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -288,6 +312,21 @@ void LaunchCopyKvBlock(uint16_t* base, int pools, int64_t pool_stride, int64_t f
 void LaunchSiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
   if (n == 0) return;
   SiluMulKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n, out);
+}
+
+void LaunchGeluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return;
+  GeluMulKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n, out);
+}
+
+void LaunchScale(float* x, int64_t n, float factor, cudaStream_t stream) {
+  if (n == 0) return;
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, factor);
+}
+
+void LaunchSoftcap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  SoftcapKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, cap);
 }
 
 void LaunchAdd(float* acc, const float* x, int64_t n, cudaStream_t stream) {

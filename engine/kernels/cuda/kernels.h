@@ -56,6 +56,12 @@ void LaunchCopyKvBlock(uint16_t* base, int pools, int64_t pool_stride, int64_t f
 
 // out[i] = silu(gate[i]) * up[i] for n elements.
 void LaunchSiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+// out[i] = gelu(gate[i]) * up[i] for n elements (GELU's tanh form).
+void LaunchGeluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+// x[i] *= factor for n elements.
+void LaunchScale(float* x, int64_t n, float factor, cudaStream_t stream);
+// x[i] = cap * tanh(x[i] / cap) for n elements.
+void LaunchSoftcap(float* x, int64_t n, float cap, cudaStream_t stream);
 // acc[i] += x[i] for n elements.
 void LaunchAdd(float* acc, const float* x, int64_t n, cudaStream_t stream);
 // out[r] += bias for every row of a [rows][cols] matrix.
@@ -103,6 +109,8 @@ struct AttentionArgs {
   int head_dim = 0;  // a multiple of 32, at most 256
   int block_size = 0;
   float scale = 0.0f;
+  int window = 0;        // AttentionShape::window: a row sees keys > position - window
+  float softcap = 0.0f;  // AttentionShape::softcap
   int splits = 1;
   int max_keys = 0;  // the largest key count of any row
   // splits * rows * heads * (head_dim + 2) floats when splits > 1.

@@ -11,7 +11,9 @@
 // is ever stored (shared memory), never the score matrix.
 //
 // Queries are rounded to half for the tensor cores (after the 1/sqrt(d)
-// scale); the KV pages already are half. Output rows are float32.
+// scale); the KV pages already are half. Output rows are float32. A sliding
+// window starts the key loop at the tile's lowest visible key and masks each
+// row's own; soft-capping rewrites the scores before the softmax.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -99,9 +101,13 @@ __global__ void __launch_bounds__(kWarps * 32) TiledPrefillKernel(AttentionArgs 
   const bool row_valid = my_row < rows;
   const int my_position = first_position + my_row;
   const int last_key = first_position + rows - 1;
+  // A sliding window: row r sees keys (position - window, position]; the
+  // tile's first row sees the lowest, from a 64-key tile on.
+  const int lowest_key = args.window > 0 ? max(0, first_position - args.window + 1) : 0;
+  const int my_lowest = args.window > 0 ? my_position - args.window + 1 : 0;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a key's row
 
-  for (int key0 = 0; key0 <= last_key; key0 += kTileKeys) {
+  for (int key0 = lowest_key / kTileKeys * kTileKeys; key0 <= last_key; key0 += kTileKeys) {
     __syncthreads();  // everyone is done with the previous keys
     for (int i = threadIdx.x; i < kTileKeys * kChunks; i += blockDim.x) {
       const int k = i / kChunks;
@@ -140,11 +146,16 @@ __global__ void __launch_bounds__(kWarps * 32) TiledPrefillKernel(AttentionArgs 
     __syncwarp();
 
     // Online softmax over this row's half of the 64 keys.
-    const float* s_row = s_w + (lane / 2) * L::kScoreStride;
+    float* s_row = s_w + (lane / 2) * L::kScoreStride;
+    if (args.softcap > 0.0f) {
+      for (int c = my_half * 32; c < my_half * 32 + 32; ++c) {
+        s_row[c] = args.softcap * tanhf(s_row[c] / args.softcap);
+      }
+    }
     __half* p_row = p_s + my_row * L::kProbStride;
     float local_max = -INFINITY;
     for (int c = my_half * 32; c < my_half * 32 + 32; ++c) {
-      const bool visible = row_valid && key0 + c <= my_position;
+      const bool visible = row_valid && key0 + c <= my_position && key0 + c >= my_lowest;
       if (visible) local_max = fmaxf(local_max, s_row[c]);
     }
     const float tile_max = fmaxf(local_max, __shfl_xor_sync(0xffffffffu, local_max, 1));
@@ -152,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) TiledPrefillKernel(AttentionArgs 
     const float new_max = fmaxf(old_max, tile_max);
     float local_sum = 0.0f;
     for (int c = my_half * 32; c < my_half * 32 + 32; ++c) {
-      const bool visible = row_valid && key0 + c <= my_position;
+      const bool visible = row_valid && key0 + c <= my_position && key0 + c >= my_lowest;
       const float p = visible ? expf(s_row[c] - new_max) : 0.0f;
       local_sum += p;
       p_row[c] = __float2half_rn(p);
