@@ -242,6 +242,10 @@ class Backend {
   virtual void Add(Matrix acc, const Matrix& x) = 0;
   // out[i] = x[rows[i]].
   virtual void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) = 0;
+  // acc[rows[i]] += weights[i] * x[i] (a product, then a sum, per element):
+  // an expert's outputs added into its tokens' rows. REQUIRES distinct rows.
+  virtual void ScatterAddRows(Matrix acc, std::span<const int32_t> rows,
+                              std::span<const float> weights, const Matrix& x) = 0;
 
   // --- tokens picked on the device ---------------------------------------------
   // The defaults below read x through HostRows(): a copy in `scratch` (after

@@ -73,11 +73,18 @@ absl::StatusOr<int64_t> LlamaModel::WeightBytes(const GgufFile& file,
   if (!config.ok()) return config.status();
   // BindWeights uploads each of these tensors once (rope_freqs is read on
   // the host), then each rotary table as one float32 row.
+  // Experts' tensors are uploaded one weight an expert.
   int64_t bytes = 0;
   for (const GgufTensor& t : file.tensors()) {
     const bool bound = t.name.starts_with("blk.") || t.name == "token_embd.weight" ||
                        t.name == "output_norm.weight" || t.name == "output.weight";
-    if (bound) bytes += backend.WeightBytes(t.dtype, t.Rows(), t.dims.empty() ? 0 : t.dims[0]);
+    if (!bound) continue;
+    const int64_t cols = t.dims.empty() ? 0 : t.dims[0];
+    if (t.name.ends_with("_exps.weight") && config->experts > 0) {
+      bytes += config->experts * backend.WeightBytes(t.dtype, t.Rows() / config->experts, cols);
+    } else {
+      bytes += backend.WeightBytes(t.dtype, t.Rows(), cols);
+    }
   }
   const int tables = HasSlidingRopeTable(*config) ? 2 : 1;
   return bytes + tables * backend.WeightBytes(DType::kF32, 1, RopeTableElements(*config));
@@ -199,11 +206,13 @@ absl::Status LlamaModel::BindWeights() {
         {"attn_norm.weight", {1, c.embedding, &l.attn_norm}},
         {"attn_output.weight", {c.embedding, q_width, &l.wo}},
         {"ffn_norm.weight", {1, c.embedding, &l.ffn_norm}},
-        {"ffn_down.weight", {c.embedding, c.ffn, &l.down}},
     };
     for (const auto& [name, shape] : required) {
       auto [rows, cols, out] = shape;
       if (auto s = bind(p + name, rows, cols, out); !s.ok()) return s;
+    }
+    if (!c.IsMoe()) {
+      if (auto s = bind(p + "ffn_down.weight", c.embedding, c.ffn, &l.down); !s.ok()) return s;
     }
     // Q, K and V: one fused tensor (rows Q, then K, then V) or three.
     if (file_->FindTensor(p + "attn_qkv.weight") != nullptr) {
@@ -216,9 +225,24 @@ absl::Status LlamaModel::BindWeights() {
         if (auto s = bind(p + name, rows, c.embedding, out); !s.ok()) return s;
       }
     }
-    // Gate and up: ffn_up alone holding both (gate rows first, as SwiGLU
-    // takes the first half through SiLU), or two tensors.
-    if (file_->FindTensor(p + "ffn_gate.weight") == nullptr) {
+    // Experts: the router, then each 3-D tensor of experts as one weight an
+    // expert (a range of its rows). Otherwise gate and up: ffn_up alone
+    // holding both (gate rows first, as SwiGLU takes the first half through
+    // SiLU), or two tensors.
+    if (c.IsMoe()) {
+      if (auto s = bind(p + "ffn_gate_inp.weight", c.experts, c.embedding, &l.router); !s.ok()) {
+        return s;
+      }
+      for (auto [name, weights, rows, cols] :
+           {std::tuple{"ffn_gate_exps.weight", &l.expert_gate, c.expert_ffn, c.embedding},
+            std::tuple{"ffn_up_exps.weight", &l.expert_up, c.expert_ffn, c.embedding},
+            std::tuple{"ffn_down_exps.weight", &l.expert_down, c.embedding, c.expert_ffn}}) {
+        weights->resize(static_cast<size_t>(c.experts));
+        std::vector<Part> parts;
+        for (Weight& w : *weights) parts.push_back({rows, &w});
+        if (auto s = bind_parts(p + name, parts, cols); !s.ok()) return s;
+      }
+    } else if (file_->FindTensor(p + "ffn_gate.weight") == nullptr) {
       const Part gate_up[] = {{c.ffn, &l.gate}, {c.ffn, &l.up}};
       if (auto s = bind_parts(p + "ffn_up.weight", gate_up, c.embedding); !s.ok()) return s;
     } else {
@@ -235,8 +259,10 @@ absl::Status LlamaModel::BindWeights() {
       if (auto s = bind(p + name, 1, shape.first, shape.second); !s.ok()) return s;
     }
     if (c.qk_norm) {
-      if (auto s = bind(p + "attn_q_norm.weight", 1, c.head_dim, &l.q_norm); !s.ok()) return s;
-      if (auto s = bind(p + "attn_k_norm.weight", 1, c.head_dim, &l.k_norm); !s.ok()) return s;
+      const int64_t q_norm = c.qk_norm_whole ? q_width : c.head_dim;
+      const int64_t k_norm = c.qk_norm_whole ? kv_width : c.head_dim;
+      if (auto s = bind(p + "attn_q_norm.weight", 1, q_norm, &l.q_norm); !s.ok()) return s;
+      if (auto s = bind(p + "attn_k_norm.weight", 1, k_norm, &l.k_norm); !s.ok()) return s;
     }
     if (c.post_norms) {
       if (auto s = bind(p + "post_attention_norm.weight", 1, c.embedding, &l.attn_post_norm);
@@ -250,7 +276,15 @@ absl::Status LlamaModel::BindWeights() {
   }
   // Every weight the integer kernels use must have rows of whole blocks of 32.
   for (const Layer& l : layers_) {
-    for (const Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) {
+    std::vector<const Weight*> products = {&l.wq, &l.wk, &l.wv, &l.wo};
+    if (c.IsMoe()) {
+      for (const std::vector<Weight>* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
+        for (const Weight& w : *experts) products.push_back(&w);
+      }
+    } else {
+      products.insert(products.end(), {&l.gate, &l.up, &l.down});
+    }
+    for (const Weight* w : products) {
       if (w->cols % 32 != 0) {
         return absl::InvalidArgumentError(
             StrCat("weight rows of ", w->cols, " elements are not a multiple of 32"));
@@ -313,14 +347,20 @@ absl::Status LlamaModel::EnsureCapacity(int64_t tokens, int64_t logit_rows) {
   };
   const int64_t q_width = int64_t{c.heads} * c.head_dim;
   const int64_t kv_width = int64_t{c.kv_heads} * c.head_dim;
+  const int64_t ffn = c.IsMoe() ? c.expert_ffn : c.ffn;
+  // Mixture-of-experts buffers: none for a dense model.
+  const int64_t moe_tokens = c.IsMoe() ? tokens : 0;
   for (auto [rows, cols, m] :
        {std::tuple{tokens, int64_t{c.embedding}, &x_},
         std::tuple{tokens, int64_t{c.embedding}, &h_}, std::tuple{tokens, q_width, &q_},
         std::tuple{tokens, kv_width, &k_}, std::tuple{tokens, kv_width, &v_},
-        std::tuple{tokens, q_width, &attn_}, std::tuple{tokens, int64_t{c.ffn}, &gate_},
-        std::tuple{tokens, int64_t{c.ffn}, &up_},
-        std::tuple{logit_rows, int64_t{c.embedding}, &selected_},
-        std::tuple{logit_rows, int64_t{c.vocab}, &logits_}}) {
+        std::tuple{tokens, q_width, &attn_}, std::tuple{tokens, ffn, &gate_},
+        std::tuple{tokens, ffn, &up_}, std::tuple{logit_rows, int64_t{c.embedding}, &selected_},
+        std::tuple{logit_rows, int64_t{c.vocab}, &logits_},
+        std::tuple{moe_tokens, int64_t{c.experts}, &router_logits_},
+        std::tuple{moe_tokens, int64_t{c.embedding}, &expert_in_},
+        std::tuple{moe_tokens, int64_t{c.embedding}, &expert_out_},
+        std::tuple{moe_tokens, int64_t{c.embedding}, &moe_out_}}) {
     if (absl::Status s = make(rows, cols, m); !s.ok()) return s;
   }
   capacity_tokens_ = tokens;
@@ -503,7 +543,8 @@ absl::StatusOr<int64_t> LlamaModel::ComputeLogits(std::span<const SequenceInput>
 
   // A decode step: recorded, padded to a recorded batch size.
   const bool decode_step =
-      step_graphs_ && backend_->SupportsStepGraphs() && t == r && t <= kMaxStepGraphBatch &&
+      step_graphs_ && !c.IsMoe() && backend_->SupportsStepGraphs() && t == r &&
+      t <= kMaxStepGraphBatch &&
       std::all_of(sequences.begin(), sequences.end(),
                   [](const SequenceInput& s) { return s.tokens.size() == 1 && s.logits == 1; });
   if (decode_step) {
@@ -587,7 +628,10 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
                                 l.bv.rows ? &l.bv : nullptr};
     const Matrix qkv_out[] = {q, k, v};
     be.MatMul(h, qkv, qkv_bias, qkv_out);
-    if (c.qk_norm) {
+    if (c.qk_norm && c.qk_norm_whole) {
+      be.RmsNorm(q, l.q_norm, c.norm_eps, q);
+      be.RmsNorm(k, l.k_norm, c.norm_eps, k);
+    } else if (c.qk_norm) {
       // Each head is a row of head_dim: the rows are contiguous heads.
       const Matrix q_heads{q.data, t * c.heads, c.head_dim};
       const Matrix k_heads{k.data, t * c.kv_heads, c.head_dim};
@@ -602,22 +646,29 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
     if (c.post_norms) be.RmsNorm(h, l.attn_post_norm, c.norm_eps, h);
     be.AddRmsNorm(x, h, l.ffn_norm, c.norm_eps, h);
 
-    const Weight* gate_up[] = {&l.gate, &l.up};
-    const Matrix gate_up_out[] = {gate, up};
-    be.MatMul(h, gate_up, {}, gate_up_out);
-    if (c.activation == ModelConfig::Activation::kGeluTanh) {
-      be.GeluMul(gate, up, gate);
+    // The feed-forward's output: in h, or the experts' sum.
+    Matrix ffn_out = h;
+    if (c.IsMoe()) {
+      ffn_out = moe_out_.FirstRows(t);
+      IssueExperts(l, h, ffn_out);
     } else {
-      be.SiluMul(gate, up, gate);
+      const Weight* gate_up[] = {&l.gate, &l.up};
+      const Matrix gate_up_out[] = {gate, up};
+      be.MatMul(h, gate_up, {}, gate_up_out);
+      if (c.activation == ModelConfig::Activation::kGeluTanh) {
+        be.GeluMul(gate, up, gate);
+      } else {
+        be.SiluMul(gate, up, gate);
+      }
+      const Weight* down[] = {&l.down};
+      const Matrix down_out[] = {h};
+      be.MatMul(gate, down, {}, down_out);
     }
-    const Weight* down[] = {&l.down};
-    const Matrix down_out[] = {h};
-    be.MatMul(gate, down, {}, down_out);
-    if (c.post_norms) be.RmsNorm(h, l.ffn_post_norm, c.norm_eps, h);
+    if (c.post_norms) be.RmsNorm(ffn_out, l.ffn_post_norm, c.norm_eps, ffn_out);
     if (i + 1 < run_layers) {
-      be.AddRmsNorm(x, h, layers_[static_cast<size_t>(i) + 1].attn_norm, c.norm_eps, h);
+      be.AddRmsNorm(x, ffn_out, layers_[static_cast<size_t>(i) + 1].attn_norm, c.norm_eps, h);
     } else {
-      be.Add(x, h);
+      be.Add(x, ffn_out);
     }
   }
 
@@ -630,6 +681,40 @@ void LlamaModel::IssueForward(std::span<const int32_t> tokens, std::span<const i
   const Matrix logits_outs[] = {logits};
   be.MatMul(selected, output, {}, logits_outs);
   if (c.final_softcap > 0.0f) be.Softcap(logits, c.final_softcap);
+}
+
+void LlamaModel::IssueExperts(const Layer& l, const Matrix& in, Matrix out) {
+  const ModelConfig& c = config_;
+  kernels::Backend& be = *backend_;
+  const int64_t t = in.rows;
+  const Matrix logits = router_logits_.FirstRows(t);
+  const Weight* router[] = {&l.router};
+  const Matrix router_out[] = {logits};
+  be.MatMul(in, router, {}, router_out);
+  const MoeRoutingRule rule{c.experts, c.experts_used, c.expert_weights_norm,
+                            c.expert_weights_scale};
+  RouteTokens(be.HostRows(logits, router_host_), t, rule, assignment_);
+  // Each token's output: 0, plus its experts' weighted outputs in expert
+  // order (so the sum's order does not depend on the batch).
+  zeros_.resize(static_cast<size_t>(t * c.embedding), 0.0f);
+  be.CopyFromHost(zeros_.data(), out);
+  for (size_t e = 0; e < static_cast<size_t>(c.experts); ++e) {
+    const std::vector<int32_t>& rows = assignment_.rows[e];
+    if (rows.empty()) continue;
+    const auto n = static_cast<int64_t>(rows.size());
+    const Matrix expert_in{expert_in_.data, n, c.embedding};
+    const Matrix gate{gate_.data, n, c.expert_ffn}, up{up_.data, n, c.expert_ffn};
+    const Matrix expert_out{expert_out_.data, n, c.embedding};
+    be.GatherRows(in, rows, expert_in);
+    const Weight* gate_up[] = {&l.expert_gate[e], &l.expert_up[e]};
+    const Matrix gate_up_out[] = {gate, up};
+    be.MatMul(expert_in, gate_up, {}, gate_up_out);
+    be.SiluMul(gate, up, gate);
+    const Weight* down[] = {&l.expert_down[e]};
+    const Matrix down_out[] = {expert_out};
+    be.MatMul(gate, down, {}, down_out);
+    be.ScatterAddRows(out, rows, assignment_.weights[e], expert_out);
+  }
 }
 
 }  // namespace tandem::model

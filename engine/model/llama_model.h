@@ -1,8 +1,13 @@
 // The Llama-family transformer (Llama 2/3, SmolLM2, Qwen2-style GQA with
 // optional Q/K/V biases, Qwen3's Q/K norms, Phi-3's fused tensors, Gemma 2/3's
-// GELU, post-norms, soft-capping and sliding-window layers): weights bound to
-// a backend, and the forward pass over a ragged batch of sequences whose KV
-// lives in the backend's paged cache.
+// GELU, post-norms, soft-capping and sliding-window layers, Qwen3-MoE's and
+// OLMoE's experts): weights bound to a backend, and the forward pass over a
+// ragged batch of sequences whose KV lives in the backend's paged cache.
+//
+// Experts are routed on the host (the router's logits are read back once a
+// layer, Backend::HostRows), then each chosen expert multiplies the rows of
+// its tokens, gathered, and adds them back weighted: so a mixture-of-experts
+// model runs no recorded steps (which experts run depends on the data).
 //
 // Thread safety: Forward() is called by one thread at a time (the owning
 // worker). The model keeps the GgufFile alive: weights point into its mapping.
@@ -17,6 +22,7 @@
 #include "engine/kernels/backend.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/model_config.h"
+#include "engine/model/moe_routing.h"
 
 namespace tandem::model {
 
@@ -135,6 +141,10 @@ class LlamaModel {
     kernels::Weight bq, bk, bv;                     // rows == 0 when absent
     kernels::Weight q_norm, k_norm;                 // ModelConfig::qk_norm only
     kernels::Weight attn_post_norm, ffn_post_norm;  // ModelConfig::post_norms only
+    // ModelConfig::IsMoe() only: the router ([experts][embedding]) and each
+    // expert's gate, up and down (gate and up stay unset).
+    kernels::Weight router;
+    std::vector<kernels::Weight> expert_gate, expert_up, expert_down;
   };
   // The rotary tables (host copies): one for every layer, or a second for
   // sliding-window layers that rotate differently (Gemma 3).
@@ -160,6 +170,8 @@ class LlamaModel {
   void IssueForward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                     std::span<const int32_t> slots, std::span<const kernels::AttentionSpan> spans,
                     std::span<const int32_t> logit_rows, int run_layers);
+  // The experts' feed-forward of layer `l` on its normed input `in`, into `out`.
+  void IssueExperts(const Layer& l, const kernels::Matrix& in, kernels::Matrix out);
 
   std::shared_ptr<const GgufFile> file_;
   kernels::Backend* backend_ = nullptr;
@@ -188,6 +200,11 @@ class LlamaModel {
   int64_t capacity_logit_rows_ = 0;
   std::vector<std::unique_ptr<kernels::DeviceBuffer>> buffers_;
   kernels::Matrix x_, h_, q_, k_, v_, attn_, gate_, up_, selected_, logits_;
+  // Mixture of experts: router logits, an expert's gathered input rows and
+  // its output rows, and the weighted sum of the experts' outputs.
+  kernels::Matrix router_logits_, expert_in_, expert_out_, moe_out_;
+  std::vector<float> router_host_, zeros_;
+  ExpertAssignment assignment_;
   int64_t picked_rows_ = 0;  // rows of logits_ the last ForwardGreedy/Sample picked from
   std::unique_ptr<kernels::DeviceBuffer> gathered_;  // LastLogitsRows' rows on the device
   int64_t forward_passes_ = 0;

@@ -70,6 +70,34 @@ absl::Status ReadSlidingLayers(const GgufFile& file, const std::string& p, int d
   return absl::OkStatus();
 }
 
+// Qwen3-MoE and OLMoE: the experts (keys as llama.cpp's converter writes
+// them; Qwen3-MoE renormalises the chosen experts' weights, OLMoE does not,
+// as llama.cpp decides by architecture unless the file says).
+absl::Status ReadMoeConfig(const GgufFile& file, const std::string& p, ModelConfig& config) {
+  config.qk_norm = true;
+  config.qk_norm_whole = config.architecture == "olmoe";
+  config.expert_weights_norm = config.architecture == "qwen3moe";
+  if (auto s = ReadInt(file, p + "expert_count", &config.experts); !s.ok()) return s;
+  if (auto s = ReadInt(file, p + "expert_used_count", &config.experts_used); !s.ok()) return s;
+  constexpr int kMaxExperts = 512;
+  if (config.experts > kMaxExperts || config.experts_used > config.experts) {
+    return absl::InvalidArgumentError(
+        StrCat("expert_used_count ", config.experts_used, " of expert_count ", config.experts,
+               ": at most ", kMaxExperts, " experts, of which at most all are used"));
+  }
+  config.expert_ffn = config.ffn;
+  if (auto s = ReadOptionalInt(file, p + "expert_feed_forward_length", &config.expert_ffn);
+      !s.ok()) {
+    return s;
+  }
+  if (file.Has(p + "expert_weights_norm")) {
+    absl::StatusOr<bool> norm = file.GetBool(p + "expert_weights_norm");
+    if (!norm.ok()) return norm.status();
+    config.expert_weights_norm = *norm;
+  }
+  return ReadOptionalPositive(file, p + "expert_weights_scale", &config.expert_weights_scale);
+}
+
 // Gemma 2 and 3 (the keys llama.cpp's converter writes; its defaults where
 // a key is missing).
 absl::Status ReadGemmaConfig(const GgufFile& file, const std::string& p, ModelConfig& config) {
@@ -133,12 +161,13 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
           "phi3 with LongRoPE factors (rope_factors_long/short: the 128k-context models) is not "
           "supported; the 4k-context models are");
     }
-  } else if (config.architecture == "gemma2" || config.architecture == "gemma3") {
-    config.rope_neox = true;  // the rest is read below (ReadGemmaConfig)
+  } else if (config.architecture == "gemma2" || config.architecture == "gemma3" ||
+             config.architecture == "qwen3moe" || config.architecture == "olmoe") {
+    config.rope_neox = true;  // the rest is read below (ReadGemmaConfig, ReadMoeConfig)
   } else {
-    return absl::UnimplementedError(
-        StrCat("model architecture '", config.architecture,
-               "' is not supported (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)"));
+    return absl::UnimplementedError(StrCat("model architecture '", config.architecture,
+                                           "' is not supported (supported: llama, qwen2, qwen3, "
+                                           "qwen3moe, olmoe, phi3, gemma2, gemma3)"));
   }
   absl::StatusOr<std::string_view> name = file.GetString("general.name");
   config.name = name.ok() ? std::string(*name) : std::filesystem::path(file.path()).stem().string();
@@ -209,6 +238,9 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file, const ModelOve
   config.attention_scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
   if (config.architecture.starts_with("gemma")) {
     if (absl::Status s = ReadGemmaConfig(file, p, config); !s.ok()) return s;
+  }
+  if (config.architecture == "qwen3moe" || config.architecture == "olmoe") {
+    if (absl::Status s = ReadMoeConfig(file, p, config); !s.ok()) return s;
   }
   const GgufTensor* embeddings = file.FindTensor("token_embd.weight");
   if (embeddings == nullptr || embeddings->dims.size() != 2) {

@@ -13,8 +13,9 @@
 namespace tandem::model {
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2", "qwen3", "phi3", "gemma2" or "gemma3"
-  std::string name;          // general.name, or the file's base name
+  // "llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "phi3", "gemma2" or "gemma3"
+  std::string architecture;
+  std::string name;  // general.name, or the file's base name
   int layers = 0;
   int embedding = 0;  // model width
   int ffn = 0;        // feed-forward width
@@ -32,7 +33,21 @@ struct ModelConfig {
   // Qwen3: each head of Q and K is RMS-normed (attn_q_norm, attn_k_norm, one
   // weight of head_dim shared by the heads) after the projection, before RoPE.
   bool qk_norm = false;
+  // OLMoE: Q and K are RMS-normed over their whole width (one weight of
+  // heads * head_dim), not per head.
+  bool qk_norm_whole = false;
   float norm_eps = 1e-5f;
+  // Mixture of experts (Qwen3-MoE, OLMoE): each layer's feed-forward is
+  // `experts` SwiGLU experts of width expert_ffn, of which each token goes
+  // through experts_used, weighted by its router probabilities
+  // (moe_routing.h: renormalised over the chosen ones for Qwen3-MoE, not for
+  // OLMoE). experts == 0: one dense feed-forward of width ffn.
+  int experts = 0;
+  int experts_used = 0;
+  int expert_ffn = 0;
+  bool expert_weights_norm = false;
+  float expert_weights_scale = 1.0f;
+  bool IsMoe() const { return experts > 0; }
   // Linear RoPE scaling (rope.scaling.type "linear"): positions are divided
   // by this factor. Other scaling types are not applied.
   float rope_scale = 1.0f;

@@ -279,6 +279,13 @@ TEST_F(CudaOpsTest, NormsElementwiseAndGather) {
   gpu_->Add(gate.gpu, up.gpu);
   EXPECT_LE(Error(gate), kFloatTolerance) << "Add, seed " << seed_;
 
+  const std::vector<int32_t> targets = {3, 0, 11};
+  const std::vector<float> scatter_weights = {0.5f, -2.0f, 1.25f};
+  Both experts_out = Make(3, cols, a_host);
+  cpu_->ScatterAddRows(gate.cpu, targets, scatter_weights, experts_out.cpu);
+  gpu_->ScatterAddRows(gate.gpu, targets, scatter_weights, experts_out.gpu);
+  EXPECT_LE(Error(gate), kFloatTolerance) << "ScatterAddRows, seed " << seed_;
+
   const std::vector<int32_t> rows_wanted = {18, 0, 7, 7};
   Both gathered = Make(4, cols);
   cpu_->GatherRows(up.cpu, rows_wanted, gathered.cpu);

@@ -124,6 +124,11 @@ class RecordingCheckBackend final : public Backend {
     Log("GatherRows", rows.size(), x);
     cpu_.GatherRows(x, rows, out);
   }
+  void ScatterAddRows(Matrix acc, std::span<const int32_t> rows, std::span<const float> weights,
+                      const Matrix& x) override {
+    Log("ScatterAddRows", rows.size(), x);
+    cpu_.ScatterAddRows(acc, rows, weights, x);
+  }
 
   bool SupportsStepGraphs() const override { return true; }
   void RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) override {

@@ -88,6 +88,10 @@ class UploadCountingBackend final : public kernels::Backend {
   void Softcap(Matrix, float) override { Unused(); }
   void Add(Matrix, const Matrix&) override { Unused(); }
   void GatherRows(const Matrix&, std::span<const int32_t>, Matrix) override { Unused(); }
+  void ScatterAddRows(Matrix, std::span<const int32_t>, std::span<const float>,
+                      const Matrix&) override {
+    Unused();
+  }
 
  private:
   static void Unused() { ADD_FAILURE() << "a load-only test backend computed"; }

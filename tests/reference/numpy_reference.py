@@ -21,6 +21,13 @@ where a query at position p sees keys at positions > p - window (Gemma 2:
 the even layers; Gemma 3: all but every sixth), which in Gemma 3 rotate with
 base 10,000 and no scaling; Gemma 2 soft-caps attention scores and final
 logits as cap * tanh(x / cap); Gemma 3 RMS-norms Q and K heads like Qwen3.
+
+Mixtures of experts (Hugging Face's Qwen3MoeSparseMoeBlock and
+OlmoeSparseMoeBlock): the softmax of the router's logits (`ffn_gate_inp`),
+the top `expert_used_count` experts, their probabilities renormalised to sum
+to 1 for Qwen3-MoE (norm_topk_prob) and not for OLMoE, each expert a SwiGLU
+over `ffn_{gate,up,down}_exps[e]`; OLMoE RMS-norms Q and K over their whole
+width before splitting heads.
 """
 import functools
 
@@ -46,7 +53,7 @@ def model(path=None):
         "kv_heads": meta[f"{arch}.attention.head_count_kv"],
         "eps": meta[f"{arch}.attention.layer_norm_rms_epsilon"],
         "rope_base": meta.get(f"{arch}.rope.freq_base", 10000.0),
-        "neox": arch in ("qwen2", "qwen3", "phi3", "gemma2", "gemma3"),
+        "neox": arch in ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "olmoe"),
         "gemma": arch.startswith("gemma"),
         "rope_scale": (meta.get(f"{arch}.rope.scaling.factor", 1.0)
                        if meta.get(f"{arch}.rope.scaling.type") == "linear" else 1.0),
@@ -54,6 +61,8 @@ def model(path=None):
         "final_softcap": meta.get(f"{arch}.final_logit_softcapping",
                                   30.0 if arch == "gemma2" else 0),
         "window": meta.get(f"{arch}.attention.sliding_window", 0),
+        "experts_used": meta.get(f"{arch}.expert_used_count", 0),
+        "normalize_experts": arch == "qwen3moe",
     }
     embedding = meta[f"{arch}.embedding_length"]
     layers = config["layers"]
@@ -104,7 +113,8 @@ class Session:
         """mistake: a wrong model, for controls: "no_qkv_bias" leaves out Qwen2's
         biases, "no_qk_norm" Qwen3's Q/K norms, "up_gate_swapped" takes a fused
         ffn_up's halves the wrong way, "no_window" lets sliding layers see
-        every key, "one_rope" rotates sliding layers like global ones."""
+        every key, "one_rope" rotates sliding layers like global ones,
+        "no_expert_norm" does not renormalise the chosen experts' weights."""
         self.config, self.t = model(path)
         self.mistake = mistake
         self.keys = [None] * self.config["layers"]
@@ -131,10 +141,16 @@ class Session:
                 q, k, v = (x @ t[p + f"attn_{name}.weight"].T for name in "qkv")
             if p + "attn_q.bias" in t and self.mistake != "no_qkv_bias":
                 q, k, v = (y + t[p + f"attn_{name}.bias"] for y, name in zip((q, k, v), "qkv"))
+            whole_norm = (p + "attn_q_norm.weight" in t
+                          and t[p + "attn_q_norm.weight"].shape[-1] == q.shape[-1])
+            if whole_norm and self.mistake != "no_qk_norm":  # OLMoE
+                q = _rms_norm(q, t[p + "attn_q_norm.weight"], c["eps"])
+                k = _rms_norm(k, t[p + "attn_k_norm.weight"], c["eps"])
             q = q.reshape(len(ids), c["heads"], -1)
             k = k.reshape(len(ids), c["kv_heads"], -1)
             v = v.reshape(len(ids), c["kv_heads"], -1)
-            if p + "attn_q_norm.weight" in t and self.mistake != "no_qk_norm":
+            if (p + "attn_q_norm.weight" in t and not whole_norm
+                    and self.mistake != "no_qk_norm"):
                 q = _rms_norm(q, t[p + "attn_q_norm.weight"], c["eps"])
                 k = _rms_norm(k, t[p + "attn_k_norm.weight"], c["eps"])
             q = _rope(q, positions, base, c["neox"], scale)
@@ -160,6 +176,9 @@ class Session:
                 attended = _rms_norm(attended, t[p + "post_attention_norm.weight"], c["eps"])
             h = h + attended
             x = _rms_norm(h, t[p + "ffn_norm.weight"], c["eps"])
+            if p + "ffn_gate_inp.weight" in t:
+                h = h + self._experts(p, x)
+                continue
             if p + "ffn_gate.weight" in t:
                 gate, up = x @ t[p + "ffn_gate.weight"].T, x @ t[p + "ffn_up.weight"].T
             else:
@@ -174,6 +193,26 @@ class Session:
         self.length += len(ids)
         out = _rms_norm(h, t["output_norm.weight"], c["eps"])
         return _softcap(out @ t.get("output.weight", t["token_embd.weight"]).T, c["final_softcap"])
+
+
+    def _experts(self, p, x):
+        c, t = self.config, self.t
+        experts = t[p + "ffn_gate_inp.weight"].shape[0]
+        gate_w, up_w, down_w = (t[p + f"ffn_{name}_exps.weight"].reshape(experts, -1, t[
+            p + f"ffn_{name}_exps.weight"].shape[-1]) for name in ("gate", "up", "down"))
+        logits = x @ t[p + "ffn_gate_inp.weight"].T
+        probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probabilities /= probabilities.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(x)
+        for row in range(x.shape[0]):
+            chosen = np.argsort(-probabilities[row], kind="stable")[:c["experts_used"]]
+            weights = probabilities[row][chosen]
+            if c["normalize_experts"] and self.mistake != "no_expert_norm":
+                weights = weights / weights.sum()
+            for e, weight in zip(chosen, weights):
+                gate, up = x[row] @ gate_w[e].T, x[row] @ up_w[e].T
+                out[row] += weight * ((gate / (1.0 + np.exp(-gate)) * up) @ down_w[e].T)
+        return out
 
 
 def greedy(prompt, tokens, path=None):

@@ -33,6 +33,15 @@ CONFIGS = {
     # size of its own.
     "gemma3": dict(layers=6, embedding=256, heads=4, kv_heads=1, head_dim=128, ffn=512,
                    context=512, rope_base=1000000.0, eps=1e-6, window=6, rope_linear=8.0),
+    # Experts: 8, of which each token uses 2 (Qwen3-MoE renormalises their
+    # weights; OLMoE does not, and norms Q and K over their whole width).
+    "qwen3moe": dict(layers=2, embedding=256, heads=4, kv_heads=2, head_dim=64, ffn=768,
+                     context=512, rope_base=1000000.0, eps=1e-6, experts=8, experts_used=2,
+                     expert_ffn=128),
+    # OLMoE's output head is its own tensor (llama.cpp requires one).
+    "olmoe": dict(layers=2, embedding=256, heads=4, kv_heads=4, head_dim=64, ffn=128,
+                  context=512, rope_base=10000.0, eps=1e-5, experts=8, experts_used=2,
+                  untied=True),
 }
 
 
@@ -60,6 +69,11 @@ def write(path, arch, seed=0):
         writer.add_attn_logit_softcapping(c["attn_softcap"])
     if "final_softcap" in c:
         writer.add_final_logit_softcapping(c["final_softcap"])
+    if "experts" in c:
+        writer.add_expert_count(c["experts"])
+        writer.add_expert_used_count(c["experts_used"])
+        if "expert_ffn" in c:
+            writer.add_expert_feed_forward_length(c["expert_ffn"])
     if "rope_linear" in c:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(c["rope_linear"])
@@ -80,6 +94,9 @@ def write(path, arch, seed=0):
     writer.add_tensor("token_embd.weight",
                       (0.15 * rng.standard_normal((vocab, c["embedding"]))).astype(np.float16))
     writer.add_tensor("output_norm.weight", norm(c["embedding"]))
+    if c.get("untied"):
+        writer.add_tensor("output.weight",
+                          (0.15 * rng.standard_normal((vocab, c["embedding"]))).astype(np.float16))
     for i in range(c["layers"]):
         p = f"blk.{i}."
         writer.add_tensor(p + "attn_norm.weight", norm(c["embedding"]))
@@ -93,14 +110,27 @@ def write(path, arch, seed=0):
             for name, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
                 writer.add_tensor(p + f"attn_{name}.bias",
                                   (0.5 * rng.standard_normal(width)).astype(np.float32))
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             writer.add_tensor(p + "attn_q_norm.weight", norm(c["head_dim"]))
             writer.add_tensor(p + "attn_k_norm.weight", norm(c["head_dim"]))
+        if arch == "olmoe":  # over the whole width
+            writer.add_tensor(p + "attn_q_norm.weight", norm(q_width))
+            writer.add_tensor(p + "attn_k_norm.weight", norm(kv_width))
         writer.add_tensor(p + "attn_output.weight", matrix(c["embedding"], q_width))
         if arch.startswith("gemma"):
             writer.add_tensor(p + "post_attention_norm.weight", norm(c["embedding"]))
             writer.add_tensor(p + "post_ffw_norm.weight", norm(c["embedding"]))
         writer.add_tensor(p + "ffn_norm.weight", norm(c["embedding"]))
+        if "experts" in c:  # [expert][out][in]; the router in F32, as llama-quantize keeps it
+            width = c.get("expert_ffn", c["ffn"])
+            experts = c["experts"]
+            writer.add_tensor(p + "ffn_gate_inp.weight",
+                              matrix(experts, c["embedding"]).astype(np.float32))
+            for name, rows, cols in (("gate", width, c["embedding"]), ("up", width, c["embedding"]),
+                                     ("down", c["embedding"], width)):
+                writer.add_tensor(p + f"ffn_{name}_exps.weight",
+                                  np.stack([matrix(rows, cols) for _ in range(experts)]))
+            continue
         if c.get("fused"):  # gate rows, then up rows
             writer.add_tensor(p + "ffn_up.weight", matrix(2 * c["ffn"], c["embedding"]))
         else:

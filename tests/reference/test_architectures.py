@@ -12,7 +12,8 @@ independent evaluations of the same file, a float64 numpy forward pass
   OpenAI API (the family's chat template and tokenizer, streamed text).
 - Control: the float64 pass without the family's own operation (Qwen2's
   biases, Qwen3's Q/K norms; Phi-3's fused tensors split the other way round;
-  Gemma 2's sliding window, Gemma 3's second rotary base) is far from ours,
+  Gemma 2's sliding window, Gemma 3's second rotary base; Qwen3-MoE's
+  renormalised expert weights, OLMoE's whole-width Q/K norms) is far from ours,
   so getting it wrong would fail the tests above.
 """
 import json
@@ -30,10 +31,11 @@ import random_models
 TOKENS = 48
 LOGPROB_TOLERANCE = 0.005
 NEAR_TIE = 0.5
-ARCHITECTURES = ["qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
+ARCHITECTURES = ["qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "olmoe"]
 # The family's own operation, done wrong (numpy_reference.Session's mistakes).
 MISTAKES = {"qwen2": "no_qkv_bias", "qwen3": "no_qk_norm", "phi3": "up_gate_swapped",
-            "gemma2": "no_window", "gemma3": "one_rope"}
+            "gemma2": "no_window", "gemma3": "one_rope", "qwen3moe": "no_expert_norm",
+            "olmoe": "no_qk_norm"}
 PROMPT = "The history of the printing press begins in"
 
 

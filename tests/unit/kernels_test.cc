@@ -504,6 +504,25 @@ TEST(ElementwiseTest, SoftcapAndScaleMatchFloat64) {
   }
 }
 
+TEST(ElementwiseTest, ScatterAddRowsAddsEachWeightedRowIntoItsTarget) {
+  std::mt19937 rng(6);
+  std::vector<float> acc = RandomRows(5, 40, rng), x = RandomRows(3, 40, rng);
+  const std::vector<float> before = acc;
+  const std::vector<int32_t> rows = {4, 0, 2};
+  const std::vector<float> weights = {0.25f, -1.5f, 3.0f};
+  CpuBackend backend(2);
+  backend.ScatterAddRows(View(acc, 5, 40), rows, weights, View(x, 3, 40));
+  for (int r = 0; r < 5; ++r) {
+    for (int c = 0; c < 40; ++c) {
+      float expected = before[static_cast<size_t>(r * 40 + c)];
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i] == r) expected += weights[i] * x[i * 40 + static_cast<size_t>(c)];
+      }
+      ASSERT_EQ(acc[static_cast<size_t>(r * 40 + c)], expected) << "row " << r << " col " << c;
+    }
+  }
+}
+
 TEST(SimdTest, ExpApproximationIsAccurateAndVectorMatchesScalarBitwise) {
   for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
     const double exact = std::exp(double{x});

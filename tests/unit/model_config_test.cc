@@ -126,6 +126,41 @@ TEST(ModelConfigTest, ABadSoftcapIsRefusedNamingTheKey) {
   EXPECT_THAT(c.status().message(), HasSubstr("'gemma2.final_logit_softcapping'"));
 }
 
+TEST(ModelConfigTest, Qwen3MoeRenormalisesItsExpertsAndOlmoeDoesNot) {
+  GgufBuilder qwen = Base("qwen3moe", 2);
+  qwen.Uint32("qwen3moe.expert_count", 128)
+      .Uint32("qwen3moe.expert_used_count", 8)
+      .Uint32("qwen3moe.expert_feed_forward_length", 768);
+  absl::StatusOr<ModelConfig> c = Read(qwen);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsMoe());
+  EXPECT_EQ(c->experts, 128);
+  EXPECT_EQ(c->experts_used, 8);
+  EXPECT_EQ(c->expert_ffn, 768);
+  EXPECT_TRUE(c->expert_weights_norm);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qk_norm_whole);
+
+  GgufBuilder olmoe = Base("olmoe", 2);
+  olmoe.Uint32("olmoe.expert_count", 64).Uint32("olmoe.expert_used_count", 8);
+  c = Read(olmoe);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->expert_ffn, 512);  // feed_forward_length: its experts' width
+  EXPECT_FALSE(c->expert_weights_norm);
+  EXPECT_TRUE(c->qk_norm_whole);
+
+  GgufBuilder too_many = Base("olmoe", 2);
+  too_many.Uint32("olmoe.expert_count", 4).Uint32("olmoe.expert_used_count", 8);
+  c = Read(too_many);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("expert_used_count 8 of expert_count 4"));
+
+  GgufBuilder no_count = Base("qwen3moe", 2);
+  c = Read(no_count);
+  EXPECT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("qwen3moe.expert_count"));
+}
+
 TEST(ModelConfigTest, AnUnknownArchitectureNamesTheSupportedOnes) {
   absl::StatusOr<ModelConfig> c = Read(Base("mamba", 2));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);

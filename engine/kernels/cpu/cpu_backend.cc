@@ -280,4 +280,14 @@ void CpuBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Matr
   }
 }
 
+void CpuBackend::ScatterAddRows(Matrix acc, std::span<const int32_t> rows,
+                                std::span<const float> weights, const Matrix& x) {
+  lane_.ParallelFor(static_cast<int64_t>(rows.size()), [&](int64_t i, int) {
+    float* a = acc.Row(rows[static_cast<size_t>(i)]);
+    const float* v = x.Row(i);
+    const float w = weights[static_cast<size_t>(i)];
+    for (int64_t c = 0; c < x.cols; ++c) a[c] += w * v[c];
+  });
+}
+
 }  // namespace tandem::kernels::cpu

@@ -68,6 +68,8 @@ class CpuBackend final : public Backend {
   void Softcap(Matrix x, float cap) override;
   void Add(Matrix acc, const Matrix& x) override;
   void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
+  void ScatterAddRows(Matrix acc, std::span<const int32_t> rows, std::span<const float> weights,
+                      const Matrix& x) override;
 
  private:
   // What UploadWeight makes of a weight.

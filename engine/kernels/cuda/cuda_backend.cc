@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -789,6 +790,20 @@ void CudaBackend::GatherRows(const Matrix& x, std::span<const int32_t> rows, Mat
   LaunchGatherRows(x.data, x.cols, device_rows, static_cast<int64_t>(rows.size()), out.data,
                    stream_);
   CheckLaunch("LaunchGatherRows");
+}
+
+void CudaBackend::ScatterAddRows(Matrix acc, std::span<const int32_t> rows,
+                                 std::span<const float> weights, const Matrix& x) {
+  // The arena carries 32-bit words: the weights go as their bits.
+  std::vector<int32_t> weight_bits(weights.size());
+  std::memcpy(weight_bits.data(), weights.data(), weights.size() * sizeof(float));
+  const auto [device_rows, device_weights] = uploads_.UploadPair(
+      UploadArena::Kind::kScatterRows, rows, UploadArena::Kind::kScatterWeights, weight_bits);
+  if (Replaying()) return;
+  LaunchScatterAddRows(acc.data, x.data, x.cols, device_rows,
+                       reinterpret_cast<const float*>(device_weights),
+                       static_cast<int64_t>(rows.size()), stream_);
+  CheckLaunch("LaunchScatterAddRows");
 }
 
 void CudaBackend::RunStep(const StepGraphSpec& spec, const std::function<void()>& ops) {

@@ -96,6 +96,8 @@ class CudaBackend final : public Backend {
   void Softcap(Matrix x, float cap) override;
   void Add(Matrix acc, const Matrix& x) override;
   void GatherRows(const Matrix& x, std::span<const int32_t> rows, Matrix out) override;
+  void ScatterAddRows(Matrix acc, std::span<const int32_t> rows, std::span<const float> weights,
+                      const Matrix& x) override;
   void AddRmsNorm(Matrix acc, const Matrix& x, const Weight& weight, float eps,
                   Matrix out) override;
   void RopeWriteKv(int layer, Matrix q, Matrix k, const Matrix& v, const AttentionShape& shape,

@@ -175,6 +175,14 @@ __global__ void SoftcapKernel(float* x, int64_t n, float cap) {
   }
 }
 
+__global__ void ScatterAddRowsKernel(float* acc, const float* x, int64_t cols, const int32_t* rows,
+                                     const float* weights) {
+  const int64_t i = blockIdx.x;
+  float* dst = acc + static_cast<int64_t>(rows[i]) * cols;
+  const float w = weights[i];
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] += w * x[i * cols + c];
+}
+
 __global__ void AddKernel(float* acc, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -327,6 +335,13 @@ void LaunchScale(float* x, int64_t n, float factor, cudaStream_t stream) {
 void LaunchSoftcap(float* x, int64_t n, float cap, cudaStream_t stream) {
   if (n == 0) return;
   SoftcapKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, cap);
+}
+
+void LaunchScatterAddRows(float* acc, const float* x, int64_t cols, const int32_t* rows,
+                          const float* weights, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  ScatterAddRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(acc, x, cols, rows,
+                                                                          weights);
 }
 
 void LaunchAdd(float* acc, const float* x, int64_t n, cudaStream_t stream) {

@@ -62,6 +62,9 @@ void LaunchGeluMul(const float* gate, const float* up, int64_t n, float* out, cu
 void LaunchScale(float* x, int64_t n, float factor, cudaStream_t stream);
 // x[i] = cap * tanh(x[i] / cap) for n elements.
 void LaunchSoftcap(float* x, int64_t n, float cap, cudaStream_t stream);
+// acc[rows[i]] += weights[i] * x[i] for n rows of `cols` (distinct rows).
+void LaunchScatterAddRows(float* acc, const float* x, int64_t cols, const int32_t* rows,
+                          const float* weights, int64_t n, cudaStream_t stream);
 // acc[i] += x[i] for n elements.
 void LaunchAdd(float* acc, const float* x, int64_t n, cudaStream_t stream);
 // out[r] += bias for every row of a [rows][cols] matrix.

@@ -39,6 +39,8 @@ class UploadArena {
     kSlots,
     kAttentionRows,
     kGatherRows,
+    kScatterRows,
+    kScatterWeights,
     kDraws,
     kTokens,
     kCount
