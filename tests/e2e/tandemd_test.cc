@@ -471,6 +471,7 @@ TEST(TandemdLifecycleTest, ACorruptModelFileIsAClearStartupError) {
   EXPECT_EQ(daemon.WaitExit(std::chrono::seconds(30)), 1);
   EXPECT_THAT(daemon.Log(), HasSubstr("invalid GGUF file"));
   EXPECT_THAT(daemon.Log(), HasSubstr("extends past the end of the file"));
+  std::remove(path.c_str());
 }
 
 TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNamingTheFlag) {

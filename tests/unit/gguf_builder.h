@@ -4,9 +4,11 @@
 #define TANDEM_TESTS_UNIT_GGUF_BUILDER_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::testing {
@@ -145,6 +147,22 @@ inline void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes
       .write(reinterpret_cast<const char*>(bytes.data()),
              static_cast<std::streamsize>(bytes.size()));
 }
+
+// A file written for one test and removed when it goes out of scope (a
+// GgufFile opened from it maps it, and the mapping outlives the name).
+class ScopedFile {
+ public:
+  ScopedFile(std::string path, const std::vector<uint8_t>& bytes) : path_(std::move(path)) {
+    WriteFile(path_, bytes);
+  }
+  ~ScopedFile() { std::remove(path_.c_str()); }
+  ScopedFile(const ScopedFile&) = delete;
+  ScopedFile& operator=(const ScopedFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace tandem::testing
 

@@ -21,9 +21,8 @@ class GgufFileTest : public ::testing::Test {
     return ::testing::TempDir() + "/gguf_" + std::to_string(::getpid()) + "_" + name;
   }
   absl::StatusOr<std::unique_ptr<GgufFile>> OpenBytes(const std::vector<uint8_t>& bytes) {
-    const std::string path = Path("file.gguf");
-    tandem::testing::WriteFile(path, bytes);
-    return GgufFile::Open(path);
+    const tandem::testing::ScopedFile file(Path("file.gguf"), bytes);
+    return GgufFile::Open(file.path());
   }
   static std::vector<uint8_t> F32(std::vector<float> v) {
     std::vector<uint8_t> out(v.size() * 4);

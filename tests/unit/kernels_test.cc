@@ -10,9 +10,11 @@
 #include <random>
 #include <vector>
 
+#include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/matmul_q8.h"
+#include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/product_rates.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
@@ -132,9 +134,12 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // its block's largest magnitude. bf16: each activation to 8
       // significant bits (relative error at most 2^-9), the quants exact.
       // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to; q8
-      // multiplies the types it has no kernel for by the float32 panels.
+      // multiplies packed weights by integer panels where the CPU has VNNI,
+      // and without them the types it has no block kernel for by the float32
+      // panels.
       const bool q8_activations =
-          mode == MatMulMode::kQ8 && (HasQ8Kernel(type) || WidensToQ8_0(type));
+          mode == MatMulMode::kQ8 &&
+          (HasQ8Kernel(type) || WidensToQ8_0(type) || (HasInt8Products() && w.packed != nullptr));
       const bool bf16_activations = mode == MatMulMode::kBf16 && w.packed != nullptr;
       const double tolerance = q8_activations ? 1.5e-2 : bf16_activations ? 2.5e-3 : 2e-6;
       for (int64_t r = 0; r < m; ++r) {
@@ -174,8 +179,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(AllMatMulCase
 
 TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValues) {
   // Q5_0 in every mode; IQ4_NL where it gets no level panels of its own: in
-  // q8 (for the integer Q8_0 kernel) and with rows that are not whole panels
-  // (40). 48 rows of IQ4_NL in f32 or bf16 keep their type, packed.
+  // q8 without integer panels (for the Q8_0 block kernel) and with rows that
+  // are not whole panels (40). 48 rows of IQ4_NL elsewhere keep their type,
+  // packed.
   std::mt19937 rng(5);
   const int64_t k = 96;
   for (DType type : {DType::kQ5_0, DType::kIQ4_NL}) {
@@ -188,8 +194,9 @@ TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValu
         CpuBackend a(1, mode), b(1, mode);
         const Weight wa = Upload(a, type, n, k, bytes);
         const Weight wb = Upload(b, type, n, k, bytes);
-        const bool level_panels =
-            type == DType::kIQ4_NL && mode != MatMulMode::kQ8 && CanPackWeight(type, n, k);
+        const bool level_panels = type == DType::kIQ4_NL &&
+                                  (mode != MatMulMode::kQ8 || HasInt8Products()) &&
+                                  CanPackWeight(type, n, k);
         if (level_panels) {
           EXPECT_EQ(wa.dtype, DType::kIQ4_NL);
           EXPECT_NE(wa.packed, nullptr);
@@ -199,8 +206,10 @@ TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValu
         EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
         EXPECT_NE(wa.data, bytes.data());
 #ifdef TANDEM_CPU_AVX512
-        // The packed Q8_0 kernels, where the mode packs (q8 reads the blocks).
-        EXPECT_EQ(wa.packed != nullptr, mode != MatMulMode::kQ8 && n % 16 == 0);
+        // The packed Q8_0 kernels, where the mode packs (q8 without integer
+        // panels reads the blocks).
+        EXPECT_EQ(wa.packed != nullptr,
+                  (mode != MatMulMode::kQ8 || HasInt8Products()) && n % 16 == 0);
 #endif
         // Every value as the original blocks give it, bit for bit.
         for (int64_t r = 0; r < n; ++r) {
@@ -272,8 +281,9 @@ TEST(PackedMatMulTest, PackableWeightsArePackedAndStayUsableAsEmbeddingTables) {
   const Weight w = Upload(backend, DType::kQ8_0, n, k, bytes);
   ASSERT_NE(w.packed, nullptr);
   EXPECT_EQ(Upload(backend, DType::kQ8_0, n - 8, k, bytes).packed, nullptr);  // 40 % 16 != 0
-  EXPECT_EQ(CpuBackend(1, MatMulMode::kQ8).UploadWeight(DType::kQ8_0, n, k, bytes.data())->packed,
-            nullptr);
+  EXPECT_EQ(CpuBackend(1, MatMulMode::kQ8).UploadWeight(DType::kQ8_0, n, k, bytes.data())->packed !=
+                nullptr,
+            HasInt8Products());
   // A tied embedding table reads the original rows: row 37 exactly.
   std::vector<float> row(static_cast<size_t>(k)), expected(static_cast<size_t>(k));
   const int32_t ids[] = {37};
@@ -287,7 +297,8 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
   // input order with w as DequantizeRow gives it. A panel that decodes one
   // weight differently (a scale, a sub-block, a nibble, a rounding) differs
   // here. The K-quants and IQ4_XS are packed in every mode (q8 multiplies
-  // them by these float32 panels), the others in f32 and bf16.
+  // them by these float32 panels where it has no integer ones), the others
+  // in f32 and bf16.
   std::mt19937 rng(31);
   const int64_t n = 48, k = 768;
   for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kIQ4_NL,
@@ -303,9 +314,10 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
       CpuBackend backend(2, mode);
       const Weight w = Upload(backend, type, n, k, bytes);
       const bool q8_kernel = HasQ8Kernel(type) || WidensToQ8_0(type);
-      ASSERT_EQ(w.packed != nullptr, mode != MatMulMode::kQ8 || !q8_kernel)
+      const bool int8_panels = mode == MatMulMode::kQ8 && HasInt8Products();
+      ASSERT_EQ(w.packed != nullptr, mode != MatMulMode::kQ8 || !q8_kernel || int8_panels)
           << Info(type).name << " " << MatMulModeName(mode);
-      if (mode == MatMulMode::kBf16 || w.packed == nullptr) continue;
+      if (mode == MatMulMode::kBf16 || int8_panels || w.packed == nullptr) continue;
       for (const int64_t m : {1, 9}) {  // decoded on the fly; dequantized panels
         const std::vector<float> x = RandomRows(m, k, rng);
         std::vector<int64_t> all(static_cast<size_t>(m));
@@ -328,32 +340,129 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
   }
 }
 
+// One weight block as packed_matmul_int8.h's arithmetic reads it: the
+// values its quants stand for (for IQ4, the levels) and the scale of each
+// run of inputs, from the GGUF block by the scalar readers.
+struct IntegerBlock {
+  int runs = 1;
+  float d[2] = {0, 0};
+  bool has_min = false;
+  float m = 0;
+  int v[32] = {};
+};
+
+IntegerBlock ReadIntegerBlock(DType type, const uint8_t* row, int64_t b) {
+  IntegerBlock out;
+  auto nibble = [](const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; };
+  if (type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0) {
+    if (type == DType::kQ8_0) {
+      const auto& block = reinterpret_cast<const BlockQ8_0*>(row)[b];
+      out.d[0] = HalfToFloat(block.d);
+      for (int j = 0; j < 32; ++j) out.v[j] = block.qs[j];
+    } else if (type == DType::kQ4_0) {
+      const auto& block = reinterpret_cast<const BlockQ4_0*>(row)[b];
+      out.d[0] = HalfToFloat(block.d);
+      for (int j = 0; j < 32; ++j) out.v[j] = nibble(block.qs, j) - 8;
+    } else {
+      const auto& block = reinterpret_cast<const BlockQ4_1*>(row)[b];
+      out.d[0] = HalfToFloat(block.d);
+      out.has_min = true;
+      out.m = HalfToFloat(block.m);
+      for (int j = 0; j < 32; ++j) out.v[j] = nibble(block.qs, j);
+    }
+    return out;
+  }
+  const Block32 block = ReadBlock32(type, row, b);
+  const bool levels = type == DType::kIQ4_NL || type == DType::kIQ4_XS;
+  out.runs = type == DType::kQ6_K ? 2 : 1;
+  for (int run = 0; run < out.runs; ++run) {
+    out.d[run] = HalfToFloat(block.d) * static_cast<float>(block.scale[run]);
+  }
+  out.has_min = type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ5_1;
+  out.m = -(HalfToFloat(block.dmin) * static_cast<float>(block.min));
+  for (int j = 0; j < 32; ++j) out.v[j] = levels ? kIq4NlLevels[block.q[j]] : block.q[j];
+  return out;
+}
+
+TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
+  // packed_matmul_int8.h's arithmetic, computed here by scalar code from the
+  // GGUF blocks: exact integer dots per run, fma(D * a.d, dot, acc), then
+  // fma(M, a.ds, acc). A reordered quant, a wrong bias, a run's scale or a
+  // minimum taken wrongly changes the bits. One row (four panels at a time),
+  // three and nine rows (tiles of four and a remainder).
+  if (!HasInt8Products()) GTEST_SKIP() << "no AVX-512 VNNI in this build";
+  std::mt19937 rng(37);
+  const int64_t n = 80, k = 768, blocks = k / 32;
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K,
+                     DType::kQ6_K, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS}) {
+    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+    CpuBackend backend(2, MatMulMode::kQ8);
+    const Weight w = Upload(backend, type, n, k, bytes);
+    ASSERT_NE(w.packed, nullptr) << Info(type).name;
+    for (const int64_t m : {1, 3, 9}) {
+      const std::vector<float> x = RandomRows(m, k, rng);
+      std::vector<int64_t> all(static_cast<size_t>(m));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<float> out = RunMatMul(backend, w, x, all);
+      for (int64_t r = 0; r < m; ++r) {
+        std::vector<ActivationBlock> a(static_cast<size_t>(blocks));
+        QuantizeActivationRow(&x[static_cast<size_t>(r * k)], k, a.data());
+        for (int64_t c = 0; c < n; ++c) {
+          const uint8_t* row = bytes.data() + static_cast<size_t>(c) * RowBytes(type, k);
+          float acc = 0.0f;
+          for (int64_t b = 0; b < blocks; ++b) {
+            const IntegerBlock block = ReadIntegerBlock(type, row, b);
+            const ActivationBlock& ab = a[static_cast<size_t>(b)];
+            const int run_inputs = 32 / block.runs;
+            for (int run = 0; run < block.runs; ++run) {
+              int32_t dot = 0;
+              for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
+                dot += block.v[j] * ab.q[j];
+              }
+              acc = std::fma(block.d[run] * ab.d, static_cast<float>(dot), acc);
+            }
+            if (block.has_min) acc = std::fma(block.m, ab.ds, acc);
+          }
+          ASSERT_EQ(Float2Bits(out[static_cast<size_t>(r * n + c)]), Float2Bits(acc))
+              << Info(type).name << " at [" << r << "][" << c << "] of " << m << " rows";
+        }
+      }
+    }
+  }
+}
+
 TEST(PackedMatMulTest, WeightBytesCountThePanelsAndWidenedBlocksEachModeMakes) {
   // What --kv_cache_memory_fraction takes off the free memory for a 64 x 512
   // weight (32,768 weights): the panels' bytes a weight (docs/architecture.md,
   // "Matrix products") and, for widened types, the 34-byte Q8_0 blocks.
+  // q8 as the integer panels (packed_matmul_int8.h) take it, and without
+  // them (blocks for Q4_0, Q4_1 and Q8_0, float panels for the others).
   struct Case {
     DType type;
-    int64_t f32_bf16, q8;
+    int64_t f32_bf16, q8, q8_int8;
   };
   const int64_t w = 64 * 512;
   const Case cases[] = {
-      {DType::kF32, 0, 0},
-      {DType::kQ4_0, w * 288 / 512, 0},  // half d, nibbles
-      {DType::kQ4_1, w * 320 / 512, 0},
-      {DType::kQ8_0, w * 544 / 512, 0},
-      {DType::kQ4_K, w * (64 + 8 * 288) / 4096, w * (64 + 8 * 288) / 4096},
-      {DType::kQ6_K, w * (32 + 8 * 544) / 4096, w * (32 + 8 * 544) / 4096},
-      {DType::kQ5_K, w * 608 / 512, w * 608 / 512},
-      {DType::kIQ4_XS, w * 304 / 512, w * 304 / 512},
-      {DType::kIQ4_NL, w * 304 / 512, w * 34 / 32},  // q8: widened, read as blocks
-      {DType::kQ5_0, w * 34 / 32 + w * 544 / 512, w * 34 / 32},
+      {DType::kF32, 0, 0, 0},
+      {DType::kQ4_0, w * 288 / 512, 0, w * 288 / 512},  // half d, nibbles
+      {DType::kQ4_1, w * 320 / 512, 0, w * 320 / 512},
+      {DType::kQ8_0, w * 544 / 512, 0, w * 544 / 512},
+      {DType::kQ4_K, w * (64 + 8 * 288) / 4096, w * (64 + 8 * 288) / 4096,
+       w * (64 + 8 * 288) / 4096},
+      // Q6_K and Q5_K: a nibble plane and two or one planes of top bits.
+      {DType::kQ6_K, w * (32 + 8 * 544) / 4096, w * (32 + 8 * 544) / 4096,
+       w * (32 + 8 * 416) / 4096},
+      {DType::kQ5_K, w * 608 / 512, w * 608 / 512, w * 416 / 512},
+      {DType::kIQ4_XS, w * 304 / 512, w * 304 / 512, w * 304 / 512},
+      {DType::kIQ4_NL, w * 304 / 512, w * 34 / 32, w * 304 / 512},  // q8: widened, as blocks
+      {DType::kQ5_0, w * 34 / 32 + w * 544 / 512, w * 34 / 32, w * 34 / 32 + w * 544 / 512},
   };
   for (const Case& c : cases) {
     for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
       if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
-      EXPECT_EQ(CpuBackend(1, mode).WeightBytes(c.type, 64, 512),
-                mode == MatMulMode::kQ8 ? c.q8 : c.f32_bf16)
+      int64_t expected = mode == MatMulMode::kQ8 ? c.q8 : c.f32_bf16;
+      if (mode == MatMulMode::kQ8 && HasInt8Products()) expected = c.q8_int8;
+      EXPECT_EQ(CpuBackend(1, mode).WeightBytes(c.type, 64, 512), expected)
           << Info(c.type).name << " " << MatMulModeName(mode);
     }
   }
@@ -655,12 +764,15 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
   std::vector<int32_t> table_, other_table_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150},
-                                           AttentionCase{16, 4, 23, 5, 0.0f},
-                                           AttentionCase{64, 16, 150, 37, 0.0f},
-                                           AttentionCase{64, 16, 150, 70, 1.5f},
-                                           AttentionCase{16, 4, 23, 0, 0.8f}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Values(AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150},
+                      AttentionCase{16, 4, 23, 5, 0.0f}, AttentionCase{64, 16, 150, 37, 0.0f},
+                      AttentionCase{64, 16, 150, 70, 1.5f}, AttentionCase{16, 4, 23, 0, 0.8f},
+                      // The head sizes of most models from 1.5B up
+                      // (128) and of Gemma (256).
+                      AttentionCase{128, 16, 150}, AttentionCase{128, 16, 150, 37, 1.5f},
+                      AttentionCase{256, 16, 70}));
 
 TEST_P(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
   const std::vector<float> whole = Run(0, length_, false);

@@ -36,10 +36,9 @@ GgufBuilder Base(const std::string& arch, uint32_t layers, uint32_t embedding = 
 
 absl::StatusOr<ModelConfig> Read(GgufBuilder b, uint32_t embedding = 256) {
   b.Tensor("token_embd.weight", {embedding, 8}, 0, std::vector<uint8_t>(embedding * 8 * 4, 0));
-  const std::string path =
-      ::testing::TempDir() + "/model_config_" + std::to_string(::getpid()) + ".gguf";
-  tandem::testing::WriteFile(path, b.Build());
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  const tandem::testing::ScopedFile gguf(
+      ::testing::TempDir() + "/model_config_" + std::to_string(::getpid()) + ".gguf", b.Build());
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(gguf.path());
   if (!file.ok()) return file.status();
   return ReadModelConfig(**file);
 }

@@ -40,9 +40,9 @@ class SentencePieceTest : public ::testing::Test {
         .Uint32("tokenizer.ggml.eos_token_id", 2)
         .Uint32("tokenizer.ggml.unknown_token_id", 0);
     if (add_space_prefix.has_value()) b.Bool("tokenizer.ggml.add_space_prefix", *add_space_prefix);
-    const std::string path = ::testing::TempDir() + "/spm_" + std::to_string(::getpid()) + ".gguf";
-    tandem::testing::WriteFile(path, b.Build());
-    auto file = model::GgufFile::Open(path);
+    const tandem::testing::ScopedFile gguf(
+        ::testing::TempDir() + "/spm_" + std::to_string(::getpid()) + ".gguf", b.Build());
+    auto file = model::GgufFile::Open(gguf.path());
     EXPECT_TRUE(file.ok()) << file.status();
     auto tok = BpeTokenizer::FromGguf(**file);
     EXPECT_TRUE(tok.ok()) << tok.status();
@@ -103,9 +103,9 @@ TEST(WordPieceTest, WordsAreTheirLongestPiecesFromTheLeftOrUnknown) {
       .Int32Array("tokenizer.ggml.token_type",
                   {kControl, kNormal, kNormal, kNormal, kNormal, kNormal, kNormal, kNormal})
       .Uint32("tokenizer.ggml.unknown_token_id", 0);
-  const std::string path = ::testing::TempDir() + "/wpm_" + std::to_string(::getpid()) + ".gguf";
-  tandem::testing::WriteFile(path, b.Build());
-  auto file = model::GgufFile::Open(path);
+  const tandem::testing::ScopedFile gguf(
+      ::testing::TempDir() + "/wpm_" + std::to_string(::getpid()) + ".gguf", b.Build());
+  auto file = model::GgufFile::Open(gguf.path());
   ASSERT_TRUE(file.ok()) << file.status();
   auto tok = BpeTokenizer::FromGguf(**file);
   ASSERT_TRUE(tok.ok()) << tok.status();
@@ -121,9 +121,9 @@ TEST(TokenizerModelTest, UnsupportedModelsAreNamed) {
   b.String("tokenizer.ggml.model", "t5")
       .StringArray("tokenizer.ggml.tokens", {"[PAD]", "a"})
       .Int32Array("tokenizer.ggml.token_type", {kControl, kNormal});
-  const std::string path = ::testing::TempDir() + "/ugm_" + std::to_string(::getpid()) + ".gguf";
-  tandem::testing::WriteFile(path, b.Build());
-  auto file = model::GgufFile::Open(path);
+  const tandem::testing::ScopedFile gguf(
+      ::testing::TempDir() + "/ugm_" + std::to_string(::getpid()) + ".gguf", b.Build());
+  auto file = model::GgufFile::Open(gguf.path());
   ASSERT_TRUE(file.ok()) << file.status();
   auto tok = BpeTokenizer::FromGguf(**file);
   ASSERT_FALSE(tok.ok());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/kernels/cpu/elementwise.h"
 #include "engine/kernels/cpu/simd.h"
@@ -45,23 +46,28 @@ struct Task {
   int32_t row_begin, row_end;
 };
 
+// The head sizes with vector kernels (64: SmolLM2, Llama 3.2 1B; 128: most
+// models from 1.5B up; 256: Gemma). A head of kDim dimensions is kDim / 8
+// chunks of eight.
+inline bool HasVectorKernels(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
 #ifdef TANDEM_CPU_AVX2
 // Eight lanes of a key or value row, from floats or (exactly converted) halves.
 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 Load8(const uint16_t* p) { return LoadHalf8(p); }
 
-// head_dim 64: the eight lanes whose sum (HorizontalSum) is q . k: two
-// chains of products over the 64 dimensions, added lane by lane.
-template <typename T>
-inline __m256 DotLanes64(const __m256* q, const T* k) {
+// The eight lanes whose sum (HorizontalSum) is q . k: two chains of
+// products, over the even and the odd chunks, added lane by lane.
+template <int kDim, typename T>
+inline __m256 DotLanes(const __m256* q, const T* k) {
   __m256 acc0 = _mm256_mul_ps(q[0], Load8(k));
   __m256 acc1 = _mm256_mul_ps(q[1], Load8(k + 8));
-  acc0 = _mm256_fmadd_ps(q[2], Load8(k + 16), acc0);
-  acc1 = _mm256_fmadd_ps(q[3], Load8(k + 24), acc1);
-  acc0 = _mm256_fmadd_ps(q[4], Load8(k + 32), acc0);
-  acc1 = _mm256_fmadd_ps(q[5], Load8(k + 40), acc1);
-  acc0 = _mm256_fmadd_ps(q[6], Load8(k + 48), acc0);
-  acc1 = _mm256_fmadd_ps(q[7], Load8(k + 56), acc1);
+  for (int c = 2; c < kDim / 8; c += 2) {
+    acc0 = _mm256_fmadd_ps(q[c], Load8(k + 8 * c), acc0);
+    acc1 = _mm256_fmadd_ps(q[c + 1], Load8(k + 8 * c + 8), acc1);
+  }
   return _mm256_add_ps(acc0, acc1);
 }
 
@@ -86,34 +92,43 @@ inline __m256 HorizontalSums8(const __m256* v) {
   return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// head_dim 64: scores[j] = scale * (q . rows[j]) for j in [0, n). The same
-// operations whether the rows are floats or halves (converted exactly), and
-// whether a key falls in a group of eight or not, so a query's scores do not
-// depend on which form its task reads or on how many keys it sees.
-template <typename T>
-void ScoreRows64(const float* q, const T* const* rows, int n, float scale, float* scores) {
-  __m256 qv[8];
-  for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+// scores[j] = scale * (q . rows[j]) for j in [0, n). The same operations
+// whether the rows are floats or halves (converted exactly), and whether a
+// key falls in a group of eight or not, so a query's scores do not depend
+// on which form its task reads or on how many keys it sees.
+template <int kDim, typename T>
+void ScoreRows(const float* q, const T* const* rows, int n, float scale, float* scores) {
+  __m256 qv[kDim / 8];
+  for (int i = 0; i < kDim / 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
   const __m256 vscale = _mm256_set1_ps(scale);
   int j = 0;
   for (; j + 8 <= n; j += 8) {
     __m256 lanes[8];
-    for (int i = 0; i < 8; ++i) lanes[i] = DotLanes64(qv, rows[j + i]);
+    for (int i = 0; i < 8; ++i) lanes[i] = DotLanes<kDim>(qv, rows[j + i]);
     _mm256_storeu_ps(scores + j, _mm256_mul_ps(HorizontalSums8(lanes), vscale));
   }
-  for (; j < n; ++j) scores[j] = HorizontalSum(DotLanes64(qv, rows[j])) * scale;
+  for (; j < n; ++j) scores[j] = HorizontalSum(DotLanes<kDim>(qv, rows[j])) * scale;
 }
 
-// head_dim 64: acc[0..64) += p[j] * rows[j] for j in [0, n), in order of j.
-template <typename T>
-void AccumulateRows64(float* acc, const float* p, const T* const* rows, int n) {
-  __m256 a[8];
-  for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+// acc[0..kDim) += p[j] * rows[j] for j in [0, n), in order of j.
+template <int kDim, typename T>
+void AccumulateRows(float* acc, const float* p, const T* const* rows, int n) {
+  __m256 a[kDim / 8];
+  for (int i = 0; i < kDim / 8; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
   for (int j = 0; j < n; ++j) {
     const __m256 pj = _mm256_set1_ps(p[j]);
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, Load8(rows[j] + 8 * i), a[i]);
+    for (int i = 0; i < kDim / 8; ++i) a[i] = _mm256_fmadd_ps(pj, Load8(rows[j] + 8 * i), a[i]);
   }
-  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+  for (int i = 0; i < kDim / 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+
+// Calls fn(std::integral_constant<int, head_dim>{}) for a head size with
+// vector kernels. REQUIRES: HasVectorKernels(head_dim).
+template <typename Fn>
+inline void WithHeadDim(int head_dim, Fn&& fn) {
+  if (head_dim == 64) return fn(std::integral_constant<int, 64>{});
+  if (head_dim == 128) return fn(std::integral_constant<int, 128>{});
+  return fn(std::integral_constant<int, 256>{});
 }
 #endif
 
@@ -122,68 +137,73 @@ void AccumulateRows64(float* acc, const float* p, const T* const* rows, int n) {
 // share each key's (or value's) loads and conversion. Every query's
 // arithmetic is the 8-lane kernels' (so bitwise equal to them, and to
 // itself whatever queries it runs with): a 16-lane chunk of dimensions
-// [16c, 16c + 16) holds DotLanes64's acc0 chain in its low half and acc1's
+// [16c, 16c + 16) holds DotLanes's acc0 chain in its low half and acc1's
 // in its high half, and value accumulation is element-wise.
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 Load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// DotLanes64(q, k) for a key loaded as k[0..4): acc0 + acc1.
-inline __m256 DotLanes64(const __m512* q, const __m512* k) {
+// DotLanes<kDim>(q, k) for a key loaded as k[0..kDim / 16): acc0 + acc1.
+template <int kDim>
+inline __m256 DotLanes(const __m512* q, const __m512* k) {
   __m512 acc = _mm512_mul_ps(q[0], k[0]);
-  acc = _mm512_fmadd_ps(q[1], k[1], acc);
-  acc = _mm512_fmadd_ps(q[2], k[2], acc);
-  acc = _mm512_fmadd_ps(q[3], k[3], acc);
+  for (int c = 1; c < kDim / 16; ++c) acc = _mm512_fmadd_ps(q[c], k[c], acc);
   const __m256 high = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE));
   return _mm256_add_ps(_mm512_castps512_ps256(acc), high);
 }
 
-// ScoreRows64 for NQ queries: scores[b][j] = scale * (q[b] . rows[j]).
-template <int NQ, typename T>
-void ScoreRows64Multi(const float* const* q, const T* const* rows, int n, float scale,
-                      float* const* scores) {
-  __m512 qv[NQ][4];
+// A key or value row as kDim / 16 vectors.
+template <int kDim, typename T>
+inline void LoadRow(const T* row, __m512* v) {
+  for (int c = 0; c < kDim / 16; ++c) v[c] = Load16(row + 16 * c);
+}
+
+// ScoreRows for NQ queries: scores[b][j] = scale * (q[b] . rows[j]).
+template <int NQ, int kDim, typename T>
+void ScoreRowsMulti(const float* const* q, const T* const* rows, int n, float scale,
+                    float* const* scores) {
+  __m512 qv[NQ][kDim / 16];
   for (int b = 0; b < NQ; ++b) {
-    for (int c = 0; c < 4; ++c) qv[b][c] = _mm512_loadu_ps(q[b] + 16 * c);
+    for (int c = 0; c < kDim / 16; ++c) qv[b][c] = _mm512_loadu_ps(q[b] + 16 * c);
   }
   const __m256 vscale = _mm256_set1_ps(scale);
   int j = 0;
   for (; j + 8 <= n; j += 8) {
     __m256 lanes[NQ][8];
     for (int i = 0; i < 8; ++i) {
-      const __m512 k[4] = {Load16(rows[j + i]), Load16(rows[j + i] + 16), Load16(rows[j + i] + 32),
-                           Load16(rows[j + i] + 48)};
-      for (int b = 0; b < NQ; ++b) lanes[b][i] = DotLanes64(qv[b], k);
+      __m512 k[kDim / 16];
+      LoadRow<kDim>(rows[j + i], k);
+      for (int b = 0; b < NQ; ++b) lanes[b][i] = DotLanes<kDim>(qv[b], k);
     }
     for (int b = 0; b < NQ; ++b) {
       _mm256_storeu_ps(scores[b] + j, _mm256_mul_ps(HorizontalSums8(lanes[b]), vscale));
     }
   }
   for (; j < n; ++j) {
-    const __m512 k[4] = {Load16(rows[j]), Load16(rows[j] + 16), Load16(rows[j] + 32),
-                         Load16(rows[j] + 48)};
-    for (int b = 0; b < NQ; ++b) scores[b][j] = HorizontalSum(DotLanes64(qv[b], k)) * scale;
+    __m512 k[kDim / 16];
+    LoadRow<kDim>(rows[j], k);
+    for (int b = 0; b < NQ; ++b) scores[b][j] = HorizontalSum(DotLanes<kDim>(qv[b], k)) * scale;
   }
 }
 
-// AccumulateRows64 for NQ queries: acc[b] += p[b][j] * rows[j], in order of j.
-template <int NQ, typename T>
-void AccumulateRows64Multi(float* const* acc, const float* const* p, const T* const* rows, int n) {
-  __m512 a[NQ][4];
+// AccumulateRows for NQ queries: acc[b] += p[b][j] * rows[j], in order of j.
+template <int NQ, int kDim, typename T>
+void AccumulateRowsMulti(float* const* acc, const float* const* p, const T* const* rows, int n) {
+  __m512 a[NQ][kDim / 16];
   for (int b = 0; b < NQ; ++b) {
-    for (int c = 0; c < 4; ++c) a[b][c] = _mm512_loadu_ps(acc[b] + 16 * c);
+    for (int c = 0; c < kDim / 16; ++c) a[b][c] = _mm512_loadu_ps(acc[b] + 16 * c);
   }
   for (int j = 0; j < n; ++j) {
-    const __m512 v[4] = {Load16(rows[j]), Load16(rows[j] + 16), Load16(rows[j] + 32),
-                         Load16(rows[j] + 48)};
+    __m512 v[kDim / 16];
+    LoadRow<kDim>(rows[j], v);
     for (int b = 0; b < NQ; ++b) {
       const __m512 pj = _mm512_set1_ps(p[b][j]);
-      for (int c = 0; c < 4; ++c) a[b][c] = _mm512_fmadd_ps(pj, v[c], a[b][c]);
+      for (int c = 0; c < kDim / 16; ++c) a[b][c] = _mm512_fmadd_ps(pj, v[c], a[b][c]);
     }
   }
   for (int b = 0; b < NQ; ++b) {
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[b] + 16 * c, a[b][c]);
+    for (int c = 0; c < kDim / 16; ++c) _mm512_storeu_ps(acc[b] + 16 * c, a[b][c]);
   }
 }
 #endif
@@ -194,10 +214,10 @@ void AccumulateRows64Multi(float* const* acc, const float* const* p, const T* co
 void ScoreBlock(const float* q, const float* keys, int n, int head_dim, float scale,
                 float* scores) {
 #ifdef TANDEM_CPU_AVX2
-  if (head_dim == 64) {
+  if (HasVectorKernels(head_dim)) {
     const float* rows[kKeyBlock];
-    for (int j = 0; j < n; ++j) rows[j] = keys + int64_t{j} * 64;
-    ScoreRows64(q, rows, n, scale, scores);
+    for (int j = 0; j < n; ++j) rows[j] = keys + int64_t{j} * head_dim;
+    WithHeadDim(head_dim, [&](auto dim) { ScoreRows<dim()>(q, rows, n, scale, scores); });
     return;
   }
 #endif
@@ -209,10 +229,10 @@ void ScoreBlock(const float* q, const float* keys, int n, int head_dim, float sc
 // acc[0..head_dim) += p[j] * values[j] for j in [0, n), in order of j.
 void AccumulateBlock(float* acc, const float* p, const float* values, int n, int head_dim) {
 #ifdef TANDEM_CPU_AVX2
-  if (head_dim == 64) {
+  if (HasVectorKernels(head_dim)) {
     const float* rows[kKeyBlock];
-    for (int j = 0; j < n; ++j) rows[j] = values + int64_t{j} * 64;
-    AccumulateRows64(acc, p, rows, n);
+    for (int j = 0; j < n; ++j) rows[j] = values + int64_t{j} * head_dim;
+    WithHeadDim(head_dim, [&](auto dim) { AccumulateRows<dim()>(acc, p, rows, n); });
     return;
   }
 #endif
@@ -320,10 +340,13 @@ struct TaskQueries {
 };
 
 #ifdef TANDEM_CPU_AVX512
-// Queries scored together (two keep their products and lane sums in
-// registers) and accumulated together (four keep 16 accumulators).
-constexpr int kScoreGroup = 2;
-constexpr int kAccumulateGroup = 4;
+// Queries scored together (two heads of 64 keep their products and lane
+// sums in registers) and accumulated together (four heads of 64, two of
+// 128, keep 16 accumulators); one at a time for larger heads.
+template <int kDim>
+constexpr int kScoreGroup = kDim == 64 ? 2 : 1;
+template <int kDim>
+constexpr int kAccumulateGroup = kDim <= 128 ? 256 / kDim : 1;
 
 // Runs kernel(begin, count, offset, n) over the queries that see keys of
 // the block [first, first + n): consecutive queries in groups of `group`
@@ -351,35 +374,36 @@ void ForQueryGroups(const TaskQueries& tq, int64_t first, int n, Kernel kernel) 
   }
 }
 
-template <typename T>
-void ScoreQueries64(const TaskQueries& tq, const T* const* rows, int64_t first, int n,
-                    float scale) {
-  ForQueryGroups<kScoreGroup>(tq, first, n, [&](int begin, int count, int offset, int keys) {
-    float* scores[kScoreGroup];
+template <int kDim, typename T>
+void ScoreQueries(const TaskQueries& tq, const T* const* rows, int64_t first, int n, float scale) {
+  constexpr int kGroup = kScoreGroup<kDim>;
+  ForQueryGroups<kGroup>(tq, first, n, [&](int begin, int count, int offset, int keys) {
+    float* scores[kGroup];
     for (int b = 0; b < count; ++b) {
       scores[b] = tq.scores[static_cast<size_t>(begin + b)] + first + offset;
     }
     const float* const* q = &tq.q[static_cast<size_t>(begin)];
-    if (count == kScoreGroup) {
-      ScoreRows64Multi<kScoreGroup>(q, rows + offset, keys, scale, scores);
+    if (count == kGroup) {
+      ScoreRowsMulti<kGroup, kDim>(q, rows + offset, keys, scale, scores);
     } else {
-      ScoreRows64Multi<1>(q, rows + offset, keys, scale, scores);
+      ScoreRowsMulti<1, kDim>(q, rows + offset, keys, scale, scores);
     }
   });
 }
 
-template <typename T>
-void AccumulateQueries64(const TaskQueries& tq, const T* const* rows, int64_t first, int n) {
-  ForQueryGroups<kAccumulateGroup>(tq, first, n, [&](int begin, int count, int offset, int keys) {
-    const float* p[kAccumulateGroup];
+template <int kDim, typename T>
+void AccumulateQueries(const TaskQueries& tq, const T* const* rows, int64_t first, int n) {
+  constexpr int kGroup = kAccumulateGroup<kDim>;
+  ForQueryGroups<kGroup>(tq, first, n, [&](int begin, int count, int offset, int keys) {
+    const float* p[kGroup];
     for (int b = 0; b < count; ++b) {
       p[b] = tq.scores[static_cast<size_t>(begin + b)] + first + offset;
     }
     float* const* acc = &tq.out[static_cast<size_t>(begin)];
-    if (count == kAccumulateGroup) {
-      AccumulateRows64Multi<kAccumulateGroup>(acc, p, rows + offset, keys);
+    if (count == kGroup) {
+      AccumulateRowsMulti<kGroup, kDim>(acc, p, rows + offset, keys);
     } else {
-      AccumulateRows64Multi<1>(acc, p, rows + offset, keys);
+      AccumulateRowsMulti<1, kDim>(acc, p, rows + offset, keys);
     }
   });
 }
@@ -421,15 +445,14 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   };
   const int64_t task_lowest = lowest(0);
 #ifdef TANDEM_CPU_AVX512
-  const bool vector64 = head_dim == 64;
-#else
-  constexpr bool vector64 = false;
+  const bool vector = HasVectorKernels(head_dim);
 #endif
 
   // A few queries (a decode step) read the halves in place; converting them
   // to floats first pays only when many queries (a prompt chunk) share them.
   // The arithmetic is the same either way.
-  const bool in_place = kInPlaceSupported && head_dim == 64 && queries <= kInPlaceMaxQueries;
+  const bool in_place =
+      kInPlaceSupported && HasVectorKernels(head_dim) && queries <= kInPlaceMaxQueries;
   // Keys or values [first, first + n) of the task's KV head: pointers to the
   // halves in place, or to the floats they were converted to in `block`.
   const uint16_t* half_rows[kKeyBlock];
@@ -446,12 +469,14 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
     load_rows(kv.k, first, n);
 #ifdef TANDEM_CPU_AVX512
-    if (vector64) {
-      if (in_place) {
-        ScoreQueries64(tq, half_rows, first, n, shape.scale);
-      } else {
-        ScoreQueries64(tq, float_rows, first, n, shape.scale);
-      }
+    if (vector) {
+      WithHeadDim(head_dim, [&](auto dim) {
+        if (in_place) {
+          ScoreQueries<dim()>(tq, half_rows, first, n, shape.scale);
+        } else {
+          ScoreQueries<dim()>(tq, float_rows, first, n, shape.scale);
+        }
+      });
       continue;
     }
 #endif
@@ -461,8 +486,10 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
       float* si = tq.scores[static_cast<size_t>(i)] + first;
 #ifdef TANDEM_CPU_AVX2
       if (in_place) {
-        ScoreRows64(tq.q[static_cast<size_t>(i)], half_rows, static_cast<int>(seen), shape.scale,
-                    si);
+        WithHeadDim(head_dim, [&](auto dim) {
+          ScoreRows<dim()>(tq.q[static_cast<size_t>(i)], half_rows, static_cast<int>(seen),
+                           shape.scale, si);
+        });
         continue;
       }
 #endif
@@ -483,12 +510,14 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
     load_rows(kv.v, first, n);
 #ifdef TANDEM_CPU_AVX512
-    if (vector64) {
-      if (in_place) {
-        AccumulateQueries64(tq, half_rows, first, n);
-      } else {
-        AccumulateQueries64(tq, float_rows, first, n);
-      }
+    if (vector) {
+      WithHeadDim(head_dim, [&](auto dim) {
+        if (in_place) {
+          AccumulateQueries<dim()>(tq, half_rows, first, n);
+        } else {
+          AccumulateQueries<dim()>(tq, float_rows, first, n);
+        }
+      });
       continue;
     }
 #endif
@@ -499,7 +528,9 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
       const float* pi = tq.scores[static_cast<size_t>(i)] + first;
 #ifdef TANDEM_CPU_AVX2
       if (in_place) {
-        AccumulateRows64(acc, pi, half_rows, static_cast<int>(seen));
+        WithHeadDim(head_dim, [&](auto dim) {
+          AccumulateRows<dim()>(acc, pi, half_rows, static_cast<int>(seen));
+        });
         continue;
       }
 #endif

@@ -16,6 +16,7 @@
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/elementwise.h"
 #include "engine/kernels/cpu/matmul_q8.h"
+#include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 
@@ -30,12 +31,12 @@ constexpr size_t kAlignment = 64;
 // Keyed by the host data (which outlives every backend that uses it), type
 // and shape; one table per T. `make(weight)` returns a shared_ptr<const T>.
 template <typename T, typename Make>
-std::shared_ptr<const T> SharedPerProcess(const Weight& weight, Make make) {
-  using Key = std::tuple<const void*, DType, int64_t, int64_t>;
+std::shared_ptr<const T> SharedPerProcess(const Weight& weight, int variant, Make make) {
+  using Key = std::tuple<const void*, DType, int64_t, int64_t, int>;
   static absl::Mutex mu(absl::kConstInit);
   static auto* made =  // guarded by mu
       new absl::flat_hash_map<Key, std::weak_ptr<const T>>();
-  const Key key{weight.data, weight.dtype, weight.rows, weight.cols};
+  const Key key{weight.data, weight.dtype, weight.rows, weight.cols, variant};
   absl::MutexLock lock(&mu);
   if (auto it = made->find(key); it != made->end()) {
     if (std::shared_ptr<const T> live = it->second.lock()) return live;
@@ -45,9 +46,11 @@ std::shared_ptr<const T> SharedPerProcess(const Weight& weight, Make make) {
   return result;
 }
 
-std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight) {
-  return SharedPerProcess<PackedWeight>(
-      weight, [](const Weight& w) { return std::shared_ptr<const PackedWeight>(PackWeight(w)); });
+// The float panels (variant 0) or the integer ones (1) of a weight.
+std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight, bool int8) {
+  return SharedPerProcess<PackedWeight>(weight, int8 ? 1 : 0, [int8](const Weight& w) {
+    return std::shared_ptr<const PackedWeight>(int8 ? PackWeightInt8(w) : PackWeight(w));
+  });
 }
 
 // A Q5_0 or IQ4_NL weight widened to Q8_0 blocks of exactly its values
@@ -55,7 +58,7 @@ std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight) {
 // instead of the dequantizing fallback (Q5_0 is what llama-quantize's Q4_K_M
 // writes where rows are not a multiple of 256, IQ4_NL what IQ4_XS writes).
 std::shared_ptr<const std::vector<BlockQ8_0>> SharedWidenedToQ8_0(const Weight& weight) {
-  return SharedPerProcess<std::vector<BlockQ8_0>>(weight, [](const Weight& w) {
+  return SharedPerProcess<std::vector<BlockQ8_0>>(weight, 0, [](const Weight& w) {
     const int64_t blocks = w.rows * w.cols / BlockQ8_0::kElements;
     auto widened = std::make_shared<std::vector<BlockQ8_0>>(static_cast<size_t>(blocks));
     WidenToQ8_0(w.dtype, w.data, blocks, widened->data());
@@ -96,17 +99,25 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
 
 CpuBackend::UploadPlan CpuBackend::PlanUpload(DType dtype, int64_t rows, int64_t cols) const {
   UploadPlan plan;
+  // q8 multiplies packed weights by integer panels where the CPU has the
+  // instructions (packed_matmul_int8.h).
+  const bool int8_panels = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products();
   // Q5_0 always becomes Q8_0 blocks; IQ4_NL only where it has no panels of
-  // its own (q8, which has an integer kernel for Q8_0, or unpackable shapes).
-  const bool iq4_panels = dtype == DType::kIQ4_NL && matmul_mode_ != MatMulMode::kQ8 &&
+  // its own (unpackable shapes, or q8 without integer panels, which has a
+  // block kernel for Q8_0).
+  const bool iq4_panels = dtype == DType::kIQ4_NL &&
+                          (matmul_mode_ != MatMulMode::kQ8 || int8_panels) &&
                           CanPackWeight(dtype, rows, cols);
   plan.widen = WidensToQ8_0(dtype) && !iq4_panels;
   plan.dtype = plan.widen ? DType::kQ8_0 : dtype;
-  // The float32 and bfloat16 modes multiply by packed panels; q8 reads the
-  // GGUF blocks of the types it has kernels for, and multiplies the others
-  // by the float32 packed panels.
-  const bool q8_reads_blocks = matmul_mode_ == MatMulMode::kQ8 && HasQ8Kernel(plan.dtype);
-  plan.pack = !q8_reads_blocks && CanPackWeight(plan.dtype, rows, cols);
+  // The float32 and bfloat16 modes multiply by packed panels, q8 by integer
+  // panels. Without those, q8 reads the GGUF blocks of the types it has
+  // block kernels for, and multiplies the others by the float32 panels.
+  const bool packable = CanPackWeight(plan.dtype, rows, cols);
+  const bool q8_reads_blocks =
+      matmul_mode_ == MatMulMode::kQ8 && HasQ8Kernel(plan.dtype) && !(int8_panels && packable);
+  plan.pack = !q8_reads_blocks && packable;
+  plan.int8 = plan.pack && int8_panels;
   return plan;
 }
 
@@ -114,7 +125,10 @@ int64_t CpuBackend::WeightBytes(DType dtype, int64_t rows, int64_t cols) const {
   const UploadPlan plan = PlanUpload(dtype, rows, cols);
   int64_t bytes = 0;
   if (plan.widen) bytes += static_cast<int64_t>(RowBytes(DType::kQ8_0, cols)) * rows;
-  if (plan.pack) bytes += PackedWeightBytes(plan.dtype, rows, cols);
+  if (plan.pack) {
+    bytes += plan.int8 ? PackedWeightBytesInt8(plan.dtype, rows, cols)
+                       : PackedWeightBytes(plan.dtype, rows, cols);
+  }
   return bytes;
 }
 
@@ -127,7 +141,7 @@ absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, int64_t rows, int64
     weight = Weight{DType::kQ8_0, rows, cols, widened_weights_.back()->data()};
   }
   if (plan.pack) {
-    packed_weights_.push_back(SharedPackedWeight(weight));
+    packed_weights_.push_back(SharedPackedWeight(weight, plan.int8));
     weight.packed = packed_weights_.back().get();
   }
   return weight;

@@ -77,6 +77,7 @@ class CpuBackend final : public Backend {
     bool widen = false;         // rewritten as Q8_0 blocks of exactly its values
     DType dtype = DType::kF32;  // the type the kernels read (Q8_0 if widened)
     bool pack = false;          // packed panels (packed_matmul.h)
+    bool int8 = false;          // ... in the integer order (packed_matmul_int8.h)
   };
   UploadPlan PlanUpload(DType dtype, int64_t rows, int64_t cols) const;
 

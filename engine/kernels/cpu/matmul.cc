@@ -6,6 +6,7 @@
 #include "engine/kernels/cpu/matmul_f32.h"
 #include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/packed_matmul.h"
+#include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/product_rates.h"
 
 namespace tandem::kernels::cpu {
@@ -22,7 +23,17 @@ constexpr int64_t kMinRowsPerTask = 16;
 constexpr int64_t kMaxMultiplyAddsPerTask = int64_t{8} << 20;
 static_assert(kMinRowsPerTask % kPanelWidth == 0, "tasks cover whole packed panels");
 
-bool UsesQ8(MatMulMode mode, DType dtype) { return mode == MatMulMode::kQ8 && HasQ8Kernel(dtype); }
+// In q8 mode a packed weight holds integer panels where the CPU has the
+// instructions (CpuBackend::UploadWeight), else float32 ones.
+bool UsesInt8Panels(MatMulMode mode, const Weight& w) {
+  return mode == MatMulMode::kQ8 && HasInt8Products() && w.packed != nullptr;
+}
+// Whether the weight is multiplied by 8-bit activations (integer panels or
+// the block kernels).
+bool UsesQ8(MatMulMode mode, const Weight& w) {
+  return UsesInt8Panels(mode, w) ||
+         (mode == MatMulMode::kQ8 && w.packed == nullptr && HasQ8Kernel(w.dtype));
+}
 
 }  // namespace
 
@@ -64,9 +75,9 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   bool any_fused = false;
   bool any_bf16 = false;
   for (const Weight* w : weights) {
-    any_q8 |= UsesQ8(mode, w->dtype);
+    any_q8 |= UsesQ8(mode, *w);
     any_bf16 |= mode == MatMulMode::kBf16 && w->packed != nullptr;
-    any_fused |= !UsesQ8(mode, w->dtype) && w->packed == nullptr && HasFusedF32Kernel(w->dtype) &&
+    any_fused |= !UsesQ8(mode, *w) && w->packed == nullptr && HasFusedF32Kernel(w->dtype) &&
                  FusedF32KernelNeedsBlockSums();
   }
   // Per-row preparation shared by every weight of the call.
@@ -116,7 +127,10 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
       const float* bias = w < biases.size() && biases[w] != nullptr
                               ? static_cast<const float*>(biases[w]->data)
                               : nullptr;
-      if (UsesQ8(mode, weight.dtype)) {
+      if (UsesInt8Panels(mode, weight)) {
+        MatMulPackedInt8Rows(*static_cast<const PackedWeight*>(weight.packed),
+                             scratch.activations.data(), rows, n0, n1, bias, outs[w]);
+      } else if (UsesQ8(mode, weight)) {
         MatMulQ8Rows(weight, scratch.activations.data(), rows, n0, n1, bias, outs[w]);
       } else if (weight.packed != nullptr && mode == MatMulMode::kBf16) {
         MatMulPackedBf16Rows(*static_cast<const PackedWeight*>(weight.packed),

@@ -25,8 +25,10 @@ enum class MatMulMode {
   // Dequantized weights times float32 activations: the model's own arithmetic
   // (logits within ~1e-2 of a float64 evaluation). The default.
   kF32,
-  // 8-bit activations for Q8_0/Q4_0/Q4_1 weights (llama.cpp's CPU scheme):
-  // faster, with ~0.5 logit noise on small models.
+  // 8-bit activations (llama.cpp's CPU scheme) times the exact quants as
+  // integer dot products: every packable type where the CPU has AVX-512 VNNI
+  // (packed_matmul_int8.h), else Q8_0/Q4_0/Q4_1 blocks. Fastest; the
+  // activation rounding moves logits by ~0.5 on small models.
   kQ8,
   // bfloat16 activations times the exact quants of packed Q8_0/Q4_0/Q4_1
   // weights, summed in float32 (packed_matmul.h): twice the float32 rate on

@@ -158,14 +158,18 @@ void QuantizeActivationRow(const float* x, int64_t elements, ActivationBlock* ou
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float d = amax / 127.0f;
     const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int32_t sum = 0;
+    int32_t halves[2] = {0, 0};
     for (int j = 0; j < 32; ++j) {
       const int q = static_cast<int>(std::nearbyint(v[j] * inverse));
       out[b].q[j] = static_cast<int8_t>(q);
-      sum += q;
+      halves[j / 16] += q;
     }
+    const int32_t sum = halves[0] + halves[1];
     out[b].d = RoundThroughHalf(d);
     out[b].s = RoundThroughHalf(d * static_cast<float>(sum));
+    out[b].ds = out[b].d * static_cast<float>(sum);
+    out[b].sums[0] = static_cast<int16_t>(halves[0]);
+    out[b].sums[1] = static_cast<int16_t>(halves[1]);
   }
 }
 

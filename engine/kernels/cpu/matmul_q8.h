@@ -13,8 +13,10 @@
 namespace tandem::kernels::cpu {
 
 struct ActivationBlock {
-  float d;  // scale: value = d * q (rounded through half precision)
-  float s;  // d * sum(q), rounded through half precision (for Q4_1)
+  float d;          // scale: value = d * q (rounded through half precision)
+  float s;          // d * sum(q), rounded through half precision (for Q4_1)
+  float ds;         // d * sum(q) in float32 (the integer panels' minimum term)
+  int16_t sums[2];  // sum(q) over inputs 0-15 and 16-31 (exact)
   int8_t q[32];
 };
 

@@ -1,0 +1,408 @@
+// The 8-bit-activation products over integer panels (packed_matmul_int8.h).
+#include "engine/kernels/cpu/packed_matmul_int8.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "engine/kernels/cpu/block32.h"
+#include "engine/kernels/cpu/matmul_tiling.h"
+#include "engine/kernels/cpu/packed_decode.h"
+#include "engine/kernels/cpu/simd.h"
+
+namespace tandem::kernels::cpu {
+
+#if defined(TANDEM_CPU_AVX512) && defined(__AVX512VNNI__)
+namespace {
+
+constexpr int64_t kBlockInputs = 32;
+constexpr int64_t kVectorBytes = 64;
+
+// The integer panels' own layouts where they differ from the float panels'
+// (packed_matmul.h): 5- and 6-bit quants as a nibble plane and one or two
+// planes of their top bits (0.81 and 0.81 bytes a weight against the float
+// panels' 1.19 and 1.06; the headers and scales stay where they were).
+struct ScaledMinInt8Layout {  // Q5_K, Q5_1
+  static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kDmin = 32;
+  static constexpr int64_t kScale = 64, kMin = 80, kQuants = 96, kBlockBytes = kQuants + 256 + 64;
+};
+struct Q6KInt8Layout {
+  static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 32, kD = 0;
+  static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32;
+  static constexpr int64_t kBlockBytes = kQuants + 256 + 128;
+};
+
+// Per format: the float panels' layout it is converted from (Src) and its
+// own (L), with the same headers, the same scales at the same offsets and
+// the quants from kQuants on; where Src keeps row i's quant of input e
+// (SrcByte; for nibbles the byte whose low (e even) or high nibble it is);
+// whether Src holds nibbles; the bias of the stored quants; their top bits
+// beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that
+// share a scale; the scale D of run r and the minimum's coefficient M, as
+// the float kernels read them (exact products).
+struct NibbleSource {
+  static constexpr bool kSrcNibbles = true;
+  static constexpr int64_t SrcByte(int e, int i) { return 16 * (e / 2) + i; }
+};
+struct ByteSource {
+  static constexpr bool kSrcNibbles = false;
+  static constexpr int64_t SrcByte(int e, int i) { return 16 * e + i; }
+};
+
+struct Q4_0Int8 : NibbleSource {
+  using Src = PlainLayout<32 + 256>;
+  using L = Src;
+  static constexpr int64_t kQuants = 32;
+  static constexpr int kBias = 8, kTopBits = 0, kRuns = 1;
+  static constexpr bool kHasMin = false, kLevels = false;
+  static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block); }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
+};
+
+struct Q4_1Int8 : NibbleSource {
+  using Src = PlainLayout<32 + 32 + 256>;
+  using L = Src;
+  static constexpr int64_t kQuants = 64;
+  static constexpr int kBias = 0, kTopBits = 0, kRuns = 1;
+  static constexpr bool kHasMin = true, kLevels = false;
+  static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block); }
+  static __m512 M(const uint8_t*, const uint8_t* block) { return HalvesAt(block + 32); }
+};
+
+struct Q8_0Int8 : ByteSource {
+  using Src = PlainLayout<32 + 512>;
+  using L = Src;
+  static constexpr int64_t kQuants = 32;
+  static constexpr int kBias = 128, kTopBits = 4, kRuns = 1;
+  static constexpr bool kHasMin = false, kLevels = false;
+  static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block); }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
+};
+
+// Q4_K (nibbles), Q5_K and Q5_1 (a nibble and a top bit): D = d * scale,
+// M = -(dmin * min).
+template <typename SrcLayout, typename Layout, typename Source, int kTop>
+struct ScaledMinInt8 : Source {
+  using Src = SrcLayout;
+  using L = Layout;
+  static constexpr int64_t kQuants = L::kQuants;
+  static constexpr int kBias = 0, kTopBits = kTop, kRuns = 1;
+  static constexpr bool kHasMin = true, kLevels = false;
+  static __m512 D(const uint8_t* header, const uint8_t* block, int) {
+    return _mm512_mul_ps(HalvesAt(header + L::kD), UnsignedBytesAt(block + L::kScale));
+  }
+  static __m512 M(const uint8_t* header, const uint8_t* block) {
+    return _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(HalvesAt(header + L::kDmin),
+                                                            UnsignedBytesAt(block + L::kMin)));
+  }
+};
+using Q4KInt8 = ScaledMinInt8<Q4KLayout, Q4KLayout, NibbleSource, 0>;
+using Q5Int8 = ScaledMinInt8<ScaledMinLayout, ScaledMinInt8Layout, ByteSource, 1>;
+
+// Q6_K: a nibble and two top bits, two runs of 16 inputs, D = d * scale of
+// the run.
+struct Q6KInt8 {
+  using Src = Q6KLayout;
+  using L = Q6KInt8Layout;
+  static constexpr bool kSrcNibbles = false;
+  static constexpr int64_t SrcByte(int e, int i) { return 32 * (e / 2) + 2 * i + e % 2; }
+  static constexpr int64_t kQuants = L::kQuants;
+  static constexpr int kBias = 32, kTopBits = 2, kRuns = 2;
+  static constexpr bool kHasMin = false, kLevels = false;
+  static __m512 D(const uint8_t* header, const uint8_t* block, int run) {
+    return _mm512_mul_ps(HalvesAt(header + L::kD),
+                         SignedBytesAt(block + (run == 0 ? L::kScale0 : L::kScale1)));
+  }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
+};
+
+// IQ4_NL and IQ4_XS: level indices, D = d * scale.
+struct LevelsInt8 : NibbleSource {
+  using Src = LevelsLayout;
+  using L = Src;
+  static constexpr int64_t kQuants = L::kQuants;
+  static constexpr int kBias = 128, kTopBits = 0, kRuns = 1;
+  static constexpr bool kHasMin = false, kLevels = true;
+  static __m512 D(const uint8_t*, const uint8_t* block, int) {
+    return _mm512_mul_ps(HalvesAt(block + L::kD), SignedBytesAt(block + L::kScale));
+  }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
+};
+
+// Level index -> level + 128, in every 16-byte lane (for vpshufb).
+inline __m512i LevelBytes() {
+  alignas(16) uint8_t bytes[16];
+  for (int v = 0; v < 16; ++v) bytes[v] = static_cast<uint8_t>(kIq4NlLevels[v] + 128);
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
+}
+
+// The stored quant (quant + bias) of row i, input e of a float panel block.
+template <typename F>
+uint8_t StoredQuant(const uint8_t* quants, int e, int i) {
+  const uint8_t byte = quants[F::SrcByte(e, i)];
+  if constexpr (F::kSrcNibbles) return e % 2 == 0 ? byte & 0x0f : byte >> 4;
+  return static_cast<uint8_t>(static_cast<int8_t>(byte) + F::kBias);
+}
+
+// Quad vector j (inputs 4j..4j+3 of the 16 rows, one row a lane) of a block
+// holds stored quants u. Whole bytes: vector j at kQuants + 64j, byte 4i + t
+// = u(row i, input 4j + t). Otherwise nibble vector v = j / 2 at kQuants +
+// 64v holds the low four bits of quad vectors 2v (low nibbles) and 2v + 1
+// (high), byte for byte; after the four nibble vectors, top-bit plane g
+// (64 bytes) holds, in byte 4i + t, bits 4.. of u for quad vectors
+// (8 / kTopBits)g + k at bits kTopBits * k...
+template <typename F>
+void WriteIntegerQuants(const uint8_t* src_quants, uint8_t* dst_quants) {
+  for (int i = 0; i < kPanelWidth; ++i) {
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t u = StoredQuant<F>(src_quants, 4 * j + t, i);
+        const int64_t lane_byte = 4 * i + t;
+        if constexpr (F::kTopBits == 4) {
+          dst_quants[kVectorBytes * j + lane_byte] = u;
+          continue;
+        }
+        dst_quants[kVectorBytes * (j / 2) + lane_byte] |=
+            static_cast<uint8_t>((u & 0x0f) << (4 * (j % 2)));
+        if constexpr (F::kTopBits > 0) {
+          constexpr int kPerPlane = 8 / F::kTopBits;
+          dst_quants[kVectorBytes * (4 + j / kPerPlane) + lane_byte] |=
+              static_cast<uint8_t>((u >> 4) << (F::kTopBits * (j % kPerPlane)));
+        }
+      }
+    }
+  }
+}
+
+// Calls fn(std::integral_constant<int, i>{}) for i in [kBegin, kEnd): the
+// loops over a block's quad vectors, unrolled with constant shifts.
+template <int kBegin, int kEnd, typename Fn>
+inline void Unroll(Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (fn(std::integral_constant<int, kBegin + I>{}), ...);
+  }
+  (std::make_integer_sequence<int, kEnd - kBegin>{});
+}
+
+// Quad vector j of a block as vpdpbusd takes it (unsigned bytes).
+template <typename F, int j>
+inline __m512i LoadQuad(const uint8_t* quants, __m512i levels) {
+  if constexpr (F::kTopBits == 4) {
+    return _mm512_loadu_si512(quants + kVectorBytes * j);
+  } else {
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+    const __m512i nibbles = _mm512_loadu_si512(quants + kVectorBytes * (j / 2));
+    __m512i u = _mm512_and_si512(j % 2 == 0 ? nibbles : _mm512_srli_epi16(nibbles, 4), low_nibbles);
+    if constexpr (F::kLevels) u = _mm512_shuffle_epi8(levels, u);
+    if constexpr (F::kTopBits > 0) {
+      // This vector's top bits to bits 4.. of each byte. The 16-bit shifts
+      // carry neighbouring bits only into positions the mask clears.
+      constexpr int kPerPlane = 8 / F::kTopBits;
+      const __m512i plane = _mm512_loadu_si512(quants + kVectorBytes * (4 + j / kPerPlane));
+      constexpr int kAt = F::kTopBits * (j % kPerPlane);
+      __m512i moved = plane;
+      if constexpr (kAt < 4) moved = _mm512_slli_epi16(plane, 4 - kAt);
+      if constexpr (kAt > 4) moved = _mm512_srli_epi16(plane, kAt - 4);
+      const __m512i mask = _mm512_set1_epi8(static_cast<char>(((1 << F::kTopBits) - 1) << 4));
+      u = _mm512_ternarylogic_epi32(u, moved, mask, 0xf8);  // u | (moved & mask)
+    }
+    return u;
+  }
+}
+
+// Four consecutive activation quants as one broadcast 32-bit lane.
+inline __m512i Quad(const int8_t* q) {
+  int32_t quad;
+  std::memcpy(&quad, q, sizeof(quad));
+  return _mm512_set1_epi32(quad);
+}
+
+// out rows [row0, row0 + R) x panels [n, n + 16P).
+template <typename F, int R, int P>
+void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
+          const ActivationBlock* activations, int64_t row0, const Matrix& out, int64_t n,
+          const float* bias) {
+  const __m512i levels = F::kLevels ? LevelBytes() : _mm512_setzero_si512();
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* header[P];
+    const uint8_t* block[P];
+    for (int p = 0; p < P; ++p) {
+      header[p] = panel + p * panel_bytes + HeaderOffset<typename F::L>(b);
+      block[p] = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
+    }
+    const ActivationBlock* a[R];
+    for (int r = 0; r < R; ++r) a[r] = activations + (row0 + r) * blocks + b;
+    Unroll<0, F::kRuns>([&](auto run) {
+      __m512i dots[R][P];
+      for (int r = 0; r < R; ++r) {
+        for (int p = 0; p < P; ++p) dots[r][p] = _mm512_setzero_si512();
+      }
+      constexpr int kQuadsPerRun = 8 / F::kRuns;
+      Unroll<run * kQuadsPerRun, (run + 1) * kQuadsPerRun>([&](auto j) {
+        __m512i w[P];
+        for (int p = 0; p < P; ++p) w[p] = LoadQuad<F, j>(block[p] + F::kQuants, levels);
+        for (int r = 0; r < R; ++r) {
+          const __m512i x = Quad(a[r]->q + 4 * j);
+          for (int p = 0; p < P; ++p) dots[r][p] = _mm512_dpbusd_epi32(dots[r][p], w[p], x);
+        }
+      });
+      for (int p = 0; p < P; ++p) {
+        const __m512 d = F::D(header[p], block[p], run);
+        for (int r = 0; r < R; ++r) {
+          __m512i i = dots[r][p];
+          if constexpr (F::kBias != 0) {
+            const int sum = F::kRuns == 1 ? a[r]->sums[0] + a[r]->sums[1] : a[r]->sums[run];
+            i = _mm512_sub_epi32(i, _mm512_set1_epi32(F::kBias * sum));
+          }
+          acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[r]->d)),
+                                      _mm512_cvtepi32_ps(i), acc[r][p]);
+        }
+      }
+    });
+    if constexpr (F::kHasMin) {
+      for (int p = 0; p < P; ++p) {
+        const __m512 m = F::M(header[p], block[p]);
+        for (int r = 0; r < R; ++r) {
+          acc[r][p] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[r]->ds), acc[r][p]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* o = out.Row(row0 + r) + n;
+    for (int p = 0; p < P; ++p) {
+      const __m512 v = bias != nullptr
+                           ? _mm512_add_ps(acc[r][p], _mm512_loadu_ps(bias + n + 16 * p))
+                           : acc[r][p];
+      _mm512_storeu_ps(o + 16 * p, v);
+    }
+  }
+}
+
+// One activation row takes four panels at a time (independent chains enough
+// to hide the latency of the dot products); more rows take tiles of up to 4
+// rows x 2 panels, each pair of panels staying in cache while every tile of
+// rows passes over it.
+constexpr int kTileRows = 4;
+
+template <typename F>
+void Int8Rows(const PackedWeight& weight, const ActivationBlock* activations, int64_t rows,
+              int64_t n0, int64_t n1, const float* bias, const Matrix& out) {
+  const int64_t blocks = weight.cols / kBlockInputs;
+  const uint8_t* base = weight.data.get();
+  auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
+  const int64_t max_panels = rows == 1 ? 4 : 2;
+  for (int64_t n = n0; n < n1;) {
+    const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelWidth));
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      const int tile = static_cast<int>(std::min<int64_t>(kTileRows, rows - r0));
+      WithConstant<kTileRows>(tile, [&](auto r) {
+        WithConstant<4>(panels, [&](auto p) {
+          if constexpr (r() * p() <= 8) {
+            Tile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, activations, r0, out, n,
+                              bias);
+          }
+        });
+      });
+    }
+    n += panels * kPanelWidth;
+  }
+}
+
+// The integer panels of `weight`: its float panels (PackWeight) with the
+// headers and scales copied and the quants rewritten.
+template <typename F>
+std::unique_ptr<PackedWeight> ConvertPanels(const Weight& weight) {
+  using Src = typename F::Src;
+  using L = typename F::L;
+  static_assert(Src::kBlocksPerHeader == L::kBlocksPerHeader &&
+                Src::kHeaderBytes == L::kHeaderBytes);
+  const std::unique_ptr<PackedWeight> source = PackWeight(weight);
+  auto packed = std::make_unique<PackedWeight>();
+  packed->dtype = weight.dtype;
+  packed->rows = weight.rows;
+  packed->cols = weight.cols;
+  packed->panel_bytes = PanelBytes<L>(weight.cols);
+  const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
+  constexpr size_t kAlignment = 64;
+  packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
+                      kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)),
+                  std::free};
+  std::memset(packed->data.get(), 0, bytes);
+  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
+    const uint8_t* from = source->data.get() + p * source->panel_bytes;
+    uint8_t* to = packed->data.get() + p * packed->panel_bytes;
+    for (int64_t b = 0; b < weight.cols / kBlockInputs; ++b) {
+      std::memcpy(to + HeaderOffset<L>(b), from + HeaderOffset<Src>(b), L::kHeaderBytes);
+      const uint8_t* src_block = from + BlockOffset<Src>(b);
+      uint8_t* dst_block = to + BlockOffset<L>(b);
+      std::memcpy(dst_block, src_block, F::kQuants);
+      WriteIntegerQuants<F>(src_block + F::kQuants, dst_block + F::kQuants);
+    }
+  }
+  return packed;
+}
+
+// Calls f(F{}) with the integer format of `dtype`.
+template <typename Fn>
+auto WithInt8Format(DType dtype, Fn&& f) {
+  switch (dtype) {
+    case DType::kQ4_1:
+      return f(Q4_1Int8{});
+    case DType::kQ4_0:
+      return f(Q4_0Int8{});
+    case DType::kQ4_K:
+      return f(Q4KInt8{});
+    case DType::kQ5_K:
+    case DType::kQ5_1:
+      return f(Q5Int8{});
+    case DType::kQ6_K:
+      return f(Q6KInt8{});
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return f(LevelsInt8{});
+    default:
+      return f(Q8_0Int8{});
+  }
+}
+
+}  // namespace
+
+bool HasInt8Products() { return true; }
+
+std::unique_ptr<PackedWeight> PackWeightInt8(const Weight& weight) {
+  return WithInt8Format(weight.dtype, [&](auto f) { return ConvertPanels<decltype(f)>(weight); });
+}
+
+int64_t PackedWeightBytesInt8(DType dtype, int64_t rows, int64_t cols) {
+  return rows / kPanelWidth *
+         WithInt8Format(dtype, [&](auto f) { return PanelBytes<typename decltype(f)::L>(cols); });
+}
+
+void MatMulPackedInt8Rows(const PackedWeight& weight, const ActivationBlock* activations,
+                          int64_t rows, int64_t n0, int64_t n1, const float* bias,
+                          const Matrix& out) {
+  WithInt8Format(weight.dtype, [&](auto f) {
+    Int8Rows<decltype(f)>(weight, activations, rows, n0, n1, bias, out);
+  });
+}
+
+#else  // no AVX-512 VNNI: q8 keeps its block kernels, nothing calls these.
+
+bool HasInt8Products() { return false; }
+
+std::unique_ptr<PackedWeight> PackWeightInt8(const Weight&) { return nullptr; }
+
+int64_t PackedWeightBytesInt8(DType, int64_t, int64_t) { return 0; }
+
+void MatMulPackedInt8Rows(const PackedWeight&, const ActivationBlock*, int64_t, int64_t, int64_t,
+                          const float*, const Matrix&) {}
+
+#endif
+
+}  // namespace tandem::kernels::cpu
