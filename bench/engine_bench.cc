@@ -33,7 +33,7 @@
 
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "GGUF model, or random:NAME (llama3-8b, llama3.2-1b, qwen2.5-3b, qwen2.5-7b, qwen3-8b, "
-          "smollm2-135m: random weights)");
+          "olmoe-1b-7b, smollm2-135m: random weights)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or auto (as the daemon's --device)");
 ABSL_FLAG(int, threads, 2, "CPU threads");
 ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (--device=cuda)");

@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, model, DefaultModelPath(),
           "GGUF model file (default: $TANDEM_MODEL_DIR or models/, "
           "SmolLM2-135M-Instruct.Q4_1.gguf, fetched by scripts/fetch-model), or "
           "random:NAME[@SEED] for a model of a known shape with random weights (llama3-8b, "
-          "llama3.2-1b, qwen2.5-3b, qwen2.5-7b, qwen3-8b, smollm2-135m: for speed "
+          "llama3.2-1b, qwen2.5-3b, qwen2.5-7b, qwen3-8b, olmoe-1b-7b, smollm2-135m: for speed "
           "measurements)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
 ABSL_FLAG(int, http_port, 8000,

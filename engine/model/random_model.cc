@@ -64,6 +64,18 @@ void Matrix(GgufWriter& w, const std::string& name, int inputs, int outputs, uin
            RandomQ4_0(key, scale));
 }
 
+// `experts` matrices of inputs x outputs in one 3-D tensor (expert-major).
+void Experts(GgufWriter& w, const std::string& name, int inputs, int outputs, int experts,
+             uint64_t key) {
+  const float scale = 1.0f / (4.6f * std::sqrt(static_cast<float>(inputs)));
+  const uint64_t bytes =
+      static_cast<uint64_t>(inputs) / 32 * kQ4_0Block * outputs * static_cast<uint64_t>(experts);
+  w.Tensor(name,
+           {static_cast<uint64_t>(inputs), static_cast<uint64_t>(outputs),
+            static_cast<uint64_t>(experts)},
+           kGgmlQ4_0, bytes, RandomQ4_0(key, scale));
+}
+
 void Vector(GgufWriter& w, const std::string& name, int size, float value) {
   w.Tensor(name, {static_cast<uint64_t>(size)}, kGgmlF32, static_cast<uint64_t>(size) * 4,
            ConstantF32(value));
@@ -81,6 +93,10 @@ void Describe(GgufWriter& w, const RandomModelShape& s) {
   w.Uint32(a + "context_length", static_cast<uint32_t>(s.context));
   w.Float32(a + "rope.freq_base", s.rope_theta);
   w.Float32(a + "attention.layer_norm_rms_epsilon", s.rms_epsilon);
+  if (s.experts > 0) {
+    w.Uint32(a + "expert_count", static_cast<uint32_t>(s.experts));
+    w.Uint32(a + "expert_used_count", static_cast<uint32_t>(s.experts_used));
+  }
   if (s.head_dim != 0) {
     w.Uint32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
     w.Uint32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
@@ -137,8 +153,19 @@ void AddTensors(GgufWriter& w, const RandomModelShape& s, uint64_t seed) {
       Vector(w, p + "attn_q_norm.weight", head_dim, 1.0f);
       Vector(w, p + "attn_k_norm.weight", head_dim, 1.0f);
     }
+    if (s.architecture == "olmoe") {  // over the whole Q and K widths
+      Vector(w, p + "attn_q_norm.weight", q_width, 1.0f);
+      Vector(w, p + "attn_k_norm.weight", kv_width, 1.0f);
+    }
     Matrix(w, p + "attn_output.weight", q_width, s.embedding, next_key());
     Vector(w, p + "ffn_norm.weight", s.embedding, 1.0f);
+    if (s.experts > 0) {
+      Matrix(w, p + "ffn_gate_inp.weight", s.embedding, s.experts, next_key());
+      Experts(w, p + "ffn_gate_exps.weight", s.embedding, s.ffn, s.experts, next_key());
+      Experts(w, p + "ffn_up_exps.weight", s.embedding, s.ffn, s.experts, next_key());
+      Experts(w, p + "ffn_down_exps.weight", s.ffn, s.embedding, s.experts, next_key());
+      continue;
+    }
     Matrix(w, p + "ffn_gate.weight", s.embedding, s.ffn, next_key());
     Matrix(w, p + "ffn_up.weight", s.embedding, s.ffn, next_key());
     Matrix(w, p + "ffn_down.weight", s.ffn, s.embedding, next_key());
@@ -157,6 +184,9 @@ const std::vector<RandomModelShape>& RandomModelShapes() {
        false},
       {"qwen3-8b", "qwen3", 36, 4096, 12288, 32, 8, 151936, 40960, 1000000.0f, 1e-6f, false, false,
        128},
+      // OLMoE-1B-7B: 64 experts of 1,024, 8 a token (6.9B weights, 1.3B active).
+      {"olmoe-1b-7b", "olmoe", 16, 2048, 1024, 16, 16, 50304, 4096, 10000.0f, 1e-5f, false, false,
+       0, 64, 8},
       {"smollm2-135m", "llama", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, false, true},
   };
   return *shapes;

@@ -22,7 +22,7 @@ namespace tandem::model {
 
 struct RandomModelShape {
   std::string name;          // "llama3-8b"
-  std::string architecture;  // "llama", "qwen2" or "qwen3" (with Q/K norms)
+  std::string architecture;  // "llama", "qwen2", "qwen3" (with Q/K norms) or "olmoe"
   int layers = 0;
   int embedding = 0;
   int ffn = 0;
@@ -35,10 +35,14 @@ struct RandomModelShape {
   bool qkv_bias = false;         // Qwen2's
   bool tied_embeddings = false;  // the output head is the embedding
   int head_dim = 0;              // 0: embedding / heads
+  // A mixture of experts (architecture "olmoe"): `experts` feed-forward
+  // blocks of width `ffn`, `experts_used` of them per token.
+  int experts = 0;
+  int experts_used = 0;
 };
 
 // The shapes --model=random: knows: llama3-8b, llama3.2-1b, qwen2.5-3b,
-// qwen2.5-7b, qwen3-8b, smollm2-135m.
+// qwen2.5-7b, qwen3-8b, olmoe-1b-7b, smollm2-135m.
 const std::vector<RandomModelShape>& RandomModelShapes();
 
 // Whether `model_flag` asks for a random model ("random:...").

@@ -495,7 +495,8 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       {{"--device=cuda"}, 2, "--device=cuda: "},
       {{"--model=random:gpt-5"},
        1,
-       "known: llama3-8b, llama3.2-1b, qwen2.5-3b, qwen2.5-7b, qwen3-8b, smollm2-135m"},
+       "known: llama3-8b, llama3.2-1b, qwen2.5-3b, qwen2.5-7b, qwen3-8b, olmoe-1b-7b, "
+       "smollm2-135m"},
       {{"--kv_cache_memory_fraction=1.5"}, 2, "--kv_cache_memory_fraction=1.5: must be in [0, 1)"},
       {{"--cuda_decode_sms=-2"}, 2, "--cuda_decode_sms=-2: expected -1 (auto), 0 (off)"},
       // A fraction too small for one full-context sequence names itself.

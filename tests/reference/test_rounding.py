@@ -7,7 +7,9 @@ reference's continuation is the reference's. `bf16` rounds each activation to
 bfloat16 before the matrix products (the quants stay exact): the CPU-speed
 mode. Its promise, checked here: at least 95% of the greedy choices along
 the reference's continuation (teacher forcing) are the reference's, and every
-other one is a near-tie in the reference's own logits. The deliberately wrong
+other one is a near-tie in the reference's own logits. `q8` (8-bit
+activations, integer products) keeps the same promise with logits that move
+further (231/240 on 2026-12-04, every miss within 0.15 of a tie). The deliberately wrong
 models below show that the check fails when the model is wrong rather than
 rounded.
 """
@@ -21,7 +23,7 @@ TOKENS = 48
 NEAR_TIE = 0.5
 MIN_AGREEMENT = 0.95
 # Largest |our logit - float64 logit| after removing the mean difference.
-CENTERED_MAX = {"f32": 0.05, "bf16": 0.6}
+CENTERED_MAX = {"f32": 0.05, "bf16": 0.6, "q8": 1.5}
 
 CONVERSATIONS = [
     [("user", "What is the capital of France?")],
@@ -62,7 +64,7 @@ def compare(references, *flags):
     return agree, total, disagreements, centered
 
 
-@pytest.mark.parametrize("matmul", ["f32", "bf16"])
+@pytest.mark.parametrize("matmul", ["f32", "bf16", "q8"])
 def test_greedy_choices_match_float64_or_are_near_ties(references, matmul):
     agree, total, disagreements, centered = compare(references, f"--matmul={matmul}")
     print(f"{matmul}: {agree}/{total} greedy choices agree; centered max {centered:.4f}; "

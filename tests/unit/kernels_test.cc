@@ -573,30 +573,37 @@ TEST(RopeTest, RotatesPairsByPositionInBothLayouts) {
   }
 }
 
-TEST(ElementwiseTest, SiluMulMatchesFloat64) {
-  std::mt19937 rng(2);
+// Runs a gated product (SiluMul or GeluMul) on 3 rows of 100 (vector lanes
+// and a scalar tail), gates spread by `spread`, and checks each output
+// against activation(gate) * up in float64 within `relative`.
+template <typename Run, typename Activation>
+void ExpectGatedProduct(uint32_t seed, float spread, double relative, double absolute, Run run,
+                        Activation activation) {
+  std::mt19937 rng(seed);
   std::vector<float> g = RandomRows(3, 100, rng), u = RandomRows(3, 100, rng), out(300);
-  for (float& v : g) v *= 8.0f;
+  for (float& v : g) v *= spread;
   CpuBackend backend(1);
-  backend.SiluMul(View(g, 3, 100), View(u, 3, 100), View(out, 3, 100));
+  run(backend, View(g, 3, 100), View(u, 3, 100), View(out, 3, 100));
   for (size_t i = 0; i < out.size(); ++i) {
-    const double expected = g[i] / (1.0 + std::exp(-double{g[i]})) * u[i];
-    ASSERT_NEAR(out[i], expected, 1e-6 * std::fabs(expected) + 1e-7) << i;
+    const double expected = activation(double{g[i]}) * u[i];
+    ASSERT_NEAR(out[i], expected, relative * std::fabs(expected) + absolute) << "x = " << g[i];
   }
 }
 
+TEST(ElementwiseTest, SiluMulMatchesFloat64) {
+  ExpectGatedProduct(
+      2, 8.0f, 1e-6, 1e-7,
+      [](CpuBackend& b, const Matrix& g, const Matrix& u, Matrix o) { b.SiluMul(g, u, o); },
+      [](double x) { return x / (1.0 + std::exp(-x)); });
+}
+
 TEST(ElementwiseTest, GeluMulMatchesFloat64TanhGelu) {
-  std::mt19937 rng(3);
-  std::vector<float> g = RandomRows(3, 100, rng), u = RandomRows(3, 100, rng), out(300);
-  for (float& v : g) v *= 6.0f;
-  CpuBackend backend(1);
-  backend.GeluMul(View(g, 3, 100), View(u, 3, 100), View(out, 3, 100));
-  for (size_t i = 0; i < out.size(); ++i) {
-    const double x = g[i];
-    const double gelu =
-        0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-    ASSERT_NEAR(out[i], gelu * u[i], 2e-6 * std::fabs(gelu * u[i]) + 1e-6) << "x = " << x;
-  }
+  ExpectGatedProduct(
+      3, 6.0f, 2e-6, 1e-6,
+      [](CpuBackend& b, const Matrix& g, const Matrix& u, Matrix o) { b.GeluMul(g, u, o); },
+      [](double x) {
+        return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+      });
 }
 
 TEST(ElementwiseTest, SoftcapAndScaleMatchFloat64) {

@@ -40,7 +40,13 @@ void Rope(ComputeLane& pool, Matrix x, int heads, int head_dim, std::span<const 
   });
 }
 
-void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
+namespace {
+
+// out = (x / (1 + exp(Arg(x)))) * up with x = gate: a gated product whose
+// activation is x * sigmoid(-Arg(x)). Arg has a vector (8 lanes) and a
+// scalar form doing the same operations.
+template <typename Arg>
+void GatedProduct(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
   pool.ParallelFor(gate.rows, [&](int64_t r, int) {
     const float* g = gate.Row(r);
     const float* u = up.Row(r);
@@ -49,15 +55,22 @@ void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out
 #ifdef TANDEM_CPU_AVX2
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= gate.cols; i += 8) {
-      const __m256 gv = _mm256_loadu_ps(g + i);
-      const __m256 e = Exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-      const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+      const __m256 x = _mm256_loadu_ps(g + i);
+      const __m256 activated = _mm256_div_ps(x, _mm256_add_ps(one, Exp8(Arg::Vector(x))));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(activated, _mm256_loadu_ps(u + i)));
     }
 #endif
-    for (; i < gate.cols; ++i) o[i] = (g[i] / (1.0f + ExpApprox(-g[i]))) * u[i];
+    for (; i < gate.cols; ++i) o[i] = (g[i] / (1.0f + ExpApprox(Arg::Scalar(g[i])))) * u[i];
   });
 }
+
+// silu(x) = x * sigmoid(x).
+struct SiluArg {
+#ifdef TANDEM_CPU_AVX2
+  static __m256 Vector(__m256 x) { return _mm256_sub_ps(_mm256_setzero_ps(), x); }
+#endif
+  static float Scalar(float x) { return -x; }
+};
 
 // gelu(x) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): GELU's tanh
 // form, 0.5 x (1 + tanh(u)), rewritten with tanh(u) = 2 sigmoid(2u) - 1 so it
@@ -65,31 +78,25 @@ void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out
 constexpr float kGeluTwoC = 2.0f * 0.7978845608028654f;  // 2 sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
 
-void GeluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
-  pool.ParallelFor(gate.rows, [&](int64_t r, int) {
-    const float* g = gate.Row(r);
-    const float* u = up.Row(r);
-    float* o = out.Row(r);
-    int64_t i = 0;
+struct GeluArg {
 #ifdef TANDEM_CPU_AVX2
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 minus_two_c = _mm256_set1_ps(-kGeluTwoC);
-    const __m256 cubic = _mm256_set1_ps(kGeluCubic);
-    for (; i + 8 <= gate.cols; i += 8) {
-      const __m256 x = _mm256_loadu_ps(g + i);
-      const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-      const __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(cubic, x3));
-      const __m256 e = Exp8(_mm256_mul_ps(minus_two_c, inner));
-      const __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(one, e));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
-    }
+  static __m256 Vector(__m256 x) {
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(kGeluCubic), x3));
+    return _mm256_mul_ps(_mm256_set1_ps(-kGeluTwoC), inner);
+  }
 #endif
-    for (; i < gate.cols; ++i) {
-      const float x = g[i];
-      const float inner = x + kGeluCubic * ((x * x) * x);
-      o[i] = (x / (1.0f + ExpApprox(-kGeluTwoC * inner))) * u[i];
-    }
-  });
+  static float Scalar(float x) { return -kGeluTwoC * (x + kGeluCubic * ((x * x) * x)); }
+};
+
+}  // namespace
+
+void SiluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
+  GatedProduct<SiluArg>(pool, gate, up, out);
+}
+
+void GeluMul(ComputeLane& pool, const Matrix& gate, const Matrix& up, Matrix out) {
+  GatedProduct<GeluArg>(pool, gate, up, out);
 }
 
 void Scale(ComputeLane& pool, Matrix x, float factor) {
