@@ -417,17 +417,24 @@ int64_t PackedWeightBytes(DType dtype, int64_t rows, int64_t cols) {
          WithFormat(dtype, [&](auto f) { return PanelBytes<typename decltype(f)::L>(cols); });
 }
 
-std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
+std::unique_ptr<PackedWeight> AllocatePanels(const Weight& weight, int64_t panel_bytes) {
   auto packed = std::make_unique<PackedWeight>();
   packed->dtype = weight.dtype;
   packed->rows = weight.rows;
   packed->cols = weight.cols;
-  packed->panel_bytes = PackedWeightBytes(weight.dtype, kPanelWidth, weight.cols);
-  const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
+  packed->panel_bytes = panel_bytes;
+  const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * panel_bytes);
   constexpr size_t kAlignment = 64;
   packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
                       kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)),
                   std::free};
+  std::memset(packed->data.get(), 0, bytes);
+  return packed;
+}
+
+std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
+  std::unique_ptr<PackedWeight> packed =
+      AllocatePanels(weight, PackedWeightBytes(weight.dtype, kPanelWidth, weight.cols));
   switch (weight.dtype) {
     case DType::kQ4_1:
       PackPanels<BlockQ4_1>(weight, *packed);
@@ -460,6 +467,8 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 bool CanPackWeight(DType, int64_t, int64_t) { return false; }
 
 int64_t PackedWeightBytes(DType, int64_t, int64_t) { return 0; }
+
+std::unique_ptr<PackedWeight> AllocatePanels(const Weight&, int64_t) { return nullptr; }
 
 std::unique_ptr<PackedWeight> PackWeight(const Weight&) { return nullptr; }
 

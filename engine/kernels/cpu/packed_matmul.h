@@ -109,6 +109,10 @@ int64_t PackedWeightBytes(DType dtype, int64_t rows, int64_t cols);
 // The packed copy of `weight`. REQUIRES: CanPackWeight(weight's shape).
 std::unique_ptr<PackedWeight> PackWeight(const Weight& weight);
 
+// Zeroed panels of `panel_bytes` each for `weight`'s type and shape
+// (64-byte aligned), for a packer to fill. REQUIRES: CanPackWeight(...).
+std::unique_ptr<PackedWeight> AllocatePanels(const Weight& weight, int64_t panel_bytes);
+
 // out[r][n] (+ bias[n]) for every row r of x and the weight rows [n0, n1),
 // both multiples of 16. `scratch` holds dequantized panels when x has enough
 // rows to reuse them (grown as needed; one per thread).

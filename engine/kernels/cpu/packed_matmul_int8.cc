@@ -2,7 +2,6 @@
 #include "engine/kernels/cpu/packed_matmul_int8.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -323,17 +322,7 @@ std::unique_ptr<PackedWeight> ConvertPanels(const Weight& weight) {
   static_assert(Src::kBlocksPerHeader == L::kBlocksPerHeader &&
                 Src::kHeaderBytes == L::kHeaderBytes);
   const std::unique_ptr<PackedWeight> source = PackWeight(weight);
-  auto packed = std::make_unique<PackedWeight>();
-  packed->dtype = weight.dtype;
-  packed->rows = weight.rows;
-  packed->cols = weight.cols;
-  packed->panel_bytes = PanelBytes<L>(weight.cols);
-  const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * packed->panel_bytes);
-  constexpr size_t kAlignment = 64;
-  packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
-                      kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)),
-                  std::free};
-  std::memset(packed->data.get(), 0, bytes);
+  std::unique_ptr<PackedWeight> packed = AllocatePanels(weight, PanelBytes<L>(weight.cols));
   for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
     const uint8_t* from = source->data.get() + p * source->panel_bytes;
     uint8_t* to = packed->data.get() + p * packed->panel_bytes;
