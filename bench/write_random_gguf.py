@@ -3,8 +3,8 @@ quantization llama.cpp's own quantizer makes (Q4_K_M by default), so that
 Tandem and llama.cpp can be timed on the very same file at sizes whose real
 weights cannot be downloaded here. See write-random-gguf.
 
-The weights are random (normal, standard deviation 0.02; norms 1), written
-as F16 to a temporary file beside the output and quantized with
+The weights are random (normal, standard deviation 0.02; norms 1; a mixture
+of experts' router standard normal), written as F16 to a temporary file beside the output and quantized with
 llama_model_quantize (llama-quantize's per-tensor rules for the type). The
 vocabulary and tokenizer are the default model's (49,152 tokens), so the
 embedding and output projection are narrower than the named model's own
@@ -27,7 +27,11 @@ SHAPES = {
     "qwen3-1.7b": (2048, 28, 16, 8, 6144, 1000000.0, 1e-6, "qwen3", 128),
     "qwen3-8b": (4096, 36, 32, 8, 12288, 1000000.0, 1e-6, "qwen3", 128),
     "phi3-mini": (3072, 32, 32, 32, 8192, 10000.0, 1e-5, "phi3", None),
+    # The feed-forward width is each expert's.
+    "olmoe-1b-7b": (2048, 16, 16, 16, 1024, 10000.0, 1e-5, "olmoe", None),
 }
+# Mixtures of experts: (experts, experts used a token).
+EXPERTS = {"olmoe-1b-7b": (64, 8)}
 
 
 def copy_tokenizer(reader, writer):
@@ -60,45 +64,76 @@ def write_f16(path, shape, vocab_model, seed, context):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     writer.add_vocab_size(vocab)
+    experts, experts_used = EXPERTS.get(shape, (0, 0))
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(experts_used)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     copy_tokenizer(reader, writer)
     rng = np.random.default_rng(seed)
 
-    def matrix(rows, cols):
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+    # (name, shape, dtype, make): the tensors in file order. They are streamed one
+    # at a time (an 8B or a 7B mixture of experts is 14-16 GB in F16).
+    tensors = []
 
-    def ones(n):
-        return np.ones(n, dtype=np.float32)
+    def matrix(name, *shape):
+        tensors.append((name, shape, np.float16,
+                        lambda: (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+                        .astype(np.float16)))
 
-    writer.add_tensor("token_embd.weight", matrix(vocab, hidden))
+    def ones(name, n):
+        tensors.append((name, (n,), np.float32, lambda: np.ones(n, dtype=np.float32)))
+
+    def normal(name, n):
+        tensors.append((name, (n,), np.float32,
+                        lambda: rng.standard_normal(n, dtype=np.float32) * 0.02))
+
+    matrix("token_embd.weight", vocab, hidden)
     for i in range(layers):
         b = f"blk.{i}."
-        writer.add_tensor(b + "attn_norm.weight", ones(hidden))
+        ones(b + "attn_norm.weight", hidden)
         if arch == "phi3":
-            writer.add_tensor(b + "attn_qkv.weight", matrix(q_width + 2 * kv_width, hidden))
+            matrix(b + "attn_qkv.weight", q_width + 2 * kv_width, hidden)
         else:
-            writer.add_tensor(b + "attn_q.weight", matrix(q_width, hidden))
-            writer.add_tensor(b + "attn_k.weight", matrix(kv_width, hidden))
-            writer.add_tensor(b + "attn_v.weight", matrix(kv_width, hidden))
+            matrix(b + "attn_q.weight", q_width, hidden)
+            matrix(b + "attn_k.weight", kv_width, hidden)
+            matrix(b + "attn_v.weight", kv_width, hidden)
         if arch == "qwen2":
             for name, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
-                writer.add_tensor(b + f"attn_{name}.bias",
-                                  rng.standard_normal(width, dtype=np.float32) * 0.02)
+                normal(b + f"attn_{name}.bias", width)
         if arch == "qwen3":
-            writer.add_tensor(b + "attn_q_norm.weight", ones(head_dim))
-            writer.add_tensor(b + "attn_k_norm.weight", ones(head_dim))
-        writer.add_tensor(b + "attn_output.weight", matrix(hidden, q_width))
-        writer.add_tensor(b + "ffn_norm.weight", ones(hidden))
+            ones(b + "attn_q_norm.weight", head_dim)
+            ones(b + "attn_k_norm.weight", head_dim)
+        if arch == "olmoe":  # over the whole Q and K widths
+            ones(b + "attn_q_norm.weight", q_width)
+            ones(b + "attn_k_norm.weight", kv_width)
+        matrix(b + "attn_output.weight", hidden, q_width)
+        ones(b + "ffn_norm.weight", hidden)
+        if experts:
+            tensors.append((b + "ffn_gate_inp.weight", (experts, hidden), np.float32,
+                            lambda: rng.standard_normal((experts, hidden), dtype=np.float32)))
+            matrix(b + "ffn_gate_exps.weight", experts, ffn, hidden)
+            matrix(b + "ffn_up_exps.weight", experts, ffn, hidden)
+            matrix(b + "ffn_down_exps.weight", experts, hidden, ffn)
+            continue
         if arch == "phi3":  # gate rows, then up rows
-            writer.add_tensor(b + "ffn_up.weight", matrix(2 * ffn, hidden))
+            matrix(b + "ffn_up.weight", 2 * ffn, hidden)
         else:
-            writer.add_tensor(b + "ffn_gate.weight", matrix(ffn, hidden))
-            writer.add_tensor(b + "ffn_up.weight", matrix(ffn, hidden))
-        writer.add_tensor(b + "ffn_down.weight", matrix(hidden, ffn))
-    writer.add_tensor("output_norm.weight", ones(hidden))  # output tied to token_embd
+            matrix(b + "ffn_gate.weight", ffn, hidden)
+            matrix(b + "ffn_up.weight", ffn, hidden)
+        matrix(b + "ffn_down.weight", hidden, ffn)
+    ones("output_norm.weight", hidden)
+    if arch == "olmoe":  # llama.cpp's OLMoE wants its own output head
+        matrix("output.weight", vocab, hidden)
+    # (otherwise the output is tied to token_embd)
+    for name, dims, dtype, _ in tensors:
+        writer.add_tensor_info(name, dims, np.dtype(dtype),
+                               int(np.prod(dims)) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, _, _, make in tensors:
+        writer.write_tensor_data(make())
     writer.close()
 
 

@@ -29,6 +29,12 @@ import probe
 
 CENTERED_MAX = 1.25
 KL_MAX = 0.012
+# q8 rounds activations as llama.cpp does but keeps the minimum term of Q4_1
+# exact (llama.cpp rounds d * sum(q) to half precision): each is ~1 logit
+# from float64 (test_rounding.py: ours 1.36 centered, with llama.cpp's
+# rounding 1.71), so the two differ by both roundings. Measured 2026-12-04:
+# KL 0.0004-0.0144.
+KL_MAX_BY_MODE = {"q8": 0.025}
 
 CONVERSATIONS = [
     [("user", "What is the capital of France?")],
@@ -73,7 +79,7 @@ def test_logits_match_llama_cpp(prompts, reference, matmul):
     centered, kl = distances(probe.logits(prompts, f"--matmul={matmul}"), reference)
     print(f"{matmul}: centered max {np.round(centered, 3)}, KL {np.round(kl, 5)}")
     assert (centered <= CENTERED_MAX).all(), centered
-    assert (kl <= KL_MAX).all(), kl
+    assert (kl <= KL_MAX_BY_MODE.get(matmul, KL_MAX)).all(), kl
 
 
 @pytest.mark.parametrize("wrong", [
