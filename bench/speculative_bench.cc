@@ -206,7 +206,16 @@ class Bench {
       }
       f.wall_seconds += absl::ToDoubleSeconds(end - start);
     }
+    ReportStepTime(mode, s);
     return f;
+  }
+
+  // What the scheduler's step-time model (which the draft policy asks)
+  // learned over the run, on stderr.
+  static void ReportStepTime(const std::string& mode, const scheduler::Scheduler& s) {
+    const scheduler::SchedulerLoad load = s.Load();
+    std::fprintf(stderr, "# %s: step time after the run %s\n", mode.c_str(),
+                 scheduler::DescribeStepTime(load.step_time, load.step_time_error).c_str());
   }
 
   // Each session's turns one after another: turn 1 is the session's first
@@ -238,6 +247,7 @@ class Bench {
         f.accepted += r.info.usage.accepted_tokens;
       }
     }
+    ReportStepTime(mode, s);
     return f;
   }
 
@@ -257,7 +267,9 @@ class Bench {
     options.speculation.proposer = ParseMode(mode);
     options.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
     options.speculation.adaptive = absl::GetFlag(FLAGS_adaptive);
-    options.speculation.cost = model_->step_cost();
+    options.speculation.draft_cost = model_->step_costs().draft;
+    options.step_time_prior = model_->step_costs().linear;
+    options.row_curve = model_->step_costs().rows;
     if (mode == "suffix") options.on_finished_text = model_->SuffixCacheFeed();
     return options;
   }
@@ -301,13 +313,13 @@ int Main() {
     return 1;
   }
   Bench bench(model->get());
-  const scheduler::StepCostModel& c = (*model)->step_cost();
+  const server::StepCosts& c = (*model)->step_costs();
   std::printf(
-      "model %s, %d threads, step cost %.2f ms + %.2f ms/token + %.2f ms (+ %.2f ms per extra "
-      "row) per 1,000 context tokens, self-draft %d layers (%.2f ms + %.2f ms/sequence a "
-      "round), max draft %d, %s, suffix length factor %.2f, suffix cache %lld bytes\n",
-      options.model_path.c_str(), options.threads, c.fixed, c.per_token, 1000 * c.per_context,
-      1000 * c.per_context_extra, options.draft_layers, c.draft_fixed, c.draft_per_token,
+      "model %s, %d threads, step time %s, row curve %s, self-draft %d layers (%.2f ms + %.2f "
+      "ms/sequence a round), max draft %d, %s, suffix length factor %.2f, suffix cache %lld "
+      "bytes\n",
+      options.model_path.c_str(), options.threads, scheduler::DescribeStepTime(c.linear, 0).c_str(),
+      c.rows.Describe().c_str(), options.draft_layers, c.draft.fixed, c.draft.per_token,
       absl::GetFlag(FLAGS_max_draft),
       absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length",
       options.suffix_length_factor, static_cast<long long>(options.speculation_cache_bytes));

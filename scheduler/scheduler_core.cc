@@ -29,7 +29,13 @@ DisaggregationOptions PolicyOptions(const SchedulerOptions& options) {
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
       kv_(options_.kv_blocks, options_.block_size, options_.prefix_caching),
-      policy_(PolicyOptions(options_), options_.decode_lane || options_.remote_decode) {
+      policy_(PolicyOptions(options_), options_.decode_lane || options_.remote_decode),
+      time_model_(options_.step_time_prior),
+      draft_time_model_(options_.step_time_prior) {
+  time_model_.SetRowCurve(options_.row_curve);
+  if (!options_.fit_step_time) time_model_.Freeze();
+  draft_time_model_.SetRowCurve(options_.row_curve);
+  draft_time_model_.Freeze();
   if (options_.decode_kv_blocks > 0) {
     decode_kv_.emplace(options_.decode_kv_blocks, options_.block_size, options_.prefix_caching);
   }
@@ -332,9 +338,8 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     candidates.push_back({seq->acceptance.rate(), cap, length, seq->acceptance.probe_due()});
   }
   if (candidates.empty()) return 0;
-  const int64_t other_tokens = plan.TokenCount() - static_cast<int64_t>(candidates.size());
-  const std::vector<int32_t> k =
-      AllocateDrafts(candidates, budget, other_tokens, options_.speculation);
+  const std::vector<int32_t> k = AllocateDrafts(candidates, budget, StepShape::Of(plan),
+                                                draft_time_model_, options_.speculation);
   int32_t used = 0;
   for (size_t c = 0; c < candidates.size(); ++c) {
     if (k[c] <= 0) {

@@ -102,6 +102,14 @@ struct SchedulerOptions {
   // request that would pass it is refused unless nothing waits. 0: no limit.
   int64_t max_queued_tokens = 0;
   SpeculationOptions speculation;
+  // Where the step-time model starts (scheduler/step_time_model.h; the
+  // daemon measures it at start-up, Scheduler::CalibrateStepTime may restart
+  // it) and the backend's row curve, which it keeps. The draft policy prices
+  // steps with these as they are (draft_time_model_).
+  StepTimeCoefficients step_time_prior;
+  RowCurve row_curve;
+  // false: the model keeps step_time_prior (tests that need a known model).
+  bool fit_step_time = true;
   // > 0: the decode lane's worker keeps its KV in storage of its own, a pool
   // of this many blocks, so a handoff moves the sequence's pages there (a
   // BlockMove, TakeMoves) instead of its block table (one daemon whose two
@@ -416,6 +424,15 @@ class SchedulerCore {
   std::vector<HandoffOffer> offers_;
   std::vector<uint64_t> remote_aborts_;
   StepTimeModel time_model_;
+  // The draft policy's (PlanDrafts): the same formula and row curve, kept at
+  // the start-up measurement. Its choices depend only on ratios of step
+  // times, which a uniform change of the machine's speed (what the fit
+  // tracks) leaves as they are, while the fit's split between the fixed and
+  // per-row terms, identified from differences of a few percent between
+  // steps of 1 and 2 rows under step-time noise of 15-30% on a shared
+  // machine, swung from 0 to 2.5 ms a row within one run (measured with
+  // tandem-spec-bench): at 0, drafts look free.
+  StepTimeModel draft_time_model_;
   // The last arrivals (when, prompt tokens), for the prompt arrival rate.
   std::deque<std::pair<absl::Time, int64_t>> recent_arrivals_;
   int32_t peer_decoding_ = 0;

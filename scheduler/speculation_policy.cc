@@ -34,7 +34,8 @@ void AcceptanceEstimate::Idle() {
 double AcceptanceEstimate::rate() const { return accepted_ / (accepted_ + rejected_); }
 
 std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, int32_t budget,
-                                    int64_t other_tokens, const SpeculationOptions& options) {
+                                    const StepShape& step, const StepTimeModel& time,
+                                    const SpeculationOptions& options) {
   std::vector<int32_t> k(candidates.size(), 0);
   if (options.proposer == step::Proposer::kNone || options.max_draft <= 0) return k;
   if (!options.adaptive) {
@@ -44,51 +45,70 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
     }
     return k;
   }
-  const StepCostModel& c = options.cost;
+  const DraftModelCost& d = options.draft_cost;
   const bool draft_model = options.proposer == step::Proposer::kDraftModel;
-  // Expected tokens and time of the step as planned so far.
-  double yield = static_cast<double>(candidates.size());
-  double time = c.fixed + c.per_token * static_cast<double>(other_tokens + candidates.size());
-  for (const DraftCandidate& candidate : candidates) {
-    time += c.per_context * static_cast<double>(candidate.context);
-  }
-  std::vector<int32_t> drafting_in_round;  // [r]: sequences drafting a (r+1)-th token
-  while (budget > 0) {
-    // The best next draft token: the most expected tokens per added time.
-    double best_ratio = 0.0, best_gain = 0.0, best_cost = 0.0;
-    size_t best = candidates.size();
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const int32_t limit = std::min(candidates[i].max_draft, options.max_draft);
-      if (k[i] >= limit) continue;
-      const double gain = std::pow(candidates[i].acceptance, k[i] + 1);
-      const double context = static_cast<double>(candidates[i].context);
-      double cost = c.per_token + c.per_context_extra * context;
-      if (draft_model) {
-        const size_t round = static_cast<size_t>(k[i]);
-        cost += c.draft_per_token + c.draft_per_context * context +
-                (round >= drafting_in_round.size() ? c.draft_fixed : 0.0);
+  std::vector<int32_t> drafting_in_round;  // [r]: sequences drafting an (r+1)-th token
+  // What drafting `more` tokens after its k[i] adds to the draft model's rounds.
+  auto draft_ms = [&](size_t i, int32_t more) {
+    if (!draft_model) return 0.0;
+    double ms = 0;
+    for (int32_t r = k[i]; r < k[i] + more; ++r) {
+      ms += d.per_token + d.per_context * static_cast<double>(candidates[i].context);
+      if (static_cast<size_t>(r) >= drafting_in_round.size() ||
+          drafting_in_round[static_cast<size_t>(r)] == 0) {
+        ms += d.fixed;
       }
-      const double ratio = gain / cost;
-      if (ratio > best_ratio) {
-        best_ratio = ratio;
-        best_gain = gain;
-        best_cost = cost;
-        best = i;
+    }
+    return ms;
+  };
+  // The step as planned so far: its shape, expected tokens, the time the
+  // model predicts for it, and that plus the draft model's rounds.
+  StepShape shape = step;
+  double yield = static_cast<double>(candidates.size());
+  double step_ms = time.PredictMs(shape);
+  double ms = step_ms;
+  while (budget > 0) {
+    // The best next choice: the most expected tokens per added time.
+    double best_ratio = 0.0, best_gain = 0.0, best_ms = 0.0;
+    size_t best = candidates.size();
+    int32_t best_more = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const DraftCandidate& c = candidates[i];
+      const int32_t room = std::min({c.max_draft, options.max_draft, k[i] + budget}) - k[i];
+      double gain = 0.0;
+      double p = std::pow(c.acceptance, k[i]);
+      for (int32_t more = 1; more <= std::min(room, kDraftLookahead); ++more) {
+        p *= c.acceptance;
+        gain += p;
+        StepShape trial = shape;
+        // Drafts k[i] + 1 .. k[i] + more sit after the decode row at
+        // position context - 1.
+        trial.AddFollowingRows(static_cast<int64_t>(c.context) + k[i], more);
+        const double added = std::max(time.PredictMs(trial) - step_ms + draft_ms(i, more), 1e-9);
+        if (gain / added > best_ratio) {
+          best_ratio = gain / added;
+          best_gain = gain;
+          best_ms = added;
+          best = i;
+          best_more = more;
+        }
       }
     }
     // Take it only if it raises the step's expected tokens per unit time.
-    if (best == candidates.size() || (yield + best_gain) * time <= yield * (time + best_cost)) {
-      break;
-    }
+    if (best == candidates.size() || (yield + best_gain) * ms <= yield * (ms + best_ms)) break;
     if (draft_model) {
-      const size_t round = static_cast<size_t>(k[best]);
-      if (round >= drafting_in_round.size()) drafting_in_round.resize(round + 1, 0);
-      ++drafting_in_round[round];
+      const size_t last = static_cast<size_t>(k[best] + best_more);
+      if (last > drafting_in_round.size()) drafting_in_round.resize(last, 0);
+      for (int32_t r = k[best]; r < k[best] + best_more; ++r) {
+        ++drafting_in_round[static_cast<size_t>(r)];
+      }
     }
-    ++k[best];
+    shape.AddFollowingRows(static_cast<int64_t>(candidates[best].context) + k[best], best_more);
+    step_ms = time.PredictMs(shape);
+    k[best] += best_more;
     yield += best_gain;
-    time += best_cost;
-    --budget;
+    ms += best_ms;
+    budget -= best_more;
   }
   for (size_t i = 0; i < candidates.size() && budget > 0; ++i) {
     if (candidates[i].probe && k[i] == 0 && candidates[i].max_draft > 0) {

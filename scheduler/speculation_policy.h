@@ -4,14 +4,19 @@
 // tokens; it pays when the expected accepted tokens outweigh that cost. With
 // a per-position acceptance rate a, a draft of k tokens yields on average
 // 1 + a + a^2 + ... + a^k tokens, so the (j+1)-th draft token adds a^(j+1).
-// The step's time is modelled as fixed + per_token * tokens (+ the draft
-// model's rounds), measured at start-up. Starting from no drafts, the policy
-// repeatedly gives one more draft token to the sequence where it adds the
-// most expected tokens per unit of time, as long as that raises the step's
-// expected tokens per unit of time. So speculation shrinks as the batch grows
-// (the fixed cost, reading the weights, is already shared) and stops where
-// the step becomes compute-bound; sequences whose drafts keep failing stop
-// drafting, and start again when their estimate recovers.
+// The step's time is the scheduler's step-time model's prediction for the
+// whole step (scheduler/step_time_model.h: measured at start-up, including
+// the backend's row curve, and fitted to the steps that run), plus the
+// draft model's rounds, measured at start-up. Starting from no drafts, the
+// policy repeatedly gives more draft tokens (1 to kDraftLookahead at a time,
+// so it can cross a jump in the row curve, such as the CPU's from 4 to 5
+// rows) to the sequence where they add the most expected tokens per unit of
+// added time, as long as that raises the step's expected tokens per unit of
+// time. So speculation shrinks as the batch grows (the fixed cost, reading
+// the weights, is already shared) and stops where the step becomes
+// compute-bound; drafts stay within the rows the kernels verify cheaply
+// unless acceptance pays for the next jump; sequences whose drafts keep
+// failing stop drafting, and start again when their estimate recovers.
 #ifndef TANDEM_SCHEDULER_SPECULATION_POLICY_H_
 #define TANDEM_SCHEDULER_SPECULATION_POLICY_H_
 
@@ -20,27 +25,18 @@
 #include <vector>
 
 #include "engine/step/step_plan.h"
+#include "scheduler/step_time_model.h"
 
 namespace tandem::scheduler {
 
-// A step's time, in any unit (the ratios matter):
-//   fixed + per_token * tokens
-//   + for each sequence, context * (per_context + per_context_extra * (rows - 1))
-// where context is the tokens its attention reads and rows its tokens in
-// the step: the first row of a sequence pays for reading its KV, and the
-// extra rows of a verification share that read and pay only their own
-// arithmetic. So at long contexts a sequence's step is dominated by its KV,
-// and drafts are cheap next to it. With a draft model, each drafting round
-// adds draft_fixed + draft_per_token * sequences (+ their contexts times
-// draft_per_context).
-struct StepCostModel {
-  double fixed = 1.0;
-  double per_token = 0.1;
+// What a draft model's rounds add to a step, in ms: each round (the r-th
+// drafted token of every sequence drafting that many) costs fixed +
+// per_token * sequences + per_context * their contexts. Measured at
+// start-up (server/serving_model.cc).
+struct DraftModelCost {
+  double fixed = 0.0;
+  double per_token = 0.0;
   double per_context = 0.0;
-  double per_context_extra = 0.0;
-  double draft_fixed = 0.0;
-  double draft_per_token = 0.0;
-  double draft_per_context = 0.0;
 };
 
 struct SpeculationOptions {
@@ -48,8 +44,11 @@ struct SpeculationOptions {
   int32_t max_draft = 8;                            // drafted tokens per sequence and step
   // false: always draft max_draft tokens (for tests and measurements).
   bool adaptive = true;
-  StepCostModel cost;
+  DraftModelCost draft_cost;  // with Proposer::kDraftModel
 };
+
+// The most draft tokens one choice of AllocateDrafts gives a sequence.
+inline constexpr int32_t kDraftLookahead = 16;
 
 // A sequence's per-position acceptance rate, estimated from its recent
 // verifications (a geometric model: each drafted token is accepted with the
@@ -93,11 +92,13 @@ struct DraftCandidate {
 };
 
 // Draft lengths for the decode sequences of one step (same order), using at
-// most `budget` drafted tokens in all. `other_tokens`: tokens of the step
-// that are not decodes (they add to its time, not to its yield). A
-// candidate due a probe drafts at least one token while the budget lasts.
+// most `budget` drafted tokens in all. `step`: the step as planned without
+// drafts (its prompt chunks add to its time, not to its yield); `time`
+// predicts it. A candidate due a probe drafts at least one token while the
+// budget lasts.
 std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, int32_t budget,
-                                    int64_t other_tokens, const SpeculationOptions& options);
+                                    const StepShape& step, const StepTimeModel& time,
+                                    const SpeculationOptions& options);
 
 }  // namespace tandem::scheduler
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tandem::scheduler {
@@ -22,10 +23,61 @@ constexpr double kBiasWeight = 0.25;
 
 void StepShape::AddRows(int64_t first_position, int64_t rows) {
   if (rows <= 0) return;
+  tokens += 1;
+  reads += static_cast<double>(first_position) + 1.0;
+  AddFollowingRows(first_position + 1, rows - 1);
+}
+
+void StepShape::AddFollowingRows(int64_t first_position, int64_t rows) {
+  if (rows <= 0) return;
   tokens += rows;
   // Row i (0-based) at position first_position + i reads first_position + i + 1 positions.
-  reads += static_cast<double>(rows) *
-           (static_cast<double>(first_position) + (static_cast<double>(rows) + 1.0) / 2.0);
+  const double read = static_cast<double>(rows) * (static_cast<double>(first_position) +
+                                                   (static_cast<double>(rows) + 1.0) / 2.0);
+  reads += read;
+  shared_reads += read;
+}
+
+RowCurve::RowCurve(std::vector<Timing> timings) {
+  std::sort(timings.begin(), timings.end(),
+            [](const Timing& a, const Timing& b) { return a.rows < b.rows; });
+  if (timings.size() < 2 || timings.front().rows != 1) return;
+  const Timing one = timings.front(), widest = timings.back();
+  if (widest.rows <= 1 || !(widest.ms > one.ms) || !std::isfinite(widest.ms)) return;
+  // Scaled so that R(1) = 1 and R(widest) = widest.
+  const double ms_per_row = (widest.ms - one.ms) / static_cast<double>(widest.rows - 1);
+  effective_.assign(static_cast<size_t>(widest.rows) + 1, 0.0);
+  effective_[1] = 1.0;
+  for (size_t t = 1; t < timings.size(); ++t) {
+    const Timing& a = timings[t - 1];
+    const Timing& b = timings[t];
+    if (b.rows == a.rows) continue;
+    const double ra = effective_[static_cast<size_t>(a.rows)];
+    const double rb = b.rows == widest.rows ? static_cast<double>(widest.rows)
+                                            : std::clamp(1.0 + (b.ms - one.ms) / ms_per_row, ra,
+                                                         static_cast<double>(widest.rows));
+    for (int32_t n = a.rows + 1; n <= b.rows; ++n) {
+      effective_[static_cast<size_t>(n)] =
+          ra + (rb - ra) * static_cast<double>(n - a.rows) / static_cast<double>(b.rows - a.rows);
+    }
+  }
+}
+
+double RowCurve::operator()(int64_t rows) const {
+  if (rows >= 0 && rows < static_cast<int64_t>(effective_.size())) {
+    return effective_[static_cast<size_t>(rows)];
+  }
+  return static_cast<double>(rows);
+}
+
+std::string RowCurve::Describe() const {
+  if (effective_.empty()) return "the identity";
+  std::string out;
+  for (int32_t n : {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64}) {
+    if (n > widest()) break;
+    absl::StrAppendFormat(&out, "%s%d:%.2f", out.empty() ? "" : " ", n, (*this)(n));
+  }
+  return out;
 }
 
 StepShape StepShape::Of(const step::StepPlan& plan, const step::StepResult* result) {
@@ -48,11 +100,12 @@ void StepTimeModel::ResetConfidence() {
   covariance_[0][0] = 1e3;
   covariance_[1][1] = 1e2;
   covariance_[2][2] = 1e2;
+  covariance_[3][3] = 1e2;
   bias_ = 0;
 }
 
 void StepTimeModel::Reset(const StepTimeCoefficients& prior) {
-  theta_ = {prior.fixed, prior.per_token, prior.per_kilo_read};
+  theta_ = {prior.fixed, prior.per_token, prior.per_kilo_read, prior.per_kilo_shared_read};
   ResetConfidence();
   errors_.clear();
   error_sum_ = 0;
@@ -85,12 +138,13 @@ void StepTimeModel::Calibrate(double decode_ms, double chunk_ms, int32_t chunk_t
   observed_ = 0;
 }
 
-std::array<double, 3> StepTimeModel::Features(const StepShape& shape) {
-  return {1.0, static_cast<double>(shape.tokens), shape.reads / 1000.0};
+StepTimeModel::Vector StepTimeModel::Features(const StepShape& shape) const {
+  return {1.0, curve_(shape.tokens), (shape.reads - shape.shared_reads) / 1000.0,
+          shape.shared_reads / 1000.0};
 }
 
 double StepTimeModel::PredictMs(const StepShape& shape) const {
-  const std::array<double, 3> x = Features(shape);
+  const Vector x = Features(shape);
   double t = 0;
   for (size_t i = 0; i < x.size(); ++i) t += theta_[i] * x[i];
   return std::max(t, kMinStepMs);
@@ -107,27 +161,28 @@ void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
     errors_.pop_front();
   }
   ++observed_;
+  if (frozen_) return;
   bias_ += kBiasWeight * ((predicted - measured_ms) / measured_ms - bias_);
   if (std::abs(bias_) > kShiftBias) ResetConfidence();
 
   // One step of weighted recursive least squares: the row and the target
   // divided by the measured time (relative error), target 1.
-  std::array<double, 3> x = Features(shape);
+  Vector x = Features(shape);
   for (double& v : x) v /= measured_ms;
-  std::array<double, 3> px{};
-  for (size_t i = 0; i < 3; ++i) {
-    for (size_t j = 0; j < 3; ++j) px[i] += covariance_[i][j] * x[j];
+  Vector px{};
+  for (size_t i = 0; i < kFeatures; ++i) {
+    for (size_t j = 0; j < kFeatures; ++j) px[i] += covariance_[i][j] * x[j];
   }
   double denominator = kForgetting;
-  for (size_t i = 0; i < 3; ++i) denominator += x[i] * px[i];
+  for (size_t i = 0; i < kFeatures; ++i) denominator += x[i] * px[i];
   double residual = 1.0;
-  for (size_t i = 0; i < 3; ++i) residual -= theta_[i] * x[i];
-  std::array<double, 3> gain{};
-  for (size_t i = 0; i < 3; ++i) gain[i] = px[i] / denominator;
-  for (size_t i = 0; i < 3; ++i) theta_[i] = std::max(0.0, theta_[i] + gain[i] * residual);
+  for (size_t i = 0; i < kFeatures; ++i) residual -= theta_[i] * x[i];
+  Vector gain{};
+  for (size_t i = 0; i < kFeatures; ++i) gain[i] = px[i] / denominator;
+  for (size_t i = 0; i < kFeatures; ++i) theta_[i] = std::max(0.0, theta_[i] + gain[i] * residual);
   double trace = 0;
-  for (size_t i = 0; i < 3; ++i) {
-    for (size_t j = 0; j < 3; ++j) {
+  for (size_t i = 0; i < kFeatures; ++i) {
+    for (size_t j = 0; j < kFeatures; ++j) {
       covariance_[i][j] = (covariance_[i][j] - gain[i] * px[j]) / kForgetting;
     }
     trace += covariance_[i][i];
@@ -140,7 +195,7 @@ void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
 }
 
 StepTimeCoefficients StepTimeModel::coefficients() const {
-  return {theta_[0], theta_[1], theta_[2]};
+  return {theta_[0], theta_[1], theta_[2], theta_[3]};
 }
 
 double StepTimeModel::recent_error() const {
@@ -148,8 +203,10 @@ double StepTimeModel::recent_error() const {
 }
 
 std::string DescribeStepTime(const StepTimeCoefficients& c, double recent_error) {
-  return absl::StrFormat("t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read (error %.1f%%)",
-                         c.fixed, c.per_token, c.per_kilo_read, 100.0 * recent_error);
+  return absl::StrFormat(
+      "t = %.3f ms + %.4f ms/token + %.4f ms/1k positions read + %.4f ms/1k read again (error "
+      "%.1f%%)",
+      c.fixed, c.per_token, c.per_kilo_read, c.per_kilo_shared_read, 100.0 * recent_error);
 }
 
 }  // namespace tandem::scheduler

@@ -6,13 +6,29 @@
 //
 // The formula, in milliseconds of compute:
 //
-//   t = fixed + per_token * tokens + per_kilo_read * reads / 1000
+//   t = fixed + per_token * R(tokens)
+//       + per_kilo_read * (reads - shared_reads) / 1000
+//       + per_kilo_shared_read * shared_reads / 1000
 //
 // where `tokens` are the rows the step computes (decode rows, drafted rows,
 // prompt tokens) and `reads` the KV positions its attention reads, summed
 // over rows (a row at position p reads p + 1). `fixed` is the pass over the
 // weights that every step pays once, `per_token` the arithmetic per row, and
-// `per_kilo_read` attention's part, which grows with the contexts.
+// the read terms attention's part, which grows with the contexts. A
+// sequence's first row in a step streams its KV from memory; its other rows
+// (drafts being verified, the rest of a prompt chunk) read the same KV again
+// while it is in cache, which costs arithmetic rather than bandwidth: those
+// are `shared_reads`, with a coefficient of their own.
+//
+// R is the backend's row curve (RowCurve): a product's cost is not linear in
+// its rows for small counts (on the CPU, up to 2 rows cost about what one
+// does, 3-4 rows decode each weight once for all of them, and from 5 rows
+// the weights are decoded into scratch first, a jump of most of a step). It
+// is measured once at start-up (a step of one sequence at each of a few
+// widths up to 32 rows) and scaled to R(1) = 1, R(widest) = widest, so
+// the fitted per_token keeps its meaning and R is the identity past the
+// widest width measured. Its shape is the kernels'; the fit below follows
+// the machine's speed. Without a measurement R is the identity.
 //
 // Fitting: recursive least squares on the relative error (each step's row
 // is divided by its measured time, so a 5 ms decode step counts as much as a
@@ -33,10 +49,12 @@
 #ifndef TANDEM_SCHEDULER_STEP_TIME_MODEL_H_
 #define TANDEM_SCHEDULER_STEP_TIME_MODEL_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "engine/step/step_plan.h"
 
@@ -44,20 +62,51 @@ namespace tandem::scheduler {
 
 // A step's shape, as the cost model sees it.
 struct StepShape {
-  int64_t tokens = 0;  // rows computed: prompt tokens, decode tokens, drafts
-  double reads = 0;    // KV positions read by attention, summed over rows
+  int64_t tokens = 0;       // rows computed: prompt tokens, decode tokens, drafts
+  double reads = 0;         // KV positions read by attention, summed over rows
+  double shared_reads = 0;  // those of `reads` by rows after their sequence's first
 
-  // Adds `rows` consecutive rows of one sequence starting at `first_position`.
+  // Adds `rows` consecutive rows of one sequence starting at `first_position`
+  // (its first rows in the step).
   void AddRows(int64_t first_position, int64_t rows);
+  // Adds rows that follow rows of the same sequence already in the shape
+  // (drafts after a decode token): all their reads are shared.
+  void AddFollowingRows(int64_t first_position, int64_t rows);
   // A planned step (drafts at their limit), or, with its result, the step
   // as it ran (the drafts the proposer made).
   static StepShape Of(const step::StepPlan& plan, const step::StepResult* result = nullptr);
 };
 
 struct StepTimeCoefficients {
-  double fixed = 5.0;          // ms per step
-  double per_token = 0.5;      // ms per row
-  double per_kilo_read = 0.0;  // ms per 1,000 KV positions read
+  double fixed = 5.0;                 // ms per step
+  double per_token = 0.5;             // ms per row
+  double per_kilo_read = 0.0;         // ms per 1,000 KV positions a sequence's first row reads
+  double per_kilo_shared_read = 0.0;  // ms per 1,000 read by its other rows
+};
+
+// Effective rows R(n) of a step of n rows (see above).
+class RowCurve {
+ public:
+  struct Timing {
+    int32_t rows = 0;
+    double ms = 0;
+  };
+  // The identity.
+  RowCurve() = default;
+  // From steps of one sequence at several widths (at context 0). Needs the
+  // width 1 and one wider; otherwise, or with times that do not grow with
+  // the width, the identity. Between measured widths R is interpolated
+  // linearly, and it never decreases.
+  explicit RowCurve(std::vector<Timing> timings);
+
+  double operator()(int64_t rows) const;
+  // Past this the curve is the identity (0: the identity everywhere).
+  int32_t widest() const { return std::max(static_cast<int32_t>(effective_.size()) - 1, 0); }
+  // "1:1.00 2:1.08 3:1.9 ..." for the start-up log.
+  std::string Describe() const;
+
+ private:
+  std::vector<double> effective_;  // [n] for n in 0..widest
 };
 
 class StepTimeModel {
@@ -75,9 +124,17 @@ class StepTimeModel {
   // Restarts the fit from `prior`, with no evidence yet.
   void Reset(const StepTimeCoefficients& prior);
 
+  // The shape of the backend's products; kept by Reset and Calibrate.
+  void SetRowCurve(RowCurve curve) { curve_ = std::move(curve); }
+  const RowCurve& row_curve() const { return curve_; }
+
   double PredictMs(const StepShape& shape) const;
-  // Learns from a step that took `measured_ms` of compute.
+  // Learns from a step that took `measured_ms` of compute (once frozen, only
+  // its error is counted).
   void Observe(const StepShape& shape, double measured_ms);
+  // Keeps the coefficients as they are (tests and measurements that need a
+  // known model).
+  void Freeze() { frozen_ = true; }
 
   StepTimeCoefficients coefficients() const;
   // Mean relative error over the last kErrorWindow observed steps (0 before any).
@@ -85,20 +142,24 @@ class StepTimeModel {
   int64_t observed_steps() const { return observed_; }
 
  private:
-  static std::array<double, 3> Features(const StepShape& shape);
+  static constexpr size_t kFeatures = 4;
+  using Vector = std::array<double, kFeatures>;
+  Vector Features(const StepShape& shape) const;
   void ResetConfidence();
 
-  std::array<double, 3> theta_{};
-  std::array<std::array<double, 3>, 3> covariance_{};
+  RowCurve curve_;
+  Vector theta_{};
+  std::array<Vector, kFeatures> covariance_{};
   std::deque<double> errors_;
   double error_sum_ = 0;
   double bias_ = 0;  // a running mean of the signed relative error
   int64_t observed_ = 0;
+  bool frozen_ = false;
 };
 
 // The formula with its coefficients and a recent error, for logs and
 // GetModelInfo: "t = 4.812 ms + 0.5731 ms/token + 0.0104 ms/1k positions read
-// (error 6.2%)".
+// + 0.0021 ms/1k read again (error 6.2%)".
 std::string DescribeStepTime(const StepTimeCoefficients& c, double recent_error);
 
 }  // namespace tandem::scheduler

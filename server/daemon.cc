@@ -115,20 +115,20 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   sched.kv_blocks = model.kv_blocks();
   sched.decode_kv_blocks = model.decode_kv_blocks();
   sched.context_length = model.context_length();
-  sched.speculation.cost = model.step_cost();
+  const StepCosts& costs = model.step_costs();
+  sched.speculation.draft_cost = costs.draft;
+  sched.step_time_prior = costs.linear;
+  sched.row_curve = costs.rows;
   sched.on_finished_text = model.SuffixCacheFeed();
-  const scheduler::StepCostModel& c = sched.speculation.cost;
+  const scheduler::DraftModelCost& d = costs.draft;
   const ServingModelOptions& m = options.model;
   spdlog::info(
-      "speculative decoding: {} (up to {} drafted tokens, {}); step cost {:.2f} ms + {:.2f} "
-      "ms/token + {:.2f} ms (+ {:.2f} ms per extra row) per 1,000 context tokens of a "
-      "sequence{}{}",
+      "speculative decoding: {} (up to {} drafted tokens, {}); the backend's row curve (rows: "
+      "effective rows) {}{}{}",
       options.speculative, sched.speculation.max_draft,
-      sched.speculation.adaptive ? "adaptive" : "fixed", c.fixed, c.per_token, 1000 * c.per_context,
-      1000 * c.per_context_extra,
+      sched.speculation.adaptive ? "adaptive" : "fixed", costs.rows.Describe(),
       m.draft_layers > 0 || !m.draft_model_path.empty()
-          ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence ({})", c.draft_fixed,
-                        c.draft_per_token,
+          ? fmt::format("; draft round {:.2f} ms + {:.2f} ms/sequence ({})", d.fixed, d.per_token,
                         m.draft_model_path.empty()
                             ? fmt::format("the first {} layers", m.draft_layers)
                             : m.draft_model_path)
@@ -141,24 +141,22 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   return sched;
 }
 
-// Where the step-time model starts (scheduler/step_time_model.h): the
-// `auto` threshold's three timings when they were taken, else the step
-// costs measured for speculative decoding.
+// Where the step-time model starts (scheduler/step_time_model.h): the step
+// costs measured at load, with the fixed and per-token terms of the `auto`
+// threshold's timings when they were taken (on all the compute, with a
+// whole prompt chunk).
 scheduler::StepTimeCoefficients StepTimePrior(const ServingModel& model, bool measured,
                                               const scheduler::DisaggregationCosts& costs,
                                               int32_t chunk_tokens) {
-  scheduler::StepTimeCoefficients prior;
+  scheduler::StepTimeCoefficients prior = model.step_costs().linear;
   if (measured && costs.chunk_step > costs.decode_pass) {
-    prior =
+    const scheduler::StepTimeCoefficients two =
         scheduler::StepTimeModel::FromTwoSteps(costs.decode_pass, costs.chunk_step, chunk_tokens);
-  } else {
-    const scheduler::StepCostModel& c = model.step_cost();
-    prior = {c.fixed, c.per_token, 1000.0 * c.per_context};
+    prior.fixed = two.fixed;
+    prior.per_token = two.per_token;
   }
-  spdlog::info(
-      "step time model: starts at {:.3f} ms + {:.4f} ms/token + {:.4f} ms per 1,000 "
-      "positions read, then fitted to the steps that run",
-      prior.fixed, prior.per_token, prior.per_kilo_read);
+  spdlog::info("step time model: starts at {}, then fitted to the steps that run",
+               scheduler::DescribeStepTime(prior, 0));
   return prior;
 }
 

@@ -104,14 +104,16 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
       "The step-time model's mean relative error, |predicted - measured| / measured, over its "
       "last 64 steps (each predicted before it was learned from).",
       MetricType::Gauge, load.step_time_error));
-  families.push_back(
-      Family("tandem_step_time_model_coefficient",
-             "The fitted step-time model t = fixed + per_token * tokens + per_kilo_read * (KV "
-             "positions read / 1000), in seconds.",
-             MetricType::Gauge,
-             {Sample{{{"term", "fixed"}}, load.step_time.fixed / 1000},
-              Sample{{{"term", "per_token"}}, load.step_time.per_token / 1000},
-              Sample{{{"term", "per_kilo_read"}}, load.step_time.per_kilo_read / 1000}}));
+  families.push_back(Family(
+      "tandem_step_time_model_coefficient",
+      "The fitted step-time model t = fixed + per_token * R(tokens) + per_kilo_read * (KV "
+      "positions a sequence's first row reads / 1000) + per_kilo_shared_read * (positions "
+      "its other rows read / 1000), R the backend's row curve, in seconds.",
+      MetricType::Gauge,
+      {Sample{{{"term", "fixed"}}, load.step_time.fixed / 1000},
+       Sample{{{"term", "per_token"}}, load.step_time.per_token / 1000},
+       Sample{{{"term", "per_kilo_read"}}, load.step_time.per_kilo_read / 1000},
+       Sample{{{"term", "per_kilo_shared_read"}}, load.step_time.per_kilo_shared_read / 1000}}));
   if (load.least_slack_ms.has_value()) {
     families.push_back(Family("tandem_slo_slack_seconds",
                               "The least TPOT slack of the streams decoding here: how much "

@@ -1,6 +1,7 @@
 #include "server/serving_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -40,49 +41,72 @@ v1::ModelInfo ServingModel::Info() const {
 
 namespace {
 
-// Median milliseconds of `runs` forward passes of `inputs`.
-absl::StatusOr<double> TimeForward(model::LlamaModel& model,
-                                   std::span<const model::SequenceInput> inputs, int layers) {
-  constexpr int kRuns = 5;
-  std::vector<double> ms;
-  // Tokens picked where the logits are, as the workers' steps and drafting
-  // rounds do (a GPU copies token ids, not rows).
+constexpr int kTimedRuns = 5;
+
+// Milliseconds of one forward pass of `inputs`, with tokens picked where the
+// logits are, as the workers' steps and drafting rounds do (a GPU copies
+// token ids, not rows).
+absl::StatusOr<double> TimeOnce(model::LlamaModel& model,
+                                std::span<const model::SequenceInput> inputs, int layers) {
   std::vector<int32_t> tokens;
-  for (int run = 0; run <= kRuns; ++run) {  // the first run warms up
-    const absl::Time start = absl::Now();
-    if (absl::Status s = model.ForwardGreedy(inputs, &tokens, layers); !s.ok()) return s;
-    if (run > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-  }
+  const absl::Time start = absl::Now();
+  if (absl::Status s = model.ForwardGreedy(inputs, &tokens, layers); !s.ok()) return s;
+  return absl::ToDoubleMilliseconds(absl::Now() - start);
+}
+
+double Median(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
 
-// Fits the speculation policy's step-time model on `model`: a decode step of
-// one sequence and the same step verifying 8 drafted tokens, both at the
-// start of a sequence and after `kContext` tokens (for what reading the KV
-// costs), and (with a self-draft) draft passes over 1 and 8 sequences. It
-// writes KV only into blocks no sequence holds yet (the daemon has not
-// started). The long context's KV is one computed block copied into the
-// others: real, distinct memory (pages never written would all read the one
-// shared zero page, from cache, and hide the cost of reading the KV).
-absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& model,
-                                                         model::LlamaModel* draft_model,
-                                                         int draft_layers) {
-  constexpr int kWide = 9;  // the decode token and 8 drafts
+// Median milliseconds of kTimedRuns forward passes of `inputs`, after one
+// that warms up.
+absl::StatusOr<double> TimeForward(model::LlamaModel& model,
+                                   std::span<const model::SequenceInput> inputs, int layers) {
+  std::vector<double> ms;
+  for (int run = 0; run <= kTimedRuns; ++run) {
+    absl::StatusOr<double> t = TimeOnce(model, inputs, layers);
+    if (!t.ok()) return t.status();
+    if (run > 0) ms.push_back(*t);
+  }
+  return Median(std::move(ms));
+}
+
+// Measures, on `model`, where the scheduler's step-time model starts and the
+// backend's row curve (scheduler/step_time_model.h): a step of one sequence
+// at each of kWidths rows at the start of a sequence, and the 1-row and
+// kSharedWidth-row steps after `context` tokens (what reading the KV costs
+// its first row and its others), each the median of kTimedRuns taken in
+// rounds over all of them (a slow moment of a shared machine then moves
+// one run of each, not every run of one, which would bend the curve); with
+// a self-draft or a draft model, draft
+// passes over 1 and 8 sequences. It writes KV only into blocks no sequence
+// holds yet (the daemon has not started). The long context's KV is one
+// computed block copied into the others: real, distinct memory (pages never
+// written would all read the one shared zero page, from cache, and hide the
+// cost of reading the KV).
+absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::LlamaModel* draft_model,
+                                           int draft_layers) {
+  // Up to 32 rows: a verification drafts at most 32 by default, and the
+  // widths past it cost most of the measurement (steps past the widest
+  // are fitted as linear).
+  constexpr std::array<int, 10> kWidths = {1, 2, 3, 4, 5, 6, 8, 12, 16, 32};
+  constexpr int kSharedWidth = 8;
+  const int widest = kWidths.back();
   const int block_size = model.block_size();
   // The long context stays inside the KV cache and the model's context.
-  const int context = std::min(
-      {1024, (model.kv_blocks() - 1) * block_size - kWide, model.config().context_length - kWide});
-  if (context < block_size) {
-    return absl::InvalidArgumentError(StrCat("a context of ", model.config().context_length,
-                                             " tokens and ", model.kv_blocks(),
-                                             " KV blocks are too few to serve from (at least ",
-                                             block_size + kWide, " tokens and 2 blocks)"));
+  const int context = std::min({1024, (model.kv_blocks() - 1) * block_size - kSharedWidth,
+                                model.config().context_length - kSharedWidth});
+  if (context < block_size || model.config().context_length < widest) {
+    return absl::InvalidArgumentError(
+        StrCat("a context of ", model.config().context_length, " tokens and ", model.kv_blocks(),
+               " KV blocks are too few to serve from (at least ",
+               std::max(block_size + kSharedWidth, widest), " tokens and 2 blocks)"));
   }
-  std::vector<int32_t> table((context + kWide + block_size - 1) / block_size);
+  std::vector<int32_t> table((std::max(context + kSharedWidth, widest) + block_size - 1) /
+                             block_size);
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
-  const std::vector<int32_t> tokens(kWide, 0);
-  const std::span<const int32_t> first = std::span<const int32_t>(tokens).first(1);
+  const std::vector<int32_t> tokens(static_cast<size_t>(widest), 0);
   {
     const std::vector<int32_t> block_tokens(static_cast<size_t>(block_size), 0);
     const model::SequenceInput fill{block_tokens, 0, table, 0};
@@ -92,34 +116,53 @@ absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& mode
     for (size_t b = 1; b < table.size(); ++b) copies.emplace_back(table[0], table[b]);
     if (absl::Status s = model.CopyBlocks(copies); !s.ok()) return s;
   }
-  auto time = [&](std::span<const int32_t> t, int32_t position, int logits,
-                  int layers) -> absl::StatusOr<double> {
-    const model::SequenceInput in{t, position, table, logits};
-    return TimeForward(model, {&in, 1}, layers);
-  };
-  absl::StatusOr<double> t1 = time(first, 0, 1, 0);
-  absl::StatusOr<double> t9 = time(tokens, 0, kWide, 0);
-  absl::StatusOr<double> c1 = time(first, context, 1, 0);
-  absl::StatusOr<double> c9 = time(tokens, context, kWide, 0);
-  for (const auto* t : {&t1, &t9, &c1, &c9}) {
-    if (!t->ok()) return t->status();
+  // The steps timed: each width at position 0, then 1 and kSharedWidth rows
+  // after `context`.
+  std::vector<std::pair<int, int32_t>> steps;  // (rows, position)
+  for (int width : kWidths) steps.emplace_back(width, 0);
+  steps.emplace_back(1, context);
+  steps.emplace_back(kSharedWidth, context);
+  std::vector<std::vector<double>> runs(steps.size());
+  for (int round = 0; round <= kTimedRuns; ++round) {  // the first round warms up
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const auto [width, position] = steps[i];
+      const model::SequenceInput in{std::span<const int32_t>(tokens).first(width), position, table,
+                                    width};
+      absl::StatusOr<double> ms = TimeOnce(model, {&in, 1}, 0);
+      if (!ms.ok()) return ms.status();
+      if (round > 0) runs[i].push_back(*ms);
+    }
   }
-  scheduler::StepCostModel cost;
-  cost.per_token = std::max(0.0, (*t9 - *t1) / (kWide - 1));
-  cost.fixed = std::max(*t1 - cost.per_token, 0.01 * *t1);
-  cost.per_context = std::max(0.0, (*c1 - *t1) / context);
-  cost.per_context_extra = std::max(0.0, ((*c9 - *c1) - (*t9 - *t1)) / ((kWide - 1.0) * context));
+  std::vector<scheduler::RowCurve::Timing> timings;
+  for (size_t i = 0; i < kWidths.size(); ++i) timings.push_back({kWidths[i], Median(runs[i])});
+  const double c1 = Median(runs[kWidths.size()]);
+  const double c8 = Median(runs[kWidths.size() + 1]);
+  const double t1 = timings.front().ms;
+  const double t8 = std::find_if(timings.begin(), timings.end(), [&](const auto& t) {
+                      return t.rows == kSharedWidth;
+                    })->ms;
+  StepCosts costs;
+  costs.rows = scheduler::RowCurve(timings);
+  // Scaled as the curve is: R(1) = 1, R(widest) = widest.
+  scheduler::StepTimeCoefficients& c = costs.linear;
+  c.per_token = std::max(0.0, (timings.back().ms - t1) / (widest - 1));
+  c.fixed = std::max(t1 - c.per_token, 0.01 * t1);
+  // The first row's reads: context + 1 positions more than at position 0;
+  // the other rows' reads: (kSharedWidth - 1) * context more.
+  c.per_kilo_read = std::max(0.0, 1000.0 * (c1 - t1) / context);
+  c.per_kilo_shared_read =
+      std::max(0.0, 1000.0 * ((c8 - c1) - (t8 - t1)) / ((kSharedWidth - 1.0) * context));
   if (draft_layers > 0 || draft_model != nullptr) {
     model::LlamaModel& drafter = draft_model != nullptr ? *draft_model : model;
     const int layers = draft_model != nullptr ? 0 : draft_layers;
-    const model::SequenceInput one{first, 0, table, 1};
+    const model::SequenceInput one{std::span<const int32_t>(tokens).first(1), 0, table, 1};
     const std::vector<model::SequenceInput> eight(8, one);
     absl::StatusOr<double> d1 = TimeForward(drafter, {&one, 1}, layers);
     if (!d1.ok()) return d1.status();
     absl::StatusOr<double> d8 = TimeForward(drafter, eight, layers);
     if (!d8.ok()) return d8.status();
-    cost.draft_per_token = std::max(0.0, (*d8 - *d1) / 7);
-    cost.draft_fixed = std::max(0.0, *d1 - cost.draft_per_token);
+    costs.draft.per_token = std::max(0.0, (*d8 - *d1) / 7);
+    costs.draft.fixed = std::max(0.0, *d1 - costs.draft.per_token);
     // Reading the KV scales with its size per token.
     const model::ModelConfig& t = model.config();
     const model::ModelConfig& d = drafter.config();
@@ -127,9 +170,9 @@ absl::StatusOr<scheduler::StepCostModel> MeasureStepCost(model::LlamaModel& mode
                                 ? static_cast<double>(d.layers * d.kv_heads * d.head_dim) /
                                       static_cast<double>(t.layers * t.kv_heads * t.head_dim)
                                 : static_cast<double>(draft_layers) / static_cast<double>(t.layers);
-    cost.draft_per_context = cost.per_context * kv_share;
+    costs.draft.per_context = c.per_kilo_read / 1000.0 * kv_share;
   }
-  return cost;
+  return costs;
 }
 
 }  // namespace
@@ -413,10 +456,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                          ->draft_model();
   }
   // The step-time model comes from the worker that runs most decode steps.
-  absl::StatusOr<scheduler::StepCostModel> cost =
-      MeasureStepCost(*decoding_model, decoding_draft, options.draft_layers);
-  if (!cost.ok()) return cost.status();
-  m->step_cost_ = *cost;
+  absl::StatusOr<StepCosts> costs =
+      MeasureStepCosts(*decoding_model, decoding_draft, options.draft_layers);
+  if (!costs.ok()) return costs.status();
+  m->step_costs_ = *costs;
   return m;
 }
 

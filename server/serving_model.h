@@ -79,6 +79,16 @@ struct ServingModelOptions {
   std::string draft_model_path;
 };
 
+// What the daemon measures of its step times at start-up
+// (MeasureStepCosts in serving_model.cc), in ms.
+struct StepCosts {
+  // Where the scheduler's step-time model starts when the `auto` threshold's
+  // timings are not taken (scheduler/step_time_model.h).
+  scheduler::StepTimeCoefficients linear;
+  scheduler::RowCurve rows;         // the backend's row curve, which the model keeps
+  scheduler::DraftModelCost draft;  // a self-draft's or draft model's rounds
+};
+
 class ServingModel {
  public:
   // Loads and checks everything; errors name the file and what is wrong.
@@ -100,9 +110,8 @@ class ServingModel {
   v1::ModelInfo Info() const;
   // Start-up warnings for the log (e.g. more worker threads than CPUs).
   const std::vector<std::string>& warnings() const { return warnings_; }
-  // The time of a step as the speculation policy models it, measured at
-  // load on the worker that decodes (ms).
-  const scheduler::StepCostModel& step_cost() const { return step_cost_; }
+  // Step times measured at load on the worker that decodes.
+  const StepCosts& step_costs() const { return step_costs_; }
   // Times, on all the compute, what the `auto` disaggregation threshold is
   // set from (scheduler/disaggregation_policy.h), with prompt chunks of
   // `chunk_tokens`. Before the scheduler starts only: it writes KV blocks.
@@ -149,7 +158,7 @@ class ServingModel {
   std::vector<std::string> backends_;  // one per worker
   std::string dtype_;
   std::vector<std::string> warnings_;
-  scheduler::StepCostModel step_cost_;
+  StepCosts step_costs_;
   std::shared_ptr<speculative::SuffixCache> suffix_cache_;
   int context_length_ = 0;
   int kv_blocks_ = 0;

@@ -181,8 +181,15 @@ class SpeculativeDecodingTest : public ::testing::Test {
     options.speculation.proposer = mode.proposer;
     options.speculation.max_draft = 6;
     options.speculation.adaptive = mode.adaptive;
-    options.speculation.cost = model_->step_cost();
-    if (mode.cheap_drafts) options.speculation.cost = {1.0, 0.001, 0.0, 0.0};
+    options.speculation.draft_cost = model_->step_costs().draft;
+    options.step_time_prior = model_->step_costs().linear;
+    options.row_curve = model_->step_costs().rows;
+    if (mode.cheap_drafts) {
+      options.speculation.draft_cost = {};
+      options.step_time_prior = {1.0, 0.001, 0.0, 0.0};
+      options.row_curve = {};
+      options.fit_step_time = false;
+    }
     scheduler::StepObserver observer;
     if (log != nullptr) {
       observer = [log](const scheduler::StepStats& step) {

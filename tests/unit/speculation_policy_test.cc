@@ -3,15 +3,36 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace tandem::scheduler {
 namespace {
 
-SpeculationOptions Ngram(double fixed, double per_token) {
+SpeculationOptions Ngram() {
   SpeculationOptions o;
   o.proposer = step::Proposer::kNgram;
   o.max_draft = 8;
-  o.cost = {fixed, per_token, 0.0, 0.0};
   return o;
+}
+
+// A step-time model with known coefficients (ms) and no fitting.
+StepTimeModel Model(double fixed, double per_token, double per_kilo_read = 0.0,
+                    double per_kilo_shared_read = 0.0, RowCurve curve = {}) {
+  StepTimeModel model({fixed, per_token, per_kilo_read, per_kilo_shared_read});
+  model.SetRowCurve(std::move(curve));
+  model.Freeze();
+  return model;
+}
+
+// The drafts for a step of the candidates' decode rows only (each at the
+// position before its context's end).
+std::vector<int32_t> Allocate(const std::vector<DraftCandidate>& candidates, int32_t budget,
+                              const StepTimeModel& model, const SpeculationOptions& o = Ngram()) {
+  StepShape step;
+  for (const DraftCandidate& c : candidates) step.AddRows(std::max(c.context - 1, 0), 1);
+  return AllocateDrafts(candidates, budget, step, model, o);
 }
 
 TEST(AcceptanceEstimateTest, FollowsRecentVerifications) {
@@ -34,11 +55,11 @@ TEST(AcceptanceEstimateTest, IdleStepsBringTheEstimateBackToThePrior) {
   const double collapsed = e.rate();
   ASSERT_LT(collapsed, 0.1);
   // Batch 1 with a step of 2.3 + 1 per token drafts one token from a = 1/3.3.
-  const SpeculationOptions o = Ngram(2.3, 1);
+  const StepTimeModel model = Model(2.3, 1);
   const std::vector<DraftCandidate> now = {{collapsed, 100}};
-  EXPECT_EQ(AllocateDrafts(now, 128, 0, o)[0], 0);
+  EXPECT_EQ(Allocate(now, 128, model)[0], 0);
   int idle = 0;
-  while (AllocateDrafts(std::vector<DraftCandidate>{{e.rate(), 100}}, 128, 0, o)[0] == 0) {
+  while (Allocate({{e.rate(), 100}}, 128, model)[0] == 0) {
     e.Idle();
     ++idle;
     ASSERT_LT(idle, 1000) << "never drafts again";
@@ -53,14 +74,9 @@ TEST(AcceptanceEstimateTest, IdleStepsBringTheEstimateBackToThePrior) {
 // prior's acceptance never pays for a token: without probes a sequence that
 // starts there never drafts, and never learns that its output is a copy.
 TEST(AcceptanceEstimateTest, ASequenceThatNeverDraftsIsProbedAndThenDraftsWhatPays) {
-  SpeculationOptions o = Ngram(4.3, 2.3);
-  o.cost.per_context = 3.2 / 1000;
-  o.cost.per_context_extra = 1.9 / 1000;
+  const StepTimeModel model = Model(4.3, 2.3, 3.2, 1.9);
   AcceptanceEstimate e(0.5);
-  auto allocate = [&] {
-    const std::vector<DraftCandidate> one = {{e.rate(), 100, 5000, e.probe_due()}};
-    return AllocateDrafts(one, 128, 0, o)[0];
-  };
+  auto allocate = [&] { return Allocate({{e.rate(), 100, 5000, e.probe_due()}}, 128, model)[0]; };
   int32_t steps = 0;
   while (allocate() == 0) {
     e.Idle();
@@ -68,8 +84,7 @@ TEST(AcceptanceEstimateTest, ASequenceThatNeverDraftsIsProbedAndThenDraftsWhatPa
   }
   EXPECT_EQ(steps, AcceptanceEstimate::kProbeAfter);
   EXPECT_EQ(allocate(), 1) << "a probe is one token";
-  EXPECT_FALSE(
-      AllocateDrafts(std::vector<DraftCandidate>{{e.rate(), 100, 5000, false}}, 128, 0, o)[0] > 0)
+  EXPECT_FALSE(Allocate({{e.rate(), 100, 5000, false}}, 128, model)[0] > 0)
       << "the cost model alone would not draft";
   // The probe is accepted (a copy): drafting pays from now on, and grows.
   e.Record(1, 1);
@@ -91,22 +106,18 @@ TEST(AcceptanceEstimateTest, ASequenceThatNeverDraftsIsProbedAndThenDraftsWhatPa
   none.Idle();
   EXPECT_TRUE(none.probe_due());
   // A probe never takes what the budget or the sequence's cap do not allow.
-  const std::vector<DraftCandidate> capped = {{0.5, 0, 5000, true}};
-  EXPECT_EQ(AllocateDrafts(capped, 128, 0, o)[0], 0);
-  const std::vector<DraftCandidate> probing = {{0.5, 100, 5000, true}};
-  EXPECT_EQ(AllocateDrafts(probing, 0, 0, o)[0], 0);
+  EXPECT_EQ(Allocate({{0.5, 0, 5000, true}}, 128, model)[0], 0);
+  EXPECT_EQ(Allocate({{0.5, 100, 5000, true}}, 0, model)[0], 0);
 }
 
 TEST(AllocateDraftsTest, DraftsLongWhenAcceptanceIsHighAndVerificationCheap) {
   // Batch 1, a step costs 10 + 1 per token: a 0.9 acceptance pays for a long draft.
-  const std::vector<DraftCandidate> one = {{0.9, 100}};
-  EXPECT_EQ(AllocateDrafts(one, 128, 0, Ngram(10, 1))[0], 8);
+  EXPECT_EQ(Allocate({{0.9, 100}}, 128, Model(10, 1))[0], 8);
   // Poor acceptance: a short draft at most.
-  const std::vector<DraftCandidate> poor = {{0.2, 100}};
-  EXPECT_LE(AllocateDrafts(poor, 128, 0, Ngram(10, 1))[0], 1);
+  EXPECT_LE(Allocate({{0.2, 100}}, 128, Model(10, 1))[0], 1);
   // No fixed cost (purely compute-bound): a drafted token costs as much as
   // a decode, and never yields as much: none.
-  EXPECT_EQ(AllocateDrafts(one, 128, 0, Ngram(0, 1))[0], 0);
+  EXPECT_EQ(Allocate({{0.9, 100}}, 128, Model(0, 1))[0], 0);
 }
 
 TEST(AllocateDraftsTest, SpeculationShrinksAsTheBatchGrows) {
@@ -114,7 +125,7 @@ TEST(AllocateDraftsTest, SpeculationShrinksAsTheBatchGrows) {
   int previous = 1 << 30;
   for (int batch : {1, 2, 4, 8, 16}) {
     const std::vector<DraftCandidate> seqs(static_cast<size_t>(batch), {0.8, 100});
-    const std::vector<int32_t> k = AllocateDrafts(seqs, 1024, 0, Ngram(2.3, 1));
+    const std::vector<int32_t> k = Allocate(seqs, 1024, Model(2.3, 1));
     int total = 0;
     for (int32_t x : k) total += x;
     EXPECT_LE(total / batch, previous) << "batch " << batch;
@@ -129,13 +140,11 @@ TEST(AllocateDraftsTest, SpeculationShrinksAsTheBatchGrows) {
 // shape measured on the CPU: per 1,000 context tokens 6 per-token units for
 // the first row, 0.9 for each extra one.)
 TEST(AllocateDraftsTest, LongContextsKeepSpeculationWorthwhileAtLargerBatches) {
-  SpeculationOptions o = Ngram(2.3, 1);
-  o.cost.per_context = 0.006;
-  o.cost.per_context_extra = 0.0009;
+  const StepTimeModel model = Model(2.3, 1, 6, 0.9);
   auto drafted = [&](int batch, int32_t context) {
     const std::vector<DraftCandidate> seqs(static_cast<size_t>(batch), {0.8, 100, context});
     int total = 0;
-    for (int32_t x : AllocateDrafts(seqs, 1024, 0, o)) total += x;
+    for (int32_t x : Allocate(seqs, 1024, model)) total += x;
     return total;
   };
   EXPECT_EQ(drafted(16, 16), 0);
@@ -145,29 +154,63 @@ TEST(AllocateDraftsTest, LongContextsKeepSpeculationWorthwhileAtLargerBatches) {
 
 TEST(AllocateDraftsTest, RespectsCapsBudgetAndTheFixedMode) {
   const std::vector<DraftCandidate> seqs = {{0.99, 3}, {0.99, 100}};
-  const std::vector<int32_t> k = AllocateDrafts(seqs, 128, 0, Ngram(100, 1));
+  const StepTimeModel cheap = Model(100, 1);
+  const std::vector<int32_t> k = Allocate(seqs, 128, cheap);
   EXPECT_EQ(k[0], 3);
   EXPECT_EQ(k[1], 8);
-  EXPECT_EQ(
-      AllocateDrafts(seqs, 5, 0, Ngram(100, 1))[0] + AllocateDrafts(seqs, 5, 0, Ngram(100, 1))[1],
-      5);
-  SpeculationOptions fixed = Ngram(1, 1);
+  const std::vector<int32_t> five = Allocate(seqs, 5, cheap);
+  EXPECT_EQ(five[0] + five[1], 5);
+  SpeculationOptions fixed = Ngram();
   fixed.adaptive = false;
   const std::vector<DraftCandidate> hopeless = {{0.0, 100}, {0.0, 2}};
-  EXPECT_EQ(AllocateDrafts(hopeless, 128, 0, fixed), (std::vector<int32_t>{8, 2}));
+  EXPECT_EQ(Allocate(hopeless, 128, Model(1, 1), fixed), (std::vector<int32_t>{8, 2}));
   SpeculationOptions off = fixed;
   off.proposer = step::Proposer::kNone;
-  EXPECT_EQ(AllocateDrafts(hopeless, 128, 0, off), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(Allocate(hopeless, 128, Model(1, 1), off), (std::vector<int32_t>{0, 0}));
 }
 
 TEST(AllocateDraftsTest, ADraftModelsCostShortensItsDrafts) {
-  SpeculationOptions ngram = Ngram(10, 1);
-  SpeculationOptions draft = ngram;
+  const StepTimeModel model = Model(10, 1);
+  SpeculationOptions draft = Ngram();
   draft.proposer = step::Proposer::kDraftModel;
-  draft.cost.draft_fixed = 4;  // each drafting round reads part of the weights
-  draft.cost.draft_per_token = 0.3;
+  draft.draft_cost.fixed = 4;  // each drafting round reads part of the weights
+  draft.draft_cost.per_token = 0.3;
   const std::vector<DraftCandidate> one = {{0.8, 100}};
-  EXPECT_LT(AllocateDrafts(one, 128, 0, draft)[0], AllocateDrafts(one, 128, 0, ngram)[0]);
+  EXPECT_LT(Allocate(one, 128, model, draft)[0], Allocate(one, 128, model)[0]);
+}
+
+// The CPU's products of up to 4 rows cost little more than one; from 5 rows
+// the weights are decoded into scratch first (a jump of most of a step),
+// and past that each row adds little. (Timings of this shape measured on
+// the default model at batch 1: tandem-bench --verify_widths.) The policy
+// drafts within the cheap rows at a moderate acceptance, crosses the jump
+// only when acceptance pays for it, and a batch that already fills the cheap
+// rows does not draft at that acceptance.
+TEST(AllocateDraftsTest, DraftsFollowTheBackendsRowCurve) {
+  const std::vector<RowCurve::Timing> timings = {{1, 6.0},  {2, 6.5},   {4, 8.5},  {5, 15.0},
+                                                 {8, 16.0}, {16, 22.0}, {32, 42.0}};
+  const double per_token = (42.0 - 6.0) / 31.0;
+  const StepTimeModel model = Model(6.0 - per_token, per_token, 0, 0, RowCurve(timings));
+  SpeculationOptions o = Ngram();
+  o.max_draft = 32;
+  // The model predicts the measured widths.
+  for (const RowCurve::Timing& t : timings) {
+    StepShape shape;
+    shape.AddRows(0, t.rows);
+    EXPECT_NEAR(model.PredictMs(shape), t.ms, 1e-9) << t.rows << " rows";
+  }
+  // 0.8 a token: 1 + 0.8 + 0.64 + 0.51 tokens in 8.5 ms (0.35 a ms); a
+  // fourth draft makes the step 15 ms for 0.41 more.
+  EXPECT_EQ(Allocate({{0.8, 100}}, 128, model, o)[0], 3);
+  // 0.95: the 16-row step (11.2 tokens in 22 ms) beats the 4-row one (3.7
+  // in 8.5); the 32-row one (16.1 in 42) does not.
+  EXPECT_EQ(Allocate({{0.95, 100}}, 128, model, o)[0], 15);
+  // With the same model but no curve (linear from 1 to 32 rows) a 0.8
+  // acceptance drafts past the jump it does not see.
+  EXPECT_GT(Allocate({{0.8, 100}}, 128, Model(6.0 - per_token, per_token), o)[0], 3);
+  // Four sequences fill the cheap rows: none drafts at 0.8.
+  const std::vector<DraftCandidate> four(4, {0.8, 100});
+  EXPECT_EQ(Allocate(four, 128, model, o), (std::vector<int32_t>{0, 0, 0, 0}));
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "scheduler/slo_path.h"
 
@@ -32,11 +34,13 @@ StepShape RandomShape(std::mt19937_64& rng) {
 }
 
 double TrueMs(const StepShape& s, const StepTimeCoefficients& c) {
-  return c.fixed + c.per_token * static_cast<double>(s.tokens) + c.per_kilo_read * s.reads / 1000;
+  return c.fixed + c.per_token * static_cast<double>(s.tokens) +
+         c.per_kilo_read * (s.reads - s.shared_reads) / 1000 +
+         c.per_kilo_shared_read * s.shared_reads / 1000;
 }
 
 TEST(StepTimeModelTest, RecoversKnownCoefficients) {
-  const StepTimeCoefficients truth{4.0, 0.3, 0.02};
+  const StepTimeCoefficients truth{4.0, 0.3, 0.02, 0.05};
   StepTimeModel model;  // starts from the defaults: 5 ms + 0.5 ms/token
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> noise(-0.02, 0.02);
@@ -51,6 +55,8 @@ TEST(StepTimeModelTest, RecoversKnownCoefficients) {
   EXPECT_NEAR(fit.fixed, truth.fixed, 0.1 * truth.fixed);
   EXPECT_NEAR(fit.per_token, truth.per_token, 0.05 * truth.per_token);
   EXPECT_NEAR(fit.per_kilo_read, truth.per_kilo_read, 0.3 * truth.per_kilo_read);
+  EXPECT_NEAR(fit.per_kilo_shared_read, truth.per_kilo_shared_read,
+              0.3 * truth.per_kilo_shared_read);
   EXPECT_LT(model.recent_error(), 0.03);
   for (int i = 0; i < 50; ++i) {
     const StepShape shape = RandomShape(rng);
@@ -60,8 +66,8 @@ TEST(StepTimeModelTest, RecoversKnownCoefficients) {
 }
 
 TEST(StepTimeModelTest, TracksAChangeInSpeedWithinFiftySteps) {
-  const StepTimeCoefficients fast{4.0, 0.3, 0.02};
-  const StepTimeCoefficients slow{8.0, 0.6, 0.04};  // half the speed
+  const StepTimeCoefficients fast{4.0, 0.3, 0.02, 0.05};
+  const StepTimeCoefficients slow{8.0, 0.6, 0.04, 0.1};  // half the speed
   StepTimeModel model;
   std::mt19937_64 rng(11);
   for (int i = 0; i < 300; ++i) {
@@ -96,6 +102,12 @@ TEST(StepTimeModelTest, ShapesCountRowsAndPositionsRead) {
   s.AddRows(10, 3);  // rows at positions 10, 11, 12 read 11 + 12 + 13
   EXPECT_EQ(s.tokens, 3);
   EXPECT_DOUBLE_EQ(s.reads, 36.0);
+  EXPECT_DOUBLE_EQ(s.shared_reads, 12.0 + 13.0)
+      << "the first row streams the KV; the others share it";
+  s.AddFollowingRows(13, 2);  // two drafts after them: 14 + 15, all shared
+  EXPECT_EQ(s.tokens, 5);
+  EXPECT_DOUBLE_EQ(s.reads, 36.0 + 29.0);
+  EXPECT_DOUBLE_EQ(s.shared_reads, 25.0 + 29.0);
   step::StepPlan plan;
   plan.sequences.resize(2);
   plan.sequences[0].tokens = {1};
@@ -105,6 +117,42 @@ TEST(StepTimeModelTest, ShapesCountRowsAndPositionsRead) {
   const StepShape p = StepShape::Of(plan);
   EXPECT_EQ(p.tokens, 7);
   EXPECT_DOUBLE_EQ(p.reads, 100 + 101 + 102 + (1 + 2 + 3 + 4));
+  EXPECT_DOUBLE_EQ(p.shared_reads, 101 + 102 + (2 + 3 + 4));
+}
+
+// The row curve: scaled to R(1) = 1 and R(widest) = widest, so a model whose
+// per_token is the slope from 1 to the widest row count predicts every
+// measured width; interpolated between widths, never decreasing, the
+// identity past the widest and when the measurement cannot make one.
+TEST(RowCurveTest, ScalesInterpolatesAndFallsBackToTheIdentity) {
+  const RowCurve curve({{4, 8.5}, {1, 6.0}, {2, 6.5}, {3, 6.0}, {8, 16.0}, {5, 15.0}});
+  EXPECT_EQ(curve.widest(), 8);
+  const double per_row = (16.0 - 6.0) / 7.0;
+  EXPECT_DOUBLE_EQ(curve(1), 1.0);
+  EXPECT_DOUBLE_EQ(curve(2), 1.0 + 0.5 / per_row);
+  EXPECT_DOUBLE_EQ(curve(3), curve(2)) << "a faster wider step does not lower the curve";
+  EXPECT_DOUBLE_EQ(curve(4), 1.0 + 2.5 / per_row);
+  EXPECT_DOUBLE_EQ(curve(5), 1.0 + 9.0 / per_row);
+  EXPECT_DOUBLE_EQ(curve(6), curve(5) + (8.0 - curve(5)) / 3.0);
+  EXPECT_DOUBLE_EQ(curve(8), 8.0);
+  EXPECT_DOUBLE_EQ(curve(9), 9.0);
+  EXPECT_DOUBLE_EQ(curve(512), 512.0);
+  StepTimeModel model({6.0 - per_row, per_row, 0, 0});
+  model.SetRowCurve(curve);
+  for (auto [rows, ms] :
+       std::vector<std::pair<int, double>>{{1, 6.0}, {2, 6.5}, {4, 8.5}, {5, 15.0}, {8, 16.0}}) {
+    StepShape shape;
+    shape.AddRows(0, rows);
+    EXPECT_NEAR(model.PredictMs(shape), ms, 1e-9) << rows << " rows";
+  }
+  model.Reset({1, 1, 0, 0});
+  EXPECT_EQ(model.row_curve().widest(), 8) << "a reset keeps the backend's curve";
+  for (const RowCurve& identity : {RowCurve(), RowCurve({{1, 6.0}}), RowCurve({{2, 6.0}, {4, 8.0}}),
+                                   RowCurve({{1, 6.0}, {8, 5.0}})}) {
+    EXPECT_EQ(identity.widest(), 0);
+    EXPECT_DOUBLE_EQ(identity(1), 1.0);
+    EXPECT_DOUBLE_EQ(identity(5), 5.0);
+  }
 }
 
 // The path rule (scheduler/slo_path.h) on a known model.
