@@ -76,15 +76,13 @@ absl::StatusOr<double> TimeForward(model::LlamaModel& model,
 // backend's row curve (scheduler/step_time_model.h): a step of one sequence
 // at each of kWidths rows at the start of a sequence, and the 1-row and
 // kSharedWidth-row steps after `context` tokens (what reading the KV costs
-// its first row and its others), each the median of kTimedRuns taken in
-// rounds over all of them (a slow moment of a shared machine then moves
-// one run of each, not every run of one, which would bend the curve); with
-// a self-draft or a draft model, draft
-// passes over 1 and 8 sequences. It writes KV only into blocks no sequence
-// holds yet (the daemon has not started). The long context's KV is one
-// computed block copied into the others: real, distinct memory (pages never
-// written would all read the one shared zero page, from cache, and hide the
-// cost of reading the KV).
+// its first row and its others), each the median of kTimedRuns (at least
+// 3 for a large model) taken in rounds over all of them (a slow moment of a shared machine then
+// moves one run of each, not every run of one, which would bend the curve); with a self-draft or a
+// draft model, draft passes over 1 and 8 sequences. It writes KV only into blocks no sequence holds
+// yet (the daemon has not started). The long context's KV is one computed block copied into the
+// others: real, distinct memory (pages never written would all read the one shared zero page, from
+// cache, and hide the cost of reading the KV).
 absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::LlamaModel* draft_model,
                                            int draft_layers) {
   // Up to 32 rows: a verification drafts at most 32 by default, and the
@@ -123,7 +121,14 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
   steps.emplace_back(1, context);
   steps.emplace_back(kSharedWidth, context);
   std::vector<std::vector<double>> runs(steps.size());
-  for (int round = 0; round <= kTimedRuns; ++round) {  // the first round warms up
+  // The first round warms up. Past kMeasureSeconds (a large model, a
+  // sanitizer build) it stops after kLeastRounds timed rounds: start-up
+  // stays short (the default model takes about 0.7 s for all of it).
+  constexpr int kLeastRounds = 3;
+  constexpr double kMeasureSeconds = 1.0;
+  const absl::Time start = absl::Now();
+  for (int round = 0; round <= kTimedRuns; ++round) {
+    if (round > kLeastRounds && absl::ToDoubleSeconds(absl::Now() - start) > kMeasureSeconds) break;
     for (size_t i = 0; i < steps.size(); ++i) {
       const auto [width, position] = steps[i];
       const model::SequenceInput in{std::span<const int32_t>(tokens).first(width), position, table,
