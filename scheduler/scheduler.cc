@@ -139,8 +139,11 @@ Scheduler::PolicyReport Scheduler::ReportPolicy() {
     load = load_;
     path = path_load_;
   }
-  // A model with the published coefficients predicts as the scheduler's does.
-  const StepTimeModel model(load.step_time);
+  // A model with the published coefficients and the row curve (set when the
+  // core was made, never changed, so it is read here without the scheduler
+  // thread) predicts as the scheduler's does.
+  StepTimeModel model(load.step_time);
+  model.SetRowCurve(core_.time_model().row_curve());
   PolicyReport report;
   report.step_time = DescribeStepTime(load.step_time, load.step_time_error);
   path.colocated_decodes = 0;  // a lone stream: the prompts stay as they are

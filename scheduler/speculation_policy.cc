@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <queue>
+#include <utility>
 
 namespace tandem::scheduler {
 namespace {
@@ -47,69 +49,68 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
   }
   const DraftModelCost& d = options.draft_cost;
   const bool draft_model = options.proposer == step::Proposer::kDraftModel;
-  std::vector<int32_t> drafting_in_round;  // [r]: sequences drafting an (r+1)-th token
-  // What drafting `more` tokens after its k[i] adds to the draft model's rounds.
-  auto draft_ms = [&](size_t i, int32_t more) {
-    if (!draft_model) return 0.0;
-    double ms = 0;
-    for (int32_t r = k[i]; r < k[i] + more; ++r) {
-      ms += d.per_token + d.per_context * static_cast<double>(candidates[i].context);
-      if (static_cast<size_t>(r) >= drafting_in_round.size() ||
-          drafting_in_round[static_cast<size_t>(r)] == 0) {
-        ms += d.fixed;
-      }
-    }
-    return ms;
+  const StepTimeCoefficients c = time.coefficients();
+  // The order drafts are handed out in: by expected tokens per ms of what a
+  // row of that sequence adds (its arithmetic, its shared reads, its draft
+  // round), largest first. A sequence's next draft always yields less than
+  // its last, so its drafts come in order.
+  auto score = [&](size_t i) {
+    const double context = static_cast<double>(candidates[i].context + k[i]);
+    double row_ms = c.per_token + c.per_kilo_shared_read * (context + 1.0) / 1000.0;
+    if (draft_model) row_ms += d.per_token + d.per_context * context;
+    return std::pow(candidates[i].acceptance, k[i] + 1) / std::max(row_ms, 1e-9);
   };
-  // The step as planned so far: its shape, expected tokens, the time the
-  // model predicts for it, and that plus the draft model's rounds.
+  auto room = [&](size_t i) { return k[i] < std::min(candidates[i].max_draft, options.max_draft); };
+  std::priority_queue<std::pair<double, size_t>> next;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (room(i)) next.emplace(score(i), i);
+  }
+  // Then each total D of drafts is priced as a whole step; the D with the
+  // most expected tokens per ms wins (0: none).
   StepShape shape = step;
   double yield = static_cast<double>(candidates.size());
-  double step_ms = time.PredictMs(shape);
-  double ms = step_ms;
-  while (budget > 0) {
-    // The best next choice: the most expected tokens per added time.
-    double best_ratio = 0.0, best_gain = 0.0, best_ms = 0.0;
-    size_t best = candidates.size();
-    int32_t best_more = 0;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const DraftCandidate& c = candidates[i];
-      const int32_t room = std::min({c.max_draft, options.max_draft, k[i] + budget}) - k[i];
-      double gain = 0.0;
-      double p = std::pow(c.acceptance, k[i]);
-      for (int32_t more = 1; more <= std::min(room, kDraftLookahead); ++more) {
-        p *= c.acceptance;
-        gain += p;
-        StepShape trial = shape;
-        // Drafts k[i] + 1 .. k[i] + more sit after the decode row at
-        // position context - 1.
-        trial.AddFollowingRows(static_cast<int64_t>(c.context) + k[i], more);
-        const double added = std::max(time.PredictMs(trial) - step_ms + draft_ms(i, more), 1e-9);
-        if (gain / added > best_ratio) {
-          best_ratio = gain / added;
-          best_gain = gain;
-          best_ms = added;
-          best = i;
-          best_more = more;
-        }
-      }
-    }
-    // Take it only if it raises the step's expected tokens per unit time.
-    if (best == candidates.size() || (yield + best_gain) * ms <= yield * (ms + best_ms)) break;
+  double draft_ms = 0;  // the draft model's rounds
+  int32_t rounds = 0;
+  double ms = time.PredictMs(shape);
+  double best_yield = yield, best_ms = ms;
+  size_t best_total = 0;
+  std::vector<size_t> order;  // the sequence that gets each draft
+  while (static_cast<int32_t>(order.size()) < budget && !next.empty()) {
+    const size_t i = next.top().second;
+    next.pop();
+    const DraftCandidate& candidate = candidates[i];
+    yield += std::pow(candidate.acceptance, k[i] + 1);
+    // Draft k[i] + 1 sits at position context + k[i], after the decode row
+    // at context - 1.
+    shape.AddFollowingRows(static_cast<int64_t>(candidate.context) + k[i], 1);
+    ++k[i];
     if (draft_model) {
-      const size_t last = static_cast<size_t>(k[best] + best_more);
-      if (last > drafting_in_round.size()) drafting_in_round.resize(last, 0);
-      for (int32_t r = k[best]; r < k[best] + best_more; ++r) {
-        ++drafting_in_round[static_cast<size_t>(r)];
+      draft_ms += d.per_token + d.per_context * static_cast<double>(candidate.context);
+      if (k[i] > rounds) {
+        rounds = k[i];
+        draft_ms += d.fixed;
       }
     }
-    shape.AddFollowingRows(static_cast<int64_t>(candidates[best].context) + k[best], best_more);
-    step_ms = time.PredictMs(shape);
-    k[best] += best_more;
-    yield += best_gain;
-    ms += best_ms;
-    budget -= best_more;
+    order.push_back(i);
+    if (room(i)) next.emplace(score(i), i);
+    const double previous_ms = ms;
+    ms = time.PredictMs(shape) + draft_ms;
+    if (yield * best_ms > best_yield * ms) {
+      best_yield = yield;
+      best_ms = ms;
+      best_total = order.size();
+    }
+    // Past the widest row count the curve measured, each row costs the
+    // same and each draft yields no more than the last: once a draft adds
+    // less than the step's rate, none after it can raise the rate again.
+    if (shape.tokens > time.row_curve().widest() && order.size() > best_total &&
+        std::pow(candidate.acceptance, k[i]) * ms <= yield * (ms - previous_ms)) {
+      break;
+    }
   }
+  std::fill(k.begin(), k.end(), 0);
+  for (size_t n = 0; n < best_total; ++n) ++k[order[n]];
+  budget -= static_cast<int32_t>(best_total);
   for (size_t i = 0; i < candidates.size() && budget > 0; ++i) {
     if (candidates[i].probe && k[i] == 0 && candidates[i].max_draft > 0) {
       k[i] = 1;

@@ -4,16 +4,18 @@
 // tokens; it pays when the expected accepted tokens outweigh that cost. With
 // a per-position acceptance rate a, a draft of k tokens yields on average
 // 1 + a + a^2 + ... + a^k tokens, so the (j+1)-th draft token adds a^(j+1).
-// The step's time is the scheduler's step-time model's prediction for the
-// whole step (scheduler/step_time_model.h: measured at start-up, including
-// the backend's row curve, and fitted to the steps that run), plus the
-// draft model's rounds, measured at start-up. Starting from no drafts, the
-// policy repeatedly gives more draft tokens (1 to kDraftLookahead at a time,
-// so it can cross a jump in the row curve, such as the CPU's from 4 to 5
-// rows) to the sequence where they add the most expected tokens per unit of
-// added time, as long as that raises the step's expected tokens per unit of
-// time. So speculation shrinks as the batch grows (the fixed cost, reading
-// the weights, is already shared) and stops where the step becomes
+// The step's time is the step-time model's prediction for the whole step
+// (scheduler/step_time_model.h, as measured at start-up: the scheduler
+// passes its frozen copy, SchedulerCore::draft_time_model_), including the
+// backend's row curve, plus the draft model's rounds, measured at start-up.
+// Drafts are handed out one at a time, each to the sequence whose next
+// draft adds the most expected tokens per ms of its own row; every total D
+// of drafts so far is priced as a whole step, and the D with the most
+// expected tokens per ms wins. Pricing totals, not single tokens, lets the
+// drafts of several sequences together cross a jump of the row curve (the
+// CPU's from 4 to 5 rows) that no one sequence's drafts pay for. So
+// speculation shrinks as the batch grows (the fixed cost, reading the
+// weights, is already shared) and stops where the step becomes
 // compute-bound; drafts stay within the rows the kernels verify cheaply
 // unless acceptance pays for the next jump; sequences whose drafts keep
 // failing stop drafting, and start again when their estimate recovers.
@@ -46,9 +48,6 @@ struct SpeculationOptions {
   bool adaptive = true;
   DraftModelCost draft_cost;  // with Proposer::kDraftModel
 };
-
-// The most draft tokens one choice of AllocateDrafts gives a sequence.
-inline constexpr int32_t kDraftLookahead = 16;
 
 // A sequence's per-position acceptance rate, estimated from its recent
 // verifications (a geometric model: each drafted token is accepted with the

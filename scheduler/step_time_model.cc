@@ -11,8 +11,11 @@ namespace {
 
 constexpr double kForgetting = 0.97;
 // Bounds the covariance: without new evidence in some direction (a decode
-// lane sees only decode steps) forgetting would grow it without end.
-constexpr double kMaxCovarianceTrace = 1e6;
+// lane sees only decode steps, and without drafts no shared reads)
+// forgetting would grow it without end. Each direction is bounded on its
+// own, so one that sees no evidence does not shrink the others (scaling
+// the whole matrix would cancel their forgetting).
+constexpr double kMaxCovarianceDiagonal = 1e6;
 // A shift in the machine's speed shows as predictions off in one direction
 // step after step: past this mean signed error (an average over about the
 // last 4 steps) the fit forgets its confidence and follows the new times.
@@ -39,6 +42,7 @@ void StepShape::AddFollowingRows(int64_t first_position, int64_t rows) {
 }
 
 RowCurve::RowCurve(std::vector<Timing> timings) {
+  std::erase_if(timings, [](const Timing& t) { return !std::isfinite(t.ms) || t.rows < 1; });
   std::sort(timings.begin(), timings.end(),
             [](const Timing& a, const Timing& b) { return a.rows < b.rows; });
   if (timings.size() < 2 || timings.front().rows != 1) return;
@@ -180,16 +184,19 @@ void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
   Vector gain{};
   for (size_t i = 0; i < kFeatures; ++i) gain[i] = px[i] / denominator;
   for (size_t i = 0; i < kFeatures; ++i) theta_[i] = std::max(0.0, theta_[i] + gain[i] * residual);
-  double trace = 0;
   for (size_t i = 0; i < kFeatures; ++i) {
     for (size_t j = 0; j < kFeatures; ++j) {
       covariance_[i][j] = (covariance_[i][j] - gain[i] * px[j]) / kForgetting;
     }
-    trace += covariance_[i][i];
   }
-  if (trace > kMaxCovarianceTrace) {
-    for (auto& row : covariance_) {
-      for (double& v : row) v *= kMaxCovarianceTrace / trace;
+  // Scaling row and column i by the same factor keeps the matrix positive
+  // semi-definite.
+  for (size_t i = 0; i < kFeatures; ++i) {
+    if (covariance_[i][i] <= kMaxCovarianceDiagonal) continue;
+    const double f = std::sqrt(kMaxCovarianceDiagonal / covariance_[i][i]);
+    for (size_t j = 0; j < kFeatures; ++j) {
+      covariance_[i][j] *= f;
+      covariance_[j][i] *= f;
     }
   }
 }

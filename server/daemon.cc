@@ -141,19 +141,18 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   return sched;
 }
 
-// Where the step-time model starts (scheduler/step_time_model.h): the step
-// costs measured at load, with the fixed and per-token terms of the `auto`
-// threshold's timings when they were taken (on all the compute, with a
-// whole prompt chunk).
+// Where the step-time model starts (scheduler/step_time_model.h): the
+// `auto` threshold's two timings when they were taken (on all the compute,
+// with a whole prompt chunk; they hold attention inside their fixed and
+// per-token terms, so the read terms start at 0 and are fitted), else the
+// step costs measured at load.
 scheduler::StepTimeCoefficients StepTimePrior(const ServingModel& model, bool measured,
                                               const scheduler::DisaggregationCosts& costs,
                                               int32_t chunk_tokens) {
   scheduler::StepTimeCoefficients prior = model.step_costs().linear;
   if (measured && costs.chunk_step > costs.decode_pass) {
-    const scheduler::StepTimeCoefficients two =
+    prior =
         scheduler::StepTimeModel::FromTwoSteps(costs.decode_pass, costs.chunk_step, chunk_tokens);
-    prior.fixed = two.fixed;
-    prior.per_token = two.per_token;
   }
   spdlog::info("step time model: starts at {}, then fitted to the steps that run",
                scheduler::DescribeStepTime(prior, 0));
@@ -293,8 +292,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       load.max_chunk = sched.max_batched_tokens;
       load.min_chunk = std::min(sched.min_prompt_chunk, sched.max_batched_tokens);
       load.prompt_backlog = 4 * sched.max_batched_tokens;
+      scheduler::StepTimeModel time_model(prior);
+      time_model.SetRowCurve(sched.row_curve);
       const std::optional<int32_t> crossover =
-          scheduler::DisaggregationCrossover(scheduler::StepTimeModel(prior), load, sched.slo, 128);
+          scheduler::DisaggregationCrossover(time_model, load, sched.slo, 128);
       spdlog::info("a lone stream moves to the decode worker {} while {} prompt tokens wait",
                    crossover ? fmt::format("from {} output tokens", *crossover)
                              : std::string("at no output length"),

@@ -56,7 +56,8 @@ absl::StatusOr<double> TimeOnce(model::LlamaModel& model,
 
 double Median(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  const size_t half = ms.size() / 2;
+  return ms.size() % 2 == 1 ? ms[half] : (ms[half - 1] + ms[half]) / 2;
 }
 
 // Median milliseconds of kTimedRuns forward passes of `inputs`, after one
@@ -103,6 +104,11 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
   }
   std::vector<int32_t> table((std::max(context + kSharedWidth, widest) + block_size - 1) /
                              block_size);
+  if (static_cast<int64_t>(table.size()) > model.kv_blocks()) {
+    return absl::InvalidArgumentError(StrCat(model.kv_blocks(), " KV blocks of ", block_size,
+                                             " tokens are too few to serve from (at least ",
+                                             table.size(), ")"));
+  }
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
   const std::vector<int32_t> tokens(static_cast<size_t>(widest), 0);
   {
@@ -152,7 +158,7 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
   scheduler::StepTimeCoefficients& c = costs.linear;
   c.per_token = std::max(0.0, (timings.back().ms - t1) / (widest - 1));
   c.fixed = std::max(t1 - c.per_token, 0.01 * t1);
-  // The first row's reads: context + 1 positions more than at position 0;
+  // The first row's reads: `context` positions more than at position 0;
   // the other rows' reads: (kSharedWidth - 1) * context more.
   c.per_kilo_read = std::max(0.0, 1000.0 * (c1 - t1) / context);
   c.per_kilo_shared_read =

@@ -183,9 +183,9 @@ TEST(AllocateDraftsTest, ADraftModelsCostShortensItsDrafts) {
 // the weights are decoded into scratch first (a jump of most of a step),
 // and past that each row adds little. (Timings of this shape measured on
 // the default model at batch 1: tandem-bench --verify_widths.) The policy
-// drafts within the cheap rows at a moderate acceptance, crosses the jump
-// only when acceptance pays for it, and a batch that already fills the cheap
-// rows does not draft at that acceptance.
+// drafts within the cheap rows at a moderate acceptance, and crosses the
+// jump when acceptance pays for it: one sequence's drafts, or the drafts of
+// a batch together.
 TEST(AllocateDraftsTest, DraftsFollowTheBackendsRowCurve) {
   const std::vector<RowCurve::Timing> timings = {{1, 6.0},  {2, 6.5},   {4, 8.5},  {5, 15.0},
                                                  {8, 16.0}, {16, 22.0}, {32, 42.0}};
@@ -208,9 +208,14 @@ TEST(AllocateDraftsTest, DraftsFollowTheBackendsRowCurve) {
   // With the same model but no curve (linear from 1 to 32 rows) a 0.8
   // acceptance drafts past the jump it does not see.
   EXPECT_GT(Allocate({{0.8, 100}}, 128, Model(6.0 - per_token, per_token), o)[0], 3);
-  // Four sequences fill the cheap rows: none drafts at 0.8.
+  // Four sequences fill the cheap rows. At 0.8, 3 drafts each make a 16-row
+  // step (4 + 4 x 1.95 = 11.8 tokens in 22 ms: 0.54 a ms, against 4 in 8.5
+  // ms: 0.47), which no one sequence's drafts pay for alone (at best 0.40).
   const std::vector<DraftCandidate> four(4, {0.8, 100});
-  EXPECT_EQ(Allocate(four, 128, model, o), (std::vector<int32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(Allocate(four, 128, model, o), (std::vector<int32_t>{3, 3, 3, 3}));
+  // At 0.5 no total pays: 4 drafts (8 rows) give 6 tokens in 16 ms.
+  const std::vector<DraftCandidate> poor(4, {0.5, 100});
+  EXPECT_EQ(Allocate(poor, 128, model, o), (std::vector<int32_t>{0, 0, 0, 0}));
 }
 
 }  // namespace

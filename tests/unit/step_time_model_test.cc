@@ -85,6 +85,36 @@ TEST(StepTimeModelTest, TracksAChangeInSpeedWithinFiftySteps) {
   }
 }
 
+// A decode lane without speculation never sees a shared read: that
+// direction of the fit gets no evidence, and bounding it must not stop the
+// others from forgetting. After 600 such steps a 10% slowdown (under the
+// 15% that resets the fit) is still followed.
+TEST(StepTimeModelTest, ADirectionWithoutEvidenceDoesNotStopTheOthersFromForgetting) {
+  const StepTimeCoefficients fast{4.0, 0.3, 0.02, 0.05};
+  const StepTimeCoefficients slow{4.4, 0.33, 0.022, 0.055};
+  StepTimeModel model;
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> rows(1, 16), context(16, 2000);
+  auto decodes = [&] {
+    StepShape shape;
+    const int n = rows(rng);
+    for (int i = 0; i < n; ++i) shape.AddRows(context(rng), 1);
+    return shape;
+  };
+  for (int i = 0; i < 600; ++i) {
+    const StepShape shape = decodes();
+    model.Observe(shape, TrueMs(shape, fast));
+  }
+  for (int i = 0; i < 150; ++i) {
+    const StepShape shape = decodes();
+    model.Observe(shape, TrueMs(shape, slow));
+  }
+  for (int i = 0; i < 20; ++i) {
+    const StepShape shape = decodes();
+    EXPECT_NEAR(model.PredictMs(shape), TrueMs(shape, slow), 0.02 * TrueMs(shape, slow));
+  }
+}
+
 TEST(StepTimeModelTest, CalibrationPredictsTheStepsItMeasured) {
   StepTimeModel model;
   model.Calibrate(/*decode_ms=*/6.0, /*chunk_ms=*/300.0, /*chunk_tokens=*/512);
