@@ -9,8 +9,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <string_view>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/e2e/daemon.h"
 
 namespace tandem::testing {
@@ -85,8 +87,20 @@ TEST(SloPolicyE2eTest, BudgetsAreCountedSlackIsReportedAndTheModelIsExported) {
       MetricValue(*metrics, "tandem_step_compute_seconds_total{worker=\"prefill\"}").value_or(0),
       0);
   EXPECT_TRUE(MetricValue(*metrics, "tandem_step_time_model_error_ratio").has_value());
-  EXPECT_GT(MetricValue(*metrics, "tandem_step_time_model_coefficient{term=\"fixed\"}").value_or(0),
-            0);
+  // Every term is exported. The fit may move any one of them to 0 (under a
+  // sanitizer the fixed cost vanishes beside the per-token one), but a
+  // one-token step never costs nothing.
+  double one_token_step = 0;
+  for (const char* term : {"fixed", "per_token", "per_kilo_read", "per_kilo_shared_read"}) {
+    const auto value = MetricValue(
+        *metrics, absl::StrCat("tandem_step_time_model_coefficient{term=\"", term, "\"}"));
+    ASSERT_TRUE(value.has_value()) << term << "\n" << *metrics;
+    EXPECT_GE(*value, 0) << term;
+    if (std::string_view(term) == "fixed" || std::string_view(term) == "per_token") {
+      one_token_step += *value;
+    }
+  }
+  EXPECT_GT(one_token_step, 0);
   EXPECT_EQ(daemon.Stop(SIGTERM), 0);
 }
 
