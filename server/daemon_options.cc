@@ -63,6 +63,10 @@ ABSL_FLAG(int, decode_reserved_threads, 0,
           "threads of --threads set aside for the decode worker alone, on CPUs of their own "
           "(hard isolation); 0: one shared pool");
 ABSL_FLAG(bool, pin_threads, true, "pin compute threads to CPUs");
+ABSL_FLAG(int, startup_measure_rounds, 5,
+          "timed rounds of the step costs measured at start-up (the backend's row curve, the "
+          "step-time model's prior, the auto threshold's timings), each figure their median; "
+          "fewer start faster with noisier figures; in [1, 50]");
 ABSL_FLAG(absl::Duration, decode_step_interval, absl::Milliseconds(40),
           "--policy=threshold: while prompts are being prefilled, decode-worker steps start at "
           "most this often (the inter-token target of disaggregated streams); 0: as soon as "
@@ -305,6 +309,11 @@ absl::Status ReadModel(DaemonOptions& options) {
   model.threads = absl::GetFlag(FLAGS_threads);
   model.decode_reserved_threads = absl::GetFlag(FLAGS_decode_reserved_threads);
   model.pin_threads = absl::GetFlag(FLAGS_pin_threads);
+  model.measure_rounds = absl::GetFlag(FLAGS_startup_measure_rounds);
+  if (model.measure_rounds < 1 || model.measure_rounds > 50) {
+    return FlagError(
+        StrCat("--startup_measure_rounds=", model.measure_rounds, ": must be in [1, 50]"));
+  }
   if (model.threads < 0) {
     return FlagError(StrCat("--threads=", model.threads, ": must be >= 0 (0: one per CPU)"));
   }

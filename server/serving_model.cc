@@ -41,8 +41,6 @@ v1::ModelInfo ServingModel::Info() const {
 
 namespace {
 
-constexpr int kTimedRuns = 5;
-
 // Milliseconds of one forward pass of `inputs`, with tokens picked where the
 // logits are, as the workers' steps and drafting rounds do (a GPU copies
 // token ids, not rows).
@@ -60,12 +58,13 @@ double Median(std::vector<double> ms) {
   return ms.size() % 2 == 1 ? ms[half] : (ms[half - 1] + ms[half]) / 2;
 }
 
-// Median milliseconds of kTimedRuns forward passes of `inputs`, after one
-// that warms up.
+// Median milliseconds of `rounds` forward passes of `inputs`, after one that
+// warms up.
 absl::StatusOr<double> TimeForward(model::LlamaModel& model,
-                                   std::span<const model::SequenceInput> inputs, int layers) {
+                                   std::span<const model::SequenceInput> inputs, int layers,
+                                   int rounds) {
   std::vector<double> ms;
-  for (int run = 0; run <= kTimedRuns; ++run) {
+  for (int run = 0; run <= rounds; ++run) {
     absl::StatusOr<double> t = TimeOnce(model, inputs, layers);
     if (!t.ok()) return t.status();
     if (run > 0) ms.push_back(*t);
@@ -77,7 +76,7 @@ absl::StatusOr<double> TimeForward(model::LlamaModel& model,
 // backend's row curve (scheduler/step_time_model.h): a step of one sequence
 // at each of kWidths rows at the start of a sequence, and the 1-row and
 // kSharedWidth-row steps after `context` tokens (what reading the KV costs
-// its first row and its others), each the median of kTimedRuns (at least
+// its first row and its others), each the median of `rounds` runs (at most
 // 3 for a large model) taken in rounds over all of them (a slow moment of a shared machine then
 // moves one run of each, not every run of one, which would bend the curve); with a self-draft or a
 // draft model, draft passes over 1 and 8 sequences. It writes KV only into blocks no sequence holds
@@ -85,7 +84,7 @@ absl::StatusOr<double> TimeForward(model::LlamaModel& model,
 // others: real, distinct memory (pages never written would all read the one shared zero page, from
 // cache, and hide the cost of reading the KV).
 absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::LlamaModel* draft_model,
-                                           int draft_layers) {
+                                           int draft_layers, int rounds) {
   // Up to 32 rows: a verification drafts at most 32 by default, and the
   // widths past it cost most of the measurement (steps past the widest
   // are fitted as linear).
@@ -129,11 +128,11 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
   std::vector<std::vector<double>> runs(steps.size());
   // The first round warms up. Past kMeasureSeconds (a large model, a
   // sanitizer build) it stops after kLeastRounds timed rounds: start-up
-  // stays short (the default model takes about 0.7 s for all of it).
+  // stays short (the default model takes about 0.7 s for 5 rounds).
   constexpr int kLeastRounds = 3;
   constexpr double kMeasureSeconds = 1.0;
   const absl::Time start = absl::Now();
-  for (int round = 0; round <= kTimedRuns; ++round) {
+  for (int round = 0; round <= rounds; ++round) {
     if (round > kLeastRounds && absl::ToDoubleSeconds(absl::Now() - start) > kMeasureSeconds) break;
     for (size_t i = 0; i < steps.size(); ++i) {
       const auto [width, position] = steps[i];
@@ -168,9 +167,9 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
     const int layers = draft_model != nullptr ? 0 : draft_layers;
     const model::SequenceInput one{std::span<const int32_t>(tokens).first(1), 0, table, 1};
     const std::vector<model::SequenceInput> eight(8, one);
-    absl::StatusOr<double> d1 = TimeForward(drafter, {&one, 1}, layers);
+    absl::StatusOr<double> d1 = TimeForward(drafter, {&one, 1}, layers, rounds);
     if (!d1.ok()) return d1.status();
-    absl::StatusOr<double> d8 = TimeForward(drafter, eight, layers);
+    absl::StatusOr<double> d8 = TimeForward(drafter, eight, layers, rounds);
     if (!d8.ok()) return d8.status();
     costs.draft.per_token = std::max(0.0, (*d8 - *d1) / 7);
     costs.draft.fixed = std::max(0.0, *d1 - costs.draft.per_token);
@@ -212,11 +211,11 @@ absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregati
   const model::SequenceInput chunk_in{chunk, 0, chunk_table, 1};
   const model::SequenceInput decode_in{one, kDecodeContext, decode_table, 1};
   const std::vector<model::SequenceInput> mixed = {chunk_in, decode_in};
-  absl::StatusOr<double> decode_pass = TimeForward(model, {&decode_in, 1}, 0);
+  absl::StatusOr<double> decode_pass = TimeForward(model, {&decode_in, 1}, 0, measure_rounds_);
   if (!decode_pass.ok()) return decode_pass.status();
-  absl::StatusOr<double> chunk_step = TimeForward(model, {&chunk_in, 1}, 0);
+  absl::StatusOr<double> chunk_step = TimeForward(model, {&chunk_in, 1}, 0, measure_rounds_);
   if (!chunk_step.ok()) return chunk_step.status();
-  absl::StatusOr<double> chunk_with_decode = TimeForward(model, mixed, 0);
+  absl::StatusOr<double> chunk_with_decode = TimeForward(model, mixed, 0, measure_rounds_);
   if (!chunk_with_decode.ok()) return chunk_with_decode.status();
   return scheduler::DisaggregationCosts{*decode_pass, *chunk_step, *chunk_with_decode};
 }
@@ -224,6 +223,11 @@ absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregati
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
+  if (options.measure_rounds < 1 || options.measure_rounds > 50) {
+    return absl::InvalidArgumentError(
+        StrCat("--startup_measure_rounds=", options.measure_rounds, ": must be in [1, 50]"));
+  }
+  m->measure_rounds_ = options.measure_rounds;
   absl::StatusOr<std::unique_ptr<model::GgufFile>> file = model::OpenModel(options.model_path);
   if (!file.ok()) return file.status();
   m->file_ = std::shared_ptr<const model::GgufFile>(*std::move(file));
@@ -468,7 +472,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
   }
   // The step-time model comes from the worker that runs most decode steps.
   absl::StatusOr<StepCosts> costs =
-      MeasureStepCosts(*decoding_model, decoding_draft, options.draft_layers);
+      MeasureStepCosts(*decoding_model, decoding_draft, options.draft_layers, m->measure_rounds_);
   if (!costs.ok()) return costs.status();
   m->step_costs_ = *costs;
   return m;

@@ -77,6 +77,10 @@ struct ServingModelOptions {
   // the same block ids as the target's, in storage of its own (extra memory:
   // kv_blocks x its bytes per block).
   std::string draft_model_path;
+  // Timed rounds of each start-up measurement (MeasureStepCosts,
+  // MeasureDisaggregationCosts; each figure is their median), after one that
+  // warms up. Fewer start faster with noisier figures: the tests take 1.
+  int measure_rounds = 5;
 };
 
 // What the daemon measures of its step times at start-up
@@ -159,6 +163,7 @@ class ServingModel {
   std::string dtype_;
   std::vector<std::string> warnings_;
   StepCosts step_costs_;
+  int measure_rounds_ = 5;  // ServingModelOptions::measure_rounds
   std::shared_ptr<speculative::SuffixCache> suffix_cache_;
   int context_length_ = 0;
   int kv_blocks_ = 0;

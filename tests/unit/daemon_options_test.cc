@@ -142,6 +142,7 @@ TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
       {"ngram_max", "5"},
       {"draft_model", "/m/draft.gguf"},
       {"draft_layers", "3"},
+      {"startup_measure_rounds", "2"},
       {"inject_fault", "prefill:throw@4"},
       {"kv_transport", "rc,cuda_copy"},
       {"kv_lease", "7s"},
@@ -170,6 +171,7 @@ TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
   EXPECT_EQ(m.ngram_max, 5);
   EXPECT_EQ(m.draft_model_path, "/m/draft.gguf");
   EXPECT_EQ(m.draft_layers, 3);
+  EXPECT_EQ(m.measure_rounds, 2);
   EXPECT_EQ(o->output_threshold, 48);
   const scheduler::SchedulerOptions& sched = o->scheduler;
   EXPECT_TRUE(sched.disaggregation.use_max_tokens);
@@ -365,6 +367,7 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"cuda_decode_sms", "-2"}}, "--cuda_decode_sms=-2: expected -1 (auto), 0 (off)"},
       {{{"threads", "-1"}}, "--threads=-1: must be >= 0"},
       {{{"kv_cache_memory_fraction", "1.5"}}, "--kv_cache_memory_fraction=1.5: must be in [0, 1)"},
+      {{{"startup_measure_rounds", "0"}}, "--startup_measure_rounds=0: must be in [1, 50]"},
       {{{"kv_cache_memory_fraction", "-0.25"}}, "--kv_cache_memory_fraction=-0.25: must be in"},
       {{{"decode_kv_cache_bytes", "-1"}}, "--decode_kv_cache_bytes=-1: needs a decode worker"},
       {{{"decode_kv_cache_bytes", "67108864"}, {"disagg_output_threshold", "off"}},
