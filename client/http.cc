@@ -9,8 +9,8 @@
 namespace tandem::client {
 
 absl::Status HttpTransfer(const std::string& url, const std::string* json_body, double timeout_s,
-                          const std::function<void(const char*, size_t)>& on_data,
-                          long* http_code) {
+                          const std::function<void(const char*, size_t)>& on_data, long* http_code,
+                          const std::vector<std::pair<std::string, std::string>>& headers) {
   static std::once_flag init;
   std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   *http_code = 0;
@@ -21,21 +21,24 @@ absl::Status HttpTransfer(const std::string& url, const std::string* json_body, 
     (*static_cast<const Callback*>(user))(data, size * count);
     return size * count;
   };
-  curl_slist* headers = nullptr;
+  curl_slist* header_list = nullptr;
+  for (const auto& [name, value] : headers) {
+    header_list = curl_slist_append(header_list, absl::StrCat(name, ": ", value).c_str());
+  }
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   if (json_body != nullptr) {
-    headers = curl_slist_append(nullptr, "Content-Type: application/json");
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    header_list = curl_slist_append(header_list, "Content-Type: application/json");
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json_body->c_str());
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(json_body->size()));
   }
+  if (header_list != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, header_list);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &on_data);
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000));
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   const CURLcode code = curl_easy_perform(curl);
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, http_code);
-  curl_slist_free_all(headers);
+  curl_slist_free_all(header_list);
   curl_easy_cleanup(curl);
   if (code != CURLE_OK) {
     return absl::UnavailableError(absl::StrCat(url, ": ", curl_easy_strerror(code)));

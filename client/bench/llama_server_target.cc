@@ -97,7 +97,8 @@ class LlamaServerTarget : public Target {
     long http_code = 0;
     absl::Status s = client::HttpTransfer(
         base_ + "/completion", &body, call.timeout_s,
-        [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code);
+        [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code,
+        SessionHeaders(call));
     // Tokens the stream reported only in its count arrive with the end.
     for (int i = static_cast<int>(output->ids.size()); i < predicted; ++i) {
       record->token_times.push_back(NowSeconds());

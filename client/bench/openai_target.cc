@@ -157,7 +157,8 @@ class OpenAiTarget : public Target {
     long http_code = 0;
     absl::Status s = client::HttpTransfer(
         base_ + "/v1/completions", &body, call.timeout_s,
-        [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code);
+        [&](const char* data, size_t n) { events.Feed(data, n); }, &http_code,
+        SessionHeaders(call));
     // Tokens only the usage counted arrive with the end.
     for (int i = static_cast<int>(record->token_times.size()); i < completion_tokens; ++i) {
       record->token_times.push_back(NowSeconds());

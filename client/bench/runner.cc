@@ -153,6 +153,14 @@ class Run {
     return cap;
   }
 
+  // The id the turns of a session of class k share, so that a balancer
+  // keeps them on one daemon; "" for a single request. Unique within the run
+  // and across runs of other seeds.
+  std::string SessionId(int k, int64_t session, int turns) const {
+    if (turns <= 1) return "";
+    return absl::StrCat(scenario_.classes(k).name(), "-", options_.seed, "-", session);
+  }
+
   // A file-edit session of class k: each turn sends the file as it stands
   // (the first turn the repository's, later turns the code of the previous
   // answer) in a new conversation rendered by the chat template, and asks
@@ -183,6 +191,7 @@ class Run {
       }
       GenerateCall call;
       call.prompt = *std::move(prompt);
+      call.session_id = SessionId(k, session, turns);
       call.max_tokens = EditAnswerCap(c, file);
       call.stop_at_end = true;
       call.want_text = true;
@@ -221,6 +230,7 @@ class Run {
       }
       GenerateCall call;
       call.prompt = context;
+      call.session_id = SessionId(k, session, turns);
       call.max_tokens = DrawLength(c.output_tokens(), rng);
       Generated output;
       Issue(k, start, std::move(call), &output);

@@ -13,6 +13,11 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+std::vector<std::pair<std::string, std::string>> SessionHeaders(const GenerateCall& call) {
+  if (call.session_id.empty()) return {};
+  return {{kSessionHeader, call.session_id}};
+}
+
 absl::StatusOr<TokenIds> Target::TokenizeChat(const std::vector<ChatTurn>&) {
   return absl::UnimplementedError(name() +
                                   " does not render chats: their prompts come from tandemd");
@@ -77,6 +82,7 @@ class TandemTarget : public Target {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(call.timeout_s * 1000)));
+    if (!call.session_id.empty()) context.AddMetadata(kSessionHeader, call.session_id);
     const size_t which = next_.fetch_add(1) % stubs_.size();
     auto reader = stubs_[which]->Generate(&context, request);
     tandem::v1::GenerateResponse response;

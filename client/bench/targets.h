@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,7 +34,17 @@ struct GenerateCall {
   // Fill Generated::text (the OpenAI target then parses every chunk, where
   // it otherwise only counts token ids).
   bool want_text = false;
+  // The session the request is a turn of ("" none), sent as the
+  // x-session-id header (gRPC metadata) that deploy/lb's balancers hash to
+  // keep a session on one daemon, where its prefix is cached.
+  std::string session_id;
 };
+
+// The header (gRPC metadata key) GenerateCall::session_id goes out as.
+inline constexpr char kSessionHeader[] = "x-session-id";
+
+// `call`'s session header for an HTTP request: none without a session.
+std::vector<std::pair<std::string, std::string>> SessionHeaders(const GenerateCall& call);
 
 // What one request generated.
 struct Generated {

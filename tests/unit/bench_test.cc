@@ -397,6 +397,8 @@ TEST(Runner, ClosedLoopIssuesExactlyTheRequestsWithTheConcurrency) {
   const RunResult result = RunScenario(OneClass(3, 0), target, corpora, options);
   EXPECT_EQ(result.records.size(), 9u);
   EXPECT_EQ(target.max_inflight_, 3);
+  // Single requests are no session: no balancer should pin them.
+  for (const auto& c : target.calls_) EXPECT_EQ(c.call.session_id, "");
   for (const RequestRecord& r : result.records) {
     EXPECT_TRUE(r.ok);
     EXPECT_EQ(r.token_times.size(), 3u);
@@ -408,9 +410,15 @@ TEST(Runner, SessionTurnsCarryThePreviousPromptAndAnswer) {
   corpora.corpora = {{"prose", DistinctCorpus()}};
   FakeTarget target;
   RunOptions options;
-  options.requests = 3;
+  options.requests = 6;
+  options.seed = 7;
   RunScenario(OneClass(1, 0, /*turns=*/3), target, corpora, options);
-  ASSERT_EQ(target.calls_.size(), 3u);
+  ASSERT_EQ(target.calls_.size(), 6u);
+  // Each session's turns share one id (class, seed, session), which a
+  // balancer hashes to keep them on one daemon.
+  for (int t = 0; t < 6; ++t) {
+    EXPECT_EQ(target.calls_[t].call.session_id, t < 3 ? "c-7-0" : "c-7-1") << t;
+  }
   for (int t = 1; t < 3; ++t) {
     const TokenIds& before = target.calls_[t - 1].call.prompt;
     const TokenIds& now = target.calls_[t].call.prompt;
@@ -457,6 +465,7 @@ TEST(Runner, FileEditTurnsSendTheFileAsTheLastAnswerLeftIt) {
     EXPECT_EQ(target.chats_[turn][0].content,
               FirstEditMessage(files[turn], EditInstruction(files[turn], turn)));
     const GenerateCall& call = target.calls_[turn].call;
+    EXPECT_EQ(call.session_id, "c-1-0");  // one file's turns, one session (seed 1)
     EXPECT_EQ(call.prompt.size(), target.chats_[turn][0].content.size());
     EXPECT_TRUE(call.stop_at_end);
     EXPECT_TRUE(call.want_text);

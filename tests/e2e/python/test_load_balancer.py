@@ -1,6 +1,8 @@
 """Two tandemd instances behind nginx and behind HAProxy (gRPC over HTTP/2),
 with the configs of deploy/lb, each first passing the proxy's own check.
-Requests spread over both; one is stopped with SIGTERM under load: every request completes or
+Requests spread over both; every turn of a session (the x-session-id header)
+lands where its earlier turns did and finds their prompt in the prefix cache;
+one instance is stopped with SIGTERM under load: every request completes or
 gets UNAVAILABLE before its first token (so the caller can retry), none
 hangs, and the other instance keeps serving.
 
@@ -14,8 +16,9 @@ daemon's log line that its gRPC server is shutting down and a second after
 its exit (the exit itself, tearing the model down, takes longer on a loaded
 machine: the window is read from the daemon, not assumed)."""
 import os
+import random
+import re
 import shutil
-import string
 import subprocess
 import tempfile
 import threading
@@ -33,9 +36,16 @@ DEPLOY_LB = os.path.join(os.path.dirname(__file__), "..", "..", "..", "deploy", 
 
 
 def render(template, **values):
-    """The deploy/lb template with ${NAME} placeholders filled, as envsubst would."""
+    """The deploy/lb template with its ${NAME} placeholders filled, as
+    `envsubst '${LISTEN} ${BACKEND_1} ...'` would: only the names given (the
+    proxies' own variables, such as nginx's $http_x_session_id, stay)."""
     with open(os.path.join(DEPLOY_LB, template)) as f:
-        return string.Template(f.read()).substitute(values)
+        text = f.read()
+    placeholders = set(re.findall(r"\$\{(\w+)\}", text))
+    assert placeholders <= set(values), f"{template}: unfilled {placeholders - set(values)}"
+    for name in placeholders:
+        text = text.replace("${" + name + "}", values[name])
+    return text
 
 
 def start_proxy(kind, directory, port, backends):
@@ -136,6 +146,45 @@ def test_requests_spread_over_both_instances(cluster):
     assert all(outcome == "completed" for outcome, _, _ in results), results
     assert served(a) > 0 and served(b) > 0, (served(a), served(b))
     assert served(a) + served(b) == 16
+
+
+def session_turn(stub, session, prompt):
+    """One greedy turn of 4 tokens with the session's header; returns its
+    output ids and how many of its prompt tokens the prefix cache held."""
+    request = pb2.GenerateRequest(token_ids=prompt, sampling=pb2.SamplingParams(temperature=0.0),
+                                  max_tokens=4, ignore_eos=True)
+    output, cached = [], None
+    for message in stub.Generate(request, timeout=60, metadata=(("x-session-id", session),)):
+        output += message.token_ids
+        if message.HasField("usage"):
+            cached = message.usage.cached_prompt_tokens
+    assert cached is not None, "the last message carries usage"
+    return output, cached
+
+
+def test_every_turn_of_a_session_lands_where_its_prompt_is_cached(cluster):
+    address, a, b = cluster
+    first_prompt = 48  # three whole KV blocks of 16
+    sessions = 16
+    with grpc.insecure_channel(address) as channel:
+        stub = pb2_grpc.GenerationStub(channel)
+        for s in range(sessions):
+            rng = random.Random(s)
+            prompt = [rng.randrange(100, 30000) for _ in range(first_prompt)]
+            session = f"session-{s}"
+            for turn in range(3):
+                output, cached = session_turn(stub, session, prompt)
+                if turn == 0:
+                    assert cached == 0, f"{session}: nothing was cached before its first turn"
+                else:
+                    # On the other daemon it would find nothing of it.
+                    assert cached >= first_prompt, f"{session} turn {turn}: {cached} cached"
+                prompt = prompt + output + [rng.randrange(100, 30000) for _ in range(8)]
+    # The sessions hash over both daemons. HAProxy's ring is fixed by the
+    # server names; nginx's by their addresses, which are free ports here: all
+    # 16 on one daemon would take a 1-in-30,000 ring.
+    assert served(a) > 0 and served(b) > 0, (served(a), served(b))
+    assert served(a) + served(b) == 3 * sessions
 
 
 def test_stopping_one_instance_under_load(cluster):
