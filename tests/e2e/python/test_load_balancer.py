@@ -148,6 +148,17 @@ def test_requests_spread_over_both_instances(cluster):
     assert served(a) + served(b) == 16
 
 
+def test_a_request_over_a_megabyte_passes(cluster):
+    # Long prompts are sent as text: the proxies take what tandemd takes
+    # (--max_message_bytes), not their own defaults (nginx's 1 MiB).
+    address, _, _ = cluster
+    text = "def f(x):\n    return x\n" * 50000  # 1.2 MB
+    with grpc.insecure_channel(address) as channel:
+        response = pb2_grpc.GenerationStub(channel).Tokenize(
+            pb2.TokenizeRequest(text=text), timeout=60)
+    assert len(response.token_ids) > 100000
+
+
 def session_turn(stub, session, prompt):
     """One greedy turn of 4 tokens with the session's header; returns its
     output ids and how many of its prompt tokens the prefix cache held."""
