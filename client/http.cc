@@ -21,13 +21,27 @@ absl::Status HttpTransfer(const std::string& url, const std::string* json_body, 
     (*static_cast<const Callback*>(user))(data, size * count);
     return size * count;
   };
+  // curl_slist_append returns null, leaving the list as it was, when it
+  // cannot allocate.
   curl_slist* header_list = nullptr;
+  auto add_header = [&header_list](const std::string& line) {
+    curl_slist* longer = curl_slist_append(header_list, line.c_str());
+    if (longer == nullptr) return false;
+    header_list = longer;
+    return true;
+  };
+  bool headers_ok = true;
   for (const auto& [name, value] : headers) {
-    header_list = curl_slist_append(header_list, absl::StrCat(name, ": ", value).c_str());
+    headers_ok = headers_ok && add_header(absl::StrCat(name, ": ", value));
+  }
+  if (json_body != nullptr) headers_ok = headers_ok && add_header("Content-Type: application/json");
+  if (!headers_ok) {
+    curl_slist_free_all(header_list);
+    curl_easy_cleanup(curl);
+    return absl::ResourceExhaustedError(absl::StrCat(url, ": out of memory for the headers"));
   }
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   if (json_body != nullptr) {
-    header_list = curl_slist_append(header_list, "Content-Type: application/json");
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json_body->c_str());
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(json_body->size()));
   }

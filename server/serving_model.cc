@@ -76,8 +76,9 @@ absl::StatusOr<double> TimeForward(model::LlamaModel& model,
 // backend's row curve (scheduler/step_time_model.h): a step of one sequence
 // at each of kWidths rows at the start of a sequence, and the 1-row and
 // kSharedWidth-row steps after `context` tokens (what reading the KV costs
-// its first row and its others), each the median of `rounds` runs (at most
-// 3 for a large model) taken in rounds over all of them (a slow moment of a shared machine then
+// its first row and its others), each the median of `rounds` runs (of the
+// first 3 where the rounds pass 1 s: a large model, a sanitizer build)
+// taken in rounds over all of them (a slow moment of a shared machine then
 // moves one run of each, not every run of one, which would bend the curve); with a self-draft or a
 // draft model, draft passes over 1 and 8 sequences. It writes KV only into blocks no sequence holds
 // yet (the daemon has not started). The long context's KV is one computed block copied into the

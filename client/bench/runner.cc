@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/bench/file_edits.h"
@@ -155,10 +156,17 @@ class Run {
 
   // The id the turns of a session of class k share, so that a balancer
   // keeps them on one daemon; "" for a single request. Unique within the run
-  // and across runs of other seeds.
+  // and across runs of other seeds. A header value: the class name's
+  // characters other than letters, digits, '-', '_' and '.' become '_'.
   std::string SessionId(int k, int64_t session, int turns) const {
     if (turns <= 1) return "";
-    return absl::StrCat(scenario_.classes(k).name(), "-", options_.seed, "-", session);
+    std::string name = scenario_.classes(k).name();
+    for (char& c : name) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+        c = '_';
+      }
+    }
+    return absl::StrCat(name, "-", options_.seed, "-", session);
   }
 
   // A file-edit session of class k: each turn sends the file as it stands

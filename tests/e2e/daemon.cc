@@ -87,8 +87,9 @@ Daemon::Daemon(std::vector<std::string> extra) {
                                    "--http_port=" + std::to_string(http_port_),
                                    // One timed round of the start-up measurement
                                    // (five by default): tests start daemons by the
-                                   // hundred, and assert no figure of it. `extra`
-                                   // comes after and may set it.
+                                   // hundred and need its figures, not precise
+                                   // ones. `extra` comes after: a test that
+                                   // compares measured figures sets it back.
                                    "--startup_measure_rounds=1"};
   bool has_model = false;
   for (const std::string& e : extra) has_model |= e.rfind("--model=", 0) == 0;

@@ -429,6 +429,21 @@ TEST(Runner, SessionTurnsCarryThePreviousPromptAndAnswer) {
   }
 }
 
+TEST(Runner, SessionIdsAreHeaderSafeWhateverTheClassIsCalled) {
+  // gRPC refuses metadata values with other characters: every call of the
+  // session would fail.
+  PromptSources corpora;
+  corpora.corpora = {{"prose", DistinctCorpus()}};
+  FakeTarget target;
+  v1::Scenario scenario = OneClass(1, 0, /*turns=*/2);
+  scenario.mutable_classes(0)->set_name("agent turns/é\n");
+  RunOptions options;
+  options.requests = 2;
+  RunScenario(scenario, target, corpora, options);
+  ASSERT_EQ(target.calls_.size(), 2u);
+  for (const auto& c : target.calls_) EXPECT_EQ(c.call.session_id, "agent_turns____-1-0");
+}
+
 TEST(Runner, FileEditTurnsSendTheFileAsTheLastAnswerLeftIt) {
   PromptSources sources;
   sources.corpora = {{"prose", DistinctCorpus()}};

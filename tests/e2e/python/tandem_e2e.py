@@ -104,7 +104,7 @@ class Daemon:
              f"--metrics_listen=127.0.0.1:{self.metrics_port}",
              f"--http_port={self.http_port}",
              # One timed round of the start-up measurement: tests start
-             # many daemons and assert no figure of it.
+             # many daemons and need its figures, not precise ones.
              "--startup_measure_rounds=1", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
 
