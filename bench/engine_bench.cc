@@ -26,6 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "bench/bench_device.h"
+#include "common/median.h"
 #include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/random_model.h"
@@ -51,11 +52,6 @@ ABSL_FLAG(int, verify_batch, 1, "sequences per forward pass for --verify_widths"
 
 namespace tandem {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Times forward passes of --verify_batch sequences with W tokens each at the
 // end of the prompt (whose KV the prefill above left in the cache; every

@@ -4,10 +4,12 @@
 #ifndef TANDEM_BENCH_ROW_COST_H_
 #define TANDEM_BENCH_ROW_COST_H_
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <utility>
 #include <vector>
+
+#include "common/median.h"
 
 namespace tandem::bench {
 
@@ -21,8 +23,7 @@ double MedianMs(int repeats, Fn&& fn) {
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                      .count());
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return Median(std::move(ms));
 }
 
 // Prints "rows, ms, ms / one_row_ms, ms per row beyond the first" (the

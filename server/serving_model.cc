@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 
+#include "common/median.h"
 #include "common/strings.h"
 #include "engine/kernels/backend_factory.h"
 #include "engine/model/llama_model.h"
@@ -50,12 +51,6 @@ absl::StatusOr<double> TimeOnce(model::LlamaModel& model,
   const absl::Time start = absl::Now();
   if (absl::Status s = model.ForwardGreedy(inputs, &tokens, layers); !s.ok()) return s;
   return absl::ToDoubleMilliseconds(absl::Now() - start);
-}
-
-double Median(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  const size_t half = ms.size() / 2;
-  return ms.size() % 2 == 1 ? ms[half] : (ms[half - 1] + ms[half]) / 2;
 }
 
 // Median milliseconds of `rounds` forward passes of `inputs`, after one that
