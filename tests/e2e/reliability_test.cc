@@ -272,12 +272,22 @@ TEST(ReliabilityTest, AThousandRequestStormWithAbortsAtEveryStageLeavesNothingBe
   const double rejected = MetricValue(*metrics, "tandem_rejected_requests_total").value_or(-1);
   EXPECT_LE(finished + rejected, kRequests + survivor_prompts.size());
   EXPECT_GE(finished, outcomes["ok"] + survivor_prompts.size());
-  // Aborts landed in every stage a request passes through.
+  // Aborts landed in every stage a request passes through. Where one lands
+  // in the short prefill and handoff windows depends on how fast a
+  // cancellation crosses gRPC against how fast a step computes: under
+  // AddressSanitizer (a 300-request storm) the network path slows more and
+  // CI once saw no abort at all in the handoff window. The full storm (the
+  // plain build: 40 and 109 here) checks every stage; a smaller
+  // one checks the two stages a client hits whatever the speeds. The
+  // scheduler's unit tests pin each stage's attribution exactly.
+  const bool full_storm = kRequests >= 1000;
   std::map<std::string, double> by_stage;
   for (const char* stage : {"queued", "prefill", "handoff", "decode"}) {
     for (const char* cause : {"client", "deadline"})
       by_stage[stage] += Cancelled(*metrics, stage, cause);
-    EXPECT_GE(by_stage[stage], 1) << "no request was cancelled while " << stage;
+    if (full_storm || stage == std::string("queued") || stage == std::string("decode")) {
+      EXPECT_GE(by_stage[stage], 1) << "no request was cancelled while " << stage;
+    }
   }
   EXPECT_EQ(FinishedRequests(*metrics, {"error"}), 0.0);  // either path
   // Generation for a client that is gone stops: tokens the daemon counts as
