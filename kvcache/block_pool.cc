@@ -59,6 +59,11 @@ void BlockPool::Evict(BlockId b) {
   index_.erase(block.hash);
   block.cached = false;
   ++evictions_;
+  if (!record_events_) return;
+  if (events_.empty() || events_.back().kind != KvEvent::Kind::kRemoved) {
+    events_.emplace_back().kind = KvEvent::Kind::kRemoved;
+  }
+  events_.back().hashes.push_back(block.hash);
 }
 
 bool BlockPool::Allocate(int32_t count, std::vector<BlockId>* out) {
@@ -93,7 +98,8 @@ void BlockPool::Release(std::span<const BlockId> blocks) {
   }
 }
 
-bool BlockPool::Cache(BlockId b, const BlockHash& hash, std::span<const TokenId> tokens) {
+bool BlockPool::Cache(BlockId b, const BlockHash& hash, std::span<const TokenId> tokens,
+                      std::optional<BlockHash> parent) {
   Block& block = blocks_[static_cast<size_t>(b)];
   TANDEM_CHECK(block.refs > 0 && static_cast<int32_t>(tokens.size()) == block_size_,
                "only held, full blocks can be cached");
@@ -103,7 +109,39 @@ bool BlockPool::Cache(BlockId b, const BlockHash& hash, std::span<const TokenId>
   block.hash = hash;
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<std::ptrdiff_t>(b) * block_size_);
+  if (record_events_) {
+    // The next block of the run the last event stored extends it.
+    const bool extends = !events_.empty() && events_.back().kind == KvEvent::Kind::kStored &&
+                         parent.has_value() && events_.back().hashes.back() == *parent;
+    if (!extends) {
+      KvEvent& stored = events_.emplace_back();
+      stored.kind = KvEvent::Kind::kStored;
+      stored.parent = parent;
+    }
+    events_.back().hashes.push_back(hash);
+    events_.back().tokens.insert(events_.back().tokens.end(), tokens.begin(), tokens.end());
+  }
   return true;
+}
+
+std::vector<KvEvent> BlockPool::TakeEvents() {
+  std::vector<KvEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+std::vector<KvEvent> BlockPool::SnapshotEvents() {
+  events_.clear();
+  std::vector<KvEvent> out(1);
+  out[0].kind = KvEvent::Kind::kAllCleared;
+  for (const auto& [hash, b] : index_) {
+    KvEvent& stored = out.emplace_back();
+    stored.kind = KvEvent::Kind::kStored;
+    stored.hashes = {hash};
+    const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(b) * block_size_;
+    stored.tokens.assign(first, first + block_size_);
+  }
+  return out;
 }
 
 std::optional<BlockId> BlockPool::Find(const BlockHash& hash,

@@ -20,6 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kvcache/block_hash.h"
+#include "kvcache/kv_event.h"
 
 namespace tandem::kvcache {
 
@@ -53,7 +54,10 @@ class BlockPool {
 
   // Registers a held, full block under `hash` with its `tokens`. Returns
   // false (and changes nothing) when another block already holds that hash.
-  bool Cache(BlockId block, const BlockHash& hash, std::span<const TokenId> tokens);
+  // `parent`: the key of the block before it in its sequence (none for a
+  // sequence's first block), for the event journal.
+  bool Cache(BlockId block, const BlockHash& hash, std::span<const TokenId> tokens,
+             std::optional<BlockHash> parent = std::nullopt);
 
   // The cached block with this hash and these tokens, if any.
   std::optional<BlockId> Find(const BlockHash& hash, std::span<const TokenId> tokens) const;
@@ -62,6 +66,17 @@ class BlockPool {
   bool is_cached(BlockId block) const { return blocks_[static_cast<size_t>(block)].cached; }
   // The free list from head (next to allocate) to tail, for tests.
   std::vector<BlockId> FreeListOrder() const;
+
+  // --- the event journal (kvcache/kv_event.h) ---
+  // From now on, every block that enters or leaves the index is journaled.
+  // A run of blocks stored one after another in one sequence is one event.
+  void RecordEvents() { record_events_ = true; }
+  // The events since the last call, in order; clears the journal.
+  std::vector<KvEvent> TakeEvents();
+  // The index as it is: AllCleared, then every cached block stored (without
+  // parents). For a receiver that lost events; clears the journal, which
+  // this replaces.
+  std::vector<KvEvent> SnapshotEvents();
 
  private:
   struct Block {
@@ -86,6 +101,8 @@ class BlockPool {
   int32_t free_count_ = 0;
   int64_t evictions_ = 0;
   absl::flat_hash_map<BlockHash, BlockId> index_;
+  bool record_events_ = false;
+  std::vector<KvEvent> events_;
 };
 
 }  // namespace tandem::kvcache

@@ -99,10 +99,12 @@ void KvCacheManager::Commit(SequenceId id, std::span<const TokenId> tokens, int3
   const size_t bs = static_cast<size_t>(block_size());
   for (int32_t i = seq.committed; i < full; ++i) {
     const std::span<const TokenId> block = tokens.subspan(static_cast<size_t>(i) * bs, bs);
+    const std::optional<BlockHash> parent =
+        i == 0 ? std::nullopt : std::optional<BlockHash>(seq.last_hash);
     seq.last_hash = ChainHash(seq.last_hash, block);
     // When another block already holds this prefix (two sequences computed
     // it at once), ours simply stays out of the index.
-    pool_.Cache(seq.blocks[static_cast<size_t>(i)], seq.last_hash, block);
+    pool_.Cache(seq.blocks[static_cast<size_t>(i)], seq.last_hash, block, parent);
   }
   seq.committed = std::max(seq.committed, full);
 }

@@ -98,6 +98,11 @@ class KvCacheManager {
   // Block copies needed before the next step, in order; clears the queue.
   std::vector<BlockCopy> TakeCopies();
 
+  // The prefix index's event journal (BlockPool::RecordEvents).
+  void RecordEvents() { pool_.RecordEvents(); }
+  std::vector<KvEvent> TakeEvents() { return pool_.TakeEvents(); }
+  std::vector<KvEvent> SnapshotEvents() { return pool_.SnapshotEvents(); }
+
  private:
   struct Sequence {
     std::vector<BlockId> blocks;

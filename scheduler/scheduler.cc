@@ -46,6 +46,7 @@ Scheduler::Scheduler(SchedulerOptions options, int32_t max_queued, step::Worker*
       admission_by_slo_(admission_by_slo),
       default_slo_(options.slo),
       observer_(std::move(observer)),
+      kv_events_(options.on_kv_events),
       core_(WithLanes(std::move(options), decode != nullptr)),
       dispatcher_(dispatch, &core_) {
   step::Worker* workers[kLanes] = {prefill, decode};
@@ -319,6 +320,7 @@ void Scheduler::Loop() {
       DeliverRemote();
       PublishLoad();
       DeliverHeldFinishes();
+      PublishKvEvents();
       if (!AnyBusy()) return;
       progressed = false;
       continue;
@@ -345,7 +347,15 @@ void Scheduler::Loop() {
     DeliverRemote();
     PublishLoad();
     DeliverHeldFinishes();
+    PublishKvEvents();
   }
+}
+
+void Scheduler::PublishKvEvents() {
+  if (!kv_events_) return;
+  std::vector<kvcache::KvEvent> events = core_.TakeKvEvents(kv_events_resync_);
+  if (events.empty()) return;
+  kv_events_resync_ = !kv_events_(std::move(events));
 }
 
 void Scheduler::PublishLoad() {

@@ -214,12 +214,17 @@ class Scheduler {
   void PublishLoad();
   // Calls the OnFinish calls held back until after PublishLoad().
   void DeliverHeldFinishes();
+  // Hands the round's prefix-index events to SchedulerOptions::on_kv_events.
+  void PublishKvEvents();
 
   const int32_t max_queued_;
   const int64_t max_queued_tokens_;
   const bool admission_by_slo_;
   const LatencyBudget default_slo_;
   StepObserver observer_;
+  // SchedulerOptions::on_kv_events (set before core_ takes the options).
+  const std::function<bool(std::vector<kvcache::KvEvent>)> kv_events_;
+  bool kv_events_resync_ = false;        // scheduler thread only
   SchedulerCore core_;                   // scheduler thread only
   StepDispatcher dispatcher_;            // scheduler thread only
   std::array<LaneState, kLanes> lanes_;  // scheduler thread only (threads set at construction)

@@ -39,6 +39,7 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
   if (options_.decode_kv_blocks > 0) {
     decode_kv_.emplace(options_.decode_kv_blocks, options_.block_size, options_.prefix_caching);
   }
+  if (options_.on_kv_events) kv_.RecordEvents();
 }
 
 kvcache::KvCacheStats SchedulerCore::kv_stats() const {

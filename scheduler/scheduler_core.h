@@ -141,6 +141,13 @@ struct SchedulerOptions {
   // drafting copies from across requests (speculative::SuffixCache::Add).
   // Called on the scheduler's thread, with its state locked: must be quick.
   std::function<void(std::string_view salt, std::span<const TokenId> tokens)> on_finished_text;
+  // KV events (server/kv_event_publisher.h): when set, called on the
+  // scheduler thread after each round that changed the prefix index (of the
+  // prefill lane's storage: where prompts find their prefixes), with its
+  // events in order. It answers false when the receiver dropped a batch:
+  // the next call then carries the whole index instead (AllCleared, then
+  // every cached block). Must be quick.
+  std::function<bool(std::vector<kvcache::KvEvent>)> on_kv_events;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
@@ -300,6 +307,11 @@ class SchedulerCore {
     return kv_.total_blocks() + (decode_kv_ ? decode_kv_->total_blocks() : 0);
   }
   kvcache::KvCacheStats kv_stats() const;
+  // The prefix index's events since the last call (options.on_kv_events),
+  // or with `snapshot` the whole index instead.
+  std::vector<kvcache::KvEvent> TakeKvEvents(bool snapshot) {
+    return snapshot ? kv_.SnapshotEvents() : kv_.TakeEvents();
+  }
   int32_t remote() const { return static_cast<int32_t>(remote_.size()); }
   int64_t preemptions() const { return preemptions_; }
   int64_t handoffs() const { return handoffs_; }

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "server/grpc_server.h"
 #include "server/http_server.h"
 #include "server/kv_endpoint.h"
+#include "server/kv_event_publisher.h"
 #include "server/lane_kv_mover.h"
 #include "server/openai_service.h"
 #include "server/peer_service.h"
@@ -48,6 +50,7 @@ struct Daemon::Parts {
   std::unique_ptr<scheduler::FaultInjectingWorker> faulty;  // --inject_fault
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<ServerMetrics> metrics;
+  std::unique_ptr<KvEventPublisher> kv_events;  // --kv_events_endpoint
   std::unique_ptr<scheduler::Scheduler> scheduler;
   std::unique_ptr<LaneKvMover> lane_mover;       // a decode worker with KV of its own
   std::unique_ptr<KvEndpoint> kv_endpoint;       // a prefill or decode daemon
@@ -178,6 +181,29 @@ absl::StatusOr<std::optional<int32_t>> MeasureThreshold(ServingModel& model, int
   return threshold;
 }
 
+// --served_model_name, or the model file's name without ".gguf".
+std::string ServedModelName(const DaemonOptions& options) {
+  if (!options.listen.served_model_name.empty()) return options.listen.served_model_name;
+  std::string_view file = options.model.model_path;
+  file = file.substr(file.rfind('/') + 1);
+  if (file.size() > 5 && file.substr(file.size() - 5) == ".gguf") file.remove_suffix(5);
+  return std::string(file);
+}
+
+// kv@<pod>@<model>, as llm-d's indexer splits it: the pod is --listen with
+// a wildcard host replaced by this host's name (what a router can reach).
+std::string KvEventsTopic(const DaemonOptions& options) {
+  if (!options.kv_events.topic.empty()) return options.kv_events.topic;
+  std::string listen = options.listen.grpc.listen;
+  const size_t colon = listen.rfind(':');
+  const std::string host = listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "*") {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) == 0) listen = StrCat(name, listen.substr(colon));
+  }
+  return StrCat("kv@", listen, "@", ServedModelName(options));
+}
+
 // The OpenAI-compatible HTTP API beside gRPC, on the same frontend. Its
 // health follows the gRPC health service's rule: not while draining or while
 // the scheduler stalls.
@@ -185,13 +211,7 @@ absl::Status StartHttp(const DaemonOptions& options, const ServingModel& model,
                        GenerationFrontend* frontend, std::unique_ptr<OpenAiService>& service,
                        std::unique_ptr<HttpServer>& server) {
   OpenAiServiceOptions http;
-  http.served_model_name = options.listen.served_model_name;
-  if (http.served_model_name.empty()) {
-    std::string_view file = options.model.model_path;
-    file = file.substr(file.rfind('/') + 1);
-    if (file.size() > 5 && file.substr(file.size() - 5) == ".gguf") file.remove_suffix(5);
-    http.served_model_name = std::string(file);
-  }
+  http.served_model_name = ServedModelName(options);
   if (std::string name = model.Info().name(); !name.empty()) {
     http.aliases.push_back(std::move(name));
   }
@@ -266,6 +286,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   p.registry = std::make_shared<prometheus::Registry>();
   p.metrics = std::make_unique<ServerMetrics>(*p.registry);
   ServerMetrics* metrics = p.metrics.get();
+  if (const KvEventsOptions& events = options.kv_events; !events.endpoint.empty()) {
+    KvEventPublisherOptions publisher;
+    publisher.endpoint = events.endpoint;
+    publisher.replay_endpoint = events.replay_endpoint;
+    publisher.topic = KvEventsTopic(options);
+    publisher.block_size = p.model->block_size();
+    publisher.replay_messages = events.replay_messages;
+    absl::StatusOr<std::unique_ptr<KvEventPublisher>> started =
+        KvEventPublisher::Start(publisher, *p.registry);
+    if (!started.ok()) return started.status();
+    p.kv_events = *std::move(started);
+    KvEventPublisher* kv_events = p.kv_events.get();
+    sched.on_kv_events = [kv_events](std::vector<kvcache::KvEvent> batch) {
+      return kv_events->Publish(std::move(batch));
+    };
+    spdlog::info("KV events: published on {} as '{}'{}{}", events.endpoint, publisher.topic,
+                 events.replay_endpoint.empty() ? "" : ", replayed on ", events.replay_endpoint);
+    if (!options.scheduler.prefix_caching) {
+      spdlog::warn("KV events: --prefix_caching=false: no block is ever cached or published");
+    }
+  }
   p.scheduler = std::make_unique<scheduler::Scheduler>(
       sched, options.max_queued_requests, prefill_worker, decode_worker,
       [metrics](const scheduler::StepStats& step) { metrics->OnStep(step); }, options.dispatch,

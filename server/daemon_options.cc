@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "common/strings.h"
 #include "engine/kernels/cpu/matmul.h"
@@ -202,6 +203,16 @@ ABSL_FLAG(absl::Duration, kv_lease, absl::Seconds(30),
           "after it the request continues here");
 ABSL_FLAG(absl::Duration, peer_load_interval, absl::Milliseconds(200),
           "--role=prefill: how often each decode peer's GetLoad is polled");
+ABSL_FLAG(std::string, kv_events_endpoint, "",
+          "publish the prefix cache's KV events for cache-aware routers on a ZeroMQ PUB socket "
+          "bound here (tcp://*:5557, ipc://PATH; empty: off)");
+ABSL_FLAG(std::string, kv_events_replay_endpoint, "",
+          "with --kv_events_endpoint: a ZeroMQ ROUTER socket bound here answers requests for "
+          "missed KV event messages by sequence number (empty: none)");
+ABSL_FLAG(std::string, kv_events_topic, "",
+          "the KV events' topic (default kv@<--listen, a wildcard host replaced by the host "
+          "name>@<served model name>)");
+ABSL_FLAG(int, kv_events_replay_messages, 10000, "KV event messages the replay socket keeps");
 
 namespace tandem::server {
 namespace {
@@ -545,6 +556,33 @@ absl::Status ReadListen(DaemonOptions& options) {
   return absl::OkStatus();
 }
 
+// --kv_events_*.
+absl::Status ReadKvEvents(DaemonOptions& options) {
+  KvEventsOptions& events = options.kv_events;
+  events.endpoint = absl::GetFlag(FLAGS_kv_events_endpoint);
+  events.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay_endpoint);
+  events.topic = absl::GetFlag(FLAGS_kv_events_topic);
+  events.replay_messages = absl::GetFlag(FLAGS_kv_events_replay_messages);
+  for (const auto& [flag, endpoint] :
+       {std::pair{"--kv_events_endpoint", events.endpoint},
+        std::pair{"--kv_events_replay_endpoint", events.replay_endpoint}}) {
+    if (!endpoint.empty() && !absl::StartsWith(endpoint, "tcp://") &&
+        !absl::StartsWith(endpoint, "ipc://")) {
+      return FlagError(StrCat(flag, "='", endpoint,
+                              "': expected a ZeroMQ endpoint, tcp://HOST:PORT or ipc://PATH"));
+    }
+  }
+  if (events.endpoint.empty() && (!events.replay_endpoint.empty() || !events.topic.empty())) {
+    return FlagError(
+        "--kv_events_replay_endpoint and --kv_events_topic go with --kv_events_endpoint");
+  }
+  if (events.replay_messages < 1 || events.replay_messages > 1000000) {
+    return FlagError(StrCat("--kv_events_replay_messages=", events.replay_messages,
+                            ": must be in [1, 1000000]"));
+  }
+  return absl::OkStatus();
+}
+
 // --inject_fault: which worker (or KV transfer) fails, and how.
 absl::Status ReadFault(DaemonOptions& options) {
   const std::string fault = absl::GetFlag(FLAGS_inject_fault);
@@ -600,7 +638,7 @@ absl::StatusOr<DaemonOptions> DaemonOptionsFromFlags(
   // whether a decode worker exists, which later checks depend on.
   for (absl::Status (*read)(DaemonOptions&) :
        {ReadRole, ReadDisaggregation, ReadModel, ReadSpeculation, ReadScheduling, ReadSlo,
-        ReadRequestPolicy, ReadListen, ReadFault}) {
+        ReadRequestPolicy, ReadListen, ReadKvEvents, ReadFault}) {
     if (absl::Status s = read(options); !s.ok()) return s;
   }
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

@@ -75,6 +75,14 @@ struct PoolOptions {
   absl::Duration peer_load_interval = absl::Milliseconds(200);
 };
 
+// KV events for cache-aware routers (server/kv_event_publisher.h).
+struct KvEventsOptions {
+  std::string endpoint;         // --kv_events_endpoint; empty: off
+  std::string replay_endpoint;  // --kv_events_replay_endpoint; empty: none
+  std::string topic;            // --kv_events_topic; empty: kv@<listen>@<served model>
+  int32_t replay_messages = 10000;
+};
+
 struct DaemonOptions {
   Role role = Role::kUnified;
   kernels::DeviceChoice device;  // what --device resolved to, and why
@@ -102,6 +110,7 @@ struct DaemonOptions {
   RequestPolicy requests;
   ListenOptions listen;
   PoolOptions pool;
+  KvEventsOptions kv_events;
   std::optional<scheduler::FaultSpec> fault;  // --inject_fault (testing only)
   absl::Duration drain_timeout = absl::Seconds(30);
   absl::Duration stall_timeout = absl::Seconds(60);

@@ -33,7 +33,7 @@ FROM debian:12-slim
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libssl3 libucx0 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libssl3 libucx0 libzmq5 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home tandem
 COPY --from=build /src/build-image/bin/tandemd /src/build-image/bin/tandem /opt/tandem/bin/

@@ -39,7 +39,7 @@ RUN dpkg -i /tmp/cuda-keyring_1.1-1_all.deb && rm /tmp/cuda-keyring_1.1-1_all.de
  && apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libssl3 libucx0 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libssl3 libucx0 libzmq5 \
       cuda-cudart-${CUDA_MAJOR_MINOR} libcublas-${CUDA_MAJOR_MINOR} \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home tandem

@@ -359,5 +359,79 @@ TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
   EXPECT_EQ(kv.stats().used_blocks, 0);
 }
 
+// --- the event journal (kvcache/kv_event.h) -------------------------------------
+
+TEST(KvEventJournalTest, StoredRunsRemovalsInEvictionOrderAndASnapshot) {
+  KvCacheManager kv(4, 2);
+  kv.RecordEvents();
+  const std::vector<TokenId> a = {10, 11, 12, 13, 14};
+  const BlockHash a0 = ChainHash(RootHash(""), std::span(a).first(2));
+  const BlockHash a1 = ChainHash(a0, std::span(a).subspan(2, 2));
+  ASSERT_TRUE(kv.Admit(1, "", a, {}, 6));
+  kv.Commit(1, a, 3);  // block 0 fills
+  kv.Commit(1, a, 5);  // block 1 fills: the same run, one event
+  std::vector<KvEvent> events = kv.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kStored);
+  EXPECT_EQ(events[0].hashes, (std::vector<BlockHash>{a0, a1}));
+  EXPECT_FALSE(events[0].parent.has_value());  // a sequence's first block
+  EXPECT_EQ(events[0].tokens, (std::vector<TokenId>{10, 11, 12, 13}));
+  EXPECT_TRUE(kv.TakeEvents().empty());
+
+  // A later block of the same sequence names its parent.
+  const std::vector<TokenId> a_more = {10, 11, 12, 13, 14, 15};
+  kv.Commit(1, a_more, 6);
+  events = kv.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  const BlockHash a2 = ChainHash(a1, std::span(a_more).subspan(4, 2));
+  EXPECT_EQ(events[0].hashes, (std::vector<BlockHash>{a2}));
+  EXPECT_EQ(events[0].parent, a1);
+  EXPECT_EQ(events[0].tokens, (std::vector<TokenId>{14, 15}));
+
+  // Released, then taken by another sequence: the cached blocks leave the
+  // index least recently used first (the last block of a sequence first:
+  // its first blocks are the most shareable), one Removed event.
+  kv.Release(1);
+  const std::vector<TokenId> b = {20, 21, 22, 23, 24, 25, 26, 27};
+  ASSERT_TRUE(kv.Admit(2, "salt", b, {}, 8));
+  kv.Commit(2, b, 7);
+  events = kv.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].hashes, (std::vector<BlockHash>{a2, a1, a0}));
+  EXPECT_EQ(events[1].kind, KvEvent::Kind::kStored);
+  const BlockHash b0 = ChainHash(RootHash("salt"), std::span(b).first(2));
+  const BlockHash b1 = ChainHash(b0, std::span(b).subspan(2, 2));
+  const BlockHash b2 = ChainHash(b1, std::span(b).subspan(4, 2));
+  EXPECT_EQ(events[1].hashes, (std::vector<BlockHash>{b0, b1, b2}));
+  EXPECT_EQ(events[1].tokens, (std::vector<TokenId>{20, 21, 22, 23, 24, 25}));
+
+  // A snapshot: everything cached, after a clear; it replaces the journal.
+  kv.Commit(2, b, 8);  // journaled, then superseded by the snapshot
+  events = kv.SnapshotEvents();
+  ASSERT_EQ(events.size(), 5u);
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kAllCleared);
+  std::map<std::vector<TokenId>, BlockHash> listed;
+  for (size_t i = 1; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].kind, KvEvent::Kind::kStored);
+    ASSERT_EQ(events[i].hashes.size(), 1u);
+    EXPECT_FALSE(events[i].parent.has_value());
+    listed[events[i].tokens] = events[i].hashes[0];
+  }
+  EXPECT_EQ(listed.size(), 4u);
+  EXPECT_EQ(listed[(std::vector<TokenId>{20, 21})], b0);
+  EXPECT_EQ(listed[(std::vector<TokenId>{26, 27})], ChainHash(b2, std::span(b).subspan(6, 2)));
+  EXPECT_TRUE(kv.TakeEvents().empty());
+}
+
+TEST(KvEventJournalTest, NothingIsJournaledUnlessAsked) {
+  KvCacheManager kv(4, 2);
+  const std::vector<TokenId> a = {10, 11, 12};
+  ASSERT_TRUE(kv.Admit(1, "", a, {}, 4));
+  kv.Commit(1, a, 3);
+  EXPECT_EQ(kv.stats().cached_blocks, 1);
+  EXPECT_TRUE(kv.TakeEvents().empty());
+}
+
 }  // namespace
 }  // namespace tandem::kvcache

@@ -58,6 +58,7 @@ TEST(DaemonOptionsTest, TheDefaultsAreAUnifiedDaemonWithADecodeWorkerUnderTheSlo
   EXPECT_FALSE(options->output_threshold.has_value());       // the SLO policy picks paths
   EXPECT_FALSE(options->auto_threshold);
   EXPECT_TRUE(options->scheduler.slo_policy);
+  EXPECT_TRUE(options->kv_events.endpoint.empty());  // no KV events unless asked
   EXPECT_EQ(options->dispatch.policy, scheduler::DispatchPolicy::kSlo);
   EXPECT_TRUE(options->dispatch.shared_compute);
   EXPECT_EQ(options->scheduler.slo.ttft, absl::Seconds(1));
@@ -148,6 +149,10 @@ TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
       {"kv_lease", "7s"},
       {"peer_load_interval", "350ms"},
       {"log_format", "json"},
+      {"kv_events_endpoint", "tcp://*:5557"},
+      {"kv_events_replay_endpoint", "ipc:///run/tandem/replay"},
+      {"kv_events_topic", "kv@pod-1:50051@smol"},
+      {"kv_events_replay_messages", "77"},
   });
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->device.device, kernels::Device::kCpu);
@@ -219,6 +224,10 @@ TEST(DaemonOptionsTest, EveryFlagLandsInItsOwnField) {
   EXPECT_EQ(o->fault->step, 4);
   EXPECT_EQ(o->pool.kv_transport, "rc,cuda_copy");
   EXPECT_EQ(o->pool.peer_load_interval, absl::Milliseconds(350));
+  EXPECT_EQ(o->kv_events.endpoint, "tcp://*:5557");
+  EXPECT_EQ(o->kv_events.replay_endpoint, "ipc:///run/tandem/replay");
+  EXPECT_EQ(o->kv_events.topic, "kv@pod-1:50051@smol");
+  EXPECT_EQ(o->kv_events.replay_messages, 77);
   EXPECT_EQ(LogFormatFlag(), "json");
 }
 
@@ -368,6 +377,15 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"threads", "-1"}}, "--threads=-1: must be >= 0"},
       {{{"kv_cache_memory_fraction", "1.5"}}, "--kv_cache_memory_fraction=1.5: must be in [0, 1)"},
       {{{"startup_measure_rounds", "0"}}, "--startup_measure_rounds=0: must be in [1, 50]"},
+      {{{"kv_events_endpoint", "udp://x:1"}},
+       "--kv_events_endpoint='udp://x:1': expected a ZeroMQ endpoint, tcp://HOST:PORT or "
+       "ipc://PATH"},
+      {{{"kv_events_endpoint", "tcp://*:1"}, {"kv_events_replay_endpoint", "5558"}},
+       "--kv_events_replay_endpoint='5558': expected a ZeroMQ endpoint"},
+      {{{"kv_events_replay_endpoint", "tcp://*:5558"}},
+       "--kv_events_replay_endpoint and --kv_events_topic go with --kv_events_endpoint"},
+      {{{"kv_events_endpoint", "tcp://*:1"}, {"kv_events_replay_messages", "0"}},
+       "--kv_events_replay_messages=0: must be in [1, 1000000]"},
       {{{"kv_cache_memory_fraction", "-0.25"}}, "--kv_cache_memory_fraction=-0.25: must be in"},
       {{{"decode_kv_cache_bytes", "-1"}}, "--decode_kv_cache_bytes=-1: needs a decode worker"},
       {{{"decode_kv_cache_bytes", "67108864"}, {"disagg_output_threshold", "off"}},

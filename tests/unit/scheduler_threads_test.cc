@@ -11,6 +11,7 @@
 #include <atomic>
 #include <memory>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -196,6 +197,68 @@ TEST(SchedulerThreadsTest, ClientsSubmittingAndCancellingConcurrentlyLoseNothing
   EXPECT_EQ(load.running[0] + load.running[1], 0);
   EXPECT_GT(load.handoffs, 0) << "the decode lane never ran";
   scheduler.Stop();
+}
+
+// KV events (SchedulerOptions::on_kv_events) come from the scheduler thread
+// after the rounds that change the prefix index; a batch the receiver
+// dropped is followed by the whole index, so a receiver that applies what
+// it got ends with the scheduler's cached blocks.
+TEST(SchedulerThreadsTest, ADroppedKvEventBatchIsFollowedByTheWholeIndex) {
+  testing::FakeWorker shared(kBlocks, kBlockSize);
+  LaneWorker prefill(&shared);
+  absl::Mutex mu;
+  std::vector<std::vector<kvcache::KvEvent>> calls;
+  SchedulerOptions o = Options();
+  o.disaggregation.output_threshold.reset();
+  o.on_kv_events = [&](std::vector<kvcache::KvEvent> events) {
+    absl::MutexLock lock(&mu);
+    calls.push_back(std::move(events));
+    return calls.size() != 1;  // the first batch is lost
+  };
+  Scheduler scheduler(o, /*max_queued=*/10, &prefill);
+  auto run = [&](std::vector<TokenId> prompt) {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = 1;
+    auto sink = std::make_shared<ThreadSafeRecord>();
+    r.sink = sink;
+    ASSERT_TRUE(scheduler.Submit(std::move(r)).ok());
+    ASSERT_TRUE(sink->WaitDone(absl::Seconds(30)));
+  };
+  // 9 tokens: two full blocks each.
+  run({11, 12, 13, 14, 15, 16, 17, 18, 19});
+  run({21, 22, 23, 24, 25, 26, 27, 28, 29});
+
+  // What a receiver holds, from every batch after the lost one, once the
+  // scheduler has published its last round (bounded wait).
+  std::set<std::vector<TokenId>> held;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (;;) {
+    held.clear();
+    bool snapshot_first = false;
+    {
+      absl::MutexLock lock(&mu);
+      for (size_t c = 1; c < calls.size(); ++c) {
+        if (c == 1) snapshot_first = calls[c].front().kind == kvcache::KvEvent::Kind::kAllCleared;
+        for (const kvcache::KvEvent& e : calls[c]) {
+          if (e.kind == kvcache::KvEvent::Kind::kAllCleared) held.clear();
+          for (size_t b = 0; e.kind == kvcache::KvEvent::Kind::kStored && b < e.hashes.size();
+               ++b) {
+            held.insert(
+                std::vector<TokenId>(e.tokens.begin() + 4 * b, e.tokens.begin() + 4 * b + 4));
+          }
+        }
+      }
+      if (calls.size() >= 2) {
+        EXPECT_TRUE(snapshot_first) << "no snapshot after the lost batch";
+      }
+    }
+    if (held.size() == 4 || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(held, (std::set<std::vector<TokenId>>{
+                      {11, 12, 13, 14}, {15, 16, 17, 18}, {21, 22, 23, 24}, {25, 26, 27, 28}}));
+  EXPECT_EQ(scheduler.Load().kv.cached_blocks, 4);
 }
 
 }  // namespace
