@@ -103,7 +103,13 @@ def test_manifests_hold_together(overlay):
         grpc_port = int(flag(c["args"], "listen").rsplit(":", 1)[1])
         metrics_port = int(flag(c["args"], "metrics_listen").rsplit(":", 1)[1])
         http_port = int(flag(c["args"], "http_port"))
-        assert ports == {"grpc": grpc_port, "metrics": metrics_port, "http": http_port}
+        events_port = int(flag(c["args"], "kv_events_endpoint").rsplit(":", 1)[1])
+        replay_port = int(flag(c["args"], "kv_events_replay_endpoint").rsplit(":", 1)[1])
+        assert ports == {"grpc": grpc_port, "metrics": metrics_port, "http": http_port,
+                         "kv-events": events_port, "kv-replay": replay_port}
+        # Bound on every interface, where the router reaches them.
+        assert flag(c["args"], "kv_events_endpoint").startswith("tcp://*:")
+        assert flag(c["args"], "kv_events_replay_endpoint").startswith("tcp://*:")
         # Listening on every interface, or the kubelet's probes cannot reach it
         # (the HTTP API listens on --listen's host).
         assert flag(c["args"], "listen").startswith("0.0.0.0:")
@@ -124,7 +130,7 @@ def test_manifests_hold_together(overlay):
         assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
         # The headless Service and the PodMonitor reach these pods by port name.
         assert service["spec"]["clusterIP"] == "None"
-        assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics", "http"}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
         assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
@@ -153,6 +159,9 @@ def test_the_prefill_pool_finds_the_decode_pool():
 def test_the_daemon_starts_with_the_manifests_flags(overlay):
     for deployment in by_kind(render(overlay), "Deployment"):
         args = [a for a in container(deployment)["args"] if not a.startswith(LOCAL_FLAGS)]
+        # The KV events' sockets on free local ports (the manifests' are fixed).
+        args = [re.sub(r"tcp://\*:\d+", f"tcp://127.0.0.1:{tandem_e2e.free_port()}", a)
+                if a.startswith("--kv_events_") else a for a in args]
         daemon = tandem_e2e.Daemon(*args)
         try:
             daemon.wait_serving()
