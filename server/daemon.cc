@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "scheduler/fault_injection.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/slo_path.h"
+#include "server/flag_file.h"
 #include "server/generation_frontend.h"
 #include "server/generation_service.h"
 #include "server/grpc_server.h"
@@ -61,6 +63,7 @@ struct Daemon::Parts {
   std::shared_ptr<SchedulerCollector> scheduler_collector;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<grpc::Server> peer_server;      // --peer_listen
   std::unique_ptr<HttpServer> http_server;        // --http_port
   std::unique_ptr<RemoteDecoder> remote_decoder;  // a prefill daemon
 };
@@ -401,6 +404,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   GenerationFrontend* service = p.frontend.get();
   p.service = std::make_unique<GenerationService>(service);
   if (role == Role::kDecode) {
+    peer_options.load = [service] { return service->Load(); };
     p.peer_service = std::make_unique<PeerService>(
         p.scheduler.get(), p.kv_endpoint.get(), metrics, service->open_calls_counter(),
         [service] { return service->accepting(); }, peer_options);
@@ -422,7 +426,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   std::vector<grpc::Service*> services = {p.service.get()};
-  if (p.peer_service != nullptr) services.push_back(p.peer_service.get());
+  const PoolOptions& pool = options.pool;
+  if (p.peer_service != nullptr && pool.peer_listen.empty()) {
+    services.push_back(p.peer_service.get());
+  }
   GrpcServerOptions grpc_options = options.listen.grpc;
   grpc_options.on_unauthenticated = [metrics] { metrics->OnUnauthenticated(); };
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
@@ -430,6 +437,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Whatever went wrong, the listen address or the TLS files were refused.
   if (!grpc_server.ok()) return absl::InvalidArgumentError(grpc_server.status().ToString());
   p.grpc_server = *std::move(grpc_server);
+  if (p.peer_service != nullptr && !pool.peer_listen.empty()) {
+    // The Peer service alone, on its own port: mutual TLS with --peer_tls_*
+    // (a prefill daemon without a certificate of the pool's CA is refused
+    // in the handshake), the API keys as on --listen.
+    GrpcServerOptions peer = grpc_options;
+    peer.listen = pool.peer_listen;
+    peer.tls_cert_file = pool.peer_tls_cert;
+    peer.tls_key_file = pool.peer_tls_key;
+    peer.tls_client_ca = pool.peer_tls_ca;
+    peer.tls_cert_flag = "--peer_tls_cert";
+    peer.tls_key_flag = "--peer_tls_key";
+    peer.tls_client_ca_flag = "--peer_tls_ca";
+    absl::StatusOr<std::unique_ptr<grpc::Server>> peer_server =
+        StartGrpcServer(peer, {p.peer_service.get()});
+    if (!peer_server.ok()) {
+      return absl::InvalidArgumentError(StrCat("--peer_listen: ", peer_server.status().message()));
+    }
+    p.peer_server = *std::move(peer_server);
+    spdlog::info("serving tandem.v1.Peer on {}{}", pool.peer_listen,
+                 pool.peer_tls_ca.empty() ? "" : " (mutual TLS)");
+  }
 
   // A prefill daemon finds its peers before it serves (one round of name
   // resolution and GetLoad).
@@ -440,6 +468,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     remote.api_key = options.listen.grpc.api_keys != nullptr ? options.listen.grpc.api_keys->first()
                                                              : std::string();
     remote.max_message_bytes = options.listen.grpc.max_message_bytes;
+    if (!pool.peer_tls_ca.empty()) {
+      for (const auto& [path, flag, pem] :
+           {std::tuple{pool.peer_tls_cert, "--peer_tls_cert", &remote.tls_cert},
+            std::tuple{pool.peer_tls_key, "--peer_tls_key", &remote.tls_key},
+            std::tuple{pool.peer_tls_ca, "--peer_tls_ca", &remote.tls_ca}}) {
+        absl::StatusOr<std::string> read = ReadFlagFile(path, flag);
+        if (!read.ok()) return absl::InvalidArgumentError(read.status().message());
+        *pem = *std::move(read);
+      }
+    }
     p.remote_decoder = std::make_unique<RemoteDecoder>(std::move(remote), p.scheduler.get(),
                                                        p.kv_endpoint.get(), metrics);
     p.scheduler->SetRemoteDecodeLink(p.remote_decoder.get());
@@ -500,6 +538,10 @@ void Daemon::Drain() {
   p.scheduler->Stop();
   p.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   p.grpc_server->Wait();
+  if (p.peer_server != nullptr) {
+    p.peer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    p.peer_server->Wait();
+  }
   if (p.http_server != nullptr) p.http_server->Shutdown();
   spdlog::info("stopped");
 }

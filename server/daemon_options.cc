@@ -195,6 +195,16 @@ ABSL_FLAG(std::string, role, "unified",
 ABSL_FLAG(std::string, decode_peers, "",
           "--role=prefill: the decode daemons, host:port[,host:port...]; a name that resolves "
           "to several addresses (a Kubernetes headless Service) is several peers");
+ABSL_FLAG(std::string, peer_listen, "",
+          "--role=decode: serve the Peer service (handoffs from prefill daemons) on this "
+          "host:port of its own, with --peer_tls_* (empty: on --listen)");
+ABSL_FLAG(std::string, peer_tls_cert, "",
+          "PEM certificate this daemon presents to its prefill or decode peers (mutual TLS, "
+          "with --peer_tls_key and --peer_tls_ca)");
+ABSL_FLAG(std::string, peer_tls_key, "", "PEM private key of --peer_tls_cert");
+ABSL_FLAG(std::string, peer_tls_ca, "",
+          "PEM CA that every prefill or decode peer's certificate must chain to; a peer "
+          "without one, or with another CA's, is refused");
 ABSL_FLAG(std::string, kv_transport, "tcp",
           "UCX transports for KV pages between daemons, as UCX_TLS takes them (tcp; rc,cuda_copy "
           "where the hardware has them)");
@@ -249,6 +259,31 @@ absl::Status ReadRole(DaemonOptions& options) {
                             RoleName(options.role), ")"));
   }
   options.pool.kv_transport = absl::GetFlag(FLAGS_kv_transport);
+  PoolOptions& pool = options.pool;
+  pool.peer_listen = absl::GetFlag(FLAGS_peer_listen);
+  if (!pool.peer_listen.empty() && options.role != Role::kDecode) {
+    return FlagError(StrCat("--peer_listen is for --role=decode (this daemon has --role=",
+                            RoleName(options.role), ")"));
+  }
+  pool.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
+  pool.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
+  pool.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);
+  const int tls_files = (pool.peer_tls_cert.empty() ? 0 : 1) + (pool.peer_tls_key.empty() ? 0 : 1) +
+                        (pool.peer_tls_ca.empty() ? 0 : 1);
+  if (tls_files != 0) {
+    if (tls_files != 3) {
+      return FlagError(
+          "--peer_tls_cert, --peer_tls_key and --peer_tls_ca go together (mutual TLS)");
+    }
+    if (options.role == Role::kUnified) {
+      return FlagError("--peer_tls_* are for --role=prefill and --role=decode");
+    }
+    if (options.role == Role::kDecode && pool.peer_listen.empty()) {
+      return FlagError(
+          "--peer_tls_* on --role=decode need --peer_listen (the Peer service's own port; "
+          "--listen's TLS is --tls_*)");
+    }
+  }
   options.pool.peer_load_interval = absl::GetFlag(FLAGS_peer_load_interval);
   return absl::OkStatus();
 }

@@ -72,6 +72,14 @@ struct RequestPolicy {
 struct PoolOptions {
   std::vector<std::string> decode_peers;  // --role=prefill: host:port each
   std::string kv_transport = "tcp";       // UCX transports, as UCX_TLS takes them
+  // --role=decode: the Peer service's own port (empty: on --listen).
+  std::string peer_listen;
+  // Mutual TLS between prefill and decode daemons: this daemon's
+  // certificate and key, and the CA its peers' certificates must chain to
+  // (files; all three or none).
+  std::string peer_tls_cert;
+  std::string peer_tls_key;
+  std::string peer_tls_ca;
   absl::Duration peer_load_interval = absl::Milliseconds(200);
 };
 

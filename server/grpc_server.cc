@@ -16,15 +16,17 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   grpc_server_credentials* core = nullptr;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
-      return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+      return absl::InvalidArgumentError(
+          StrCat(options.tls_cert_flag, " and ", options.tls_key_flag, " go together"));
     }
-    absl::StatusOr<std::string> cert = ReadFlagFile(options.tls_cert_file, "--tls_cert");
+    absl::StatusOr<std::string> cert = ReadFlagFile(options.tls_cert_file, options.tls_cert_flag);
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadFlagFile(options.tls_key_file, "--tls_key");
+    absl::StatusOr<std::string> key = ReadFlagFile(options.tls_key_file, options.tls_key_flag);
     if (!key.ok()) return key.status();
     std::optional<std::string> ca;
     if (!options.tls_client_ca.empty()) {
-      absl::StatusOr<std::string> read = ReadFlagFile(options.tls_client_ca, "--tls_client_ca");
+      absl::StatusOr<std::string> read =
+          ReadFlagFile(options.tls_client_ca, options.tls_client_ca_flag);
       if (!read.ok()) return read.status();
       ca = *std::move(read);
     }
@@ -35,7 +37,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
                        : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
         nullptr);
   } else if (!options.tls_client_ca.empty()) {
-    return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    return absl::InvalidArgumentError(StrCat(options.tls_client_ca_flag, " needs ",
+                                             options.tls_cert_flag, " and ", options.tls_key_flag));
   } else {
     core = grpc_insecure_server_credentials_create();
   }

@@ -16,6 +16,10 @@ struct GrpcServerOptions {
   std::string tls_cert_file;  // PEM; with tls_key_file enables TLS
   std::string tls_key_file;   // PEM
   std::string tls_client_ca;  // PEM; when set, clients must present a certificate it signed
+  // The flags the three files came from, for error messages.
+  std::string tls_cert_flag = "--tls_cert";
+  std::string tls_key_flag = "--tls_key";
+  std::string tls_client_ca_flag = "--tls_client_ca";
   int max_message_bytes = 64 << 20;
   int max_concurrent_streams = 100;  // per client connection (HTTP/2 SETTINGS)
   // When set, every call but health checks needs one of these keys

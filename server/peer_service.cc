@@ -353,6 +353,14 @@ PeerService::PeerService(scheduler::Scheduler* scheduler, KvEndpoint* kv, Server
       options_(options),
       poller_(kv->agent.get(), "tandem-kvread") {}
 
+grpc::ServerUnaryReactor* PeerService::GetLoad(grpc::CallbackServerContext* context,
+                                               const v1::GetLoadRequest*, v1::Load* response) {
+  if (options_.load) *response = options_.load();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent>* PeerService::Decode(
     grpc::CallbackServerContext* context) {
   auto call = std::make_shared<Call>(this, context);

@@ -40,6 +40,8 @@ struct PeerServiceOptions {
   // Testing only (--inject_fault=kv_transfer:error@N): the Nth transfer
   // reads the first half of its pages and then fails. 0: never.
   int64_t fail_transfer = 0;
+  // This daemon's load (GenerationFrontend::Load), for GetLoad.
+  std::function<v1::Load()> load;
 };
 
 class PeerService final : public v1::Peer::CallbackService {
@@ -54,6 +56,8 @@ class PeerService final : public v1::Peer::CallbackService {
 
   grpc::ServerBidiReactor<v1::DecodeControl, v1::DecodeEvent>* Decode(
       grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const v1::GetLoadRequest* request, v1::Load* response) override;
 
  private:
   class Call;

@@ -322,8 +322,21 @@ void RemoteDecoder::CallEnded(uint64_t sequence_id) {
   calls_.erase(sequence_id);
 }
 
-std::vector<std::string> RemoteDecoder::Resolve() const {
-  std::vector<std::string> addresses;
+std::shared_ptr<grpc::ChannelCredentials> RemoteDecoder::ChannelCredentials(
+    const std::string& host, grpc::ChannelArguments& args) const {
+  if (options_.tls_ca.empty()) return grpc::InsecureChannelCredentials();
+  // The peer's certificate must name the host of its --decode_peers entry,
+  // not the address that resolved (a pod's IP is in no certificate).
+  args.SetSslTargetNameOverride(host);
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = options_.tls_ca;
+  tls.pem_private_key = options_.tls_key;
+  tls.pem_cert_chain = options_.tls_cert;
+  return grpc::SslCredentials(tls);
+}
+
+std::vector<RemoteDecoder::Resolved> RemoteDecoder::Resolve() const {
+  std::vector<Resolved> addresses;
   for (const std::string& entry : options_.peers) {
     std::string host, port;
     if (!SplitHostPort(entry, &host, &port)) continue;
@@ -342,8 +355,9 @@ std::vector<std::string> RemoteDecoder::Resolve() const {
       }
       const std::string address =
           a->ai_family == AF_INET6 ? StrCat("[", ip, "]:", port) : StrCat(ip, ":", port);
-      if (std::find(addresses.begin(), addresses.end(), address) == addresses.end()) {
-        addresses.push_back(address);
+      if (std::none_of(addresses.begin(), addresses.end(),
+                       [&](const Resolved& r) { return r.address == address; })) {
+        addresses.push_back({address, host});
       }
     }
     freeaddrinfo(found);
@@ -357,11 +371,11 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
     const absl::Time now = absl::Now();
     if (now >= next_resolve) {
       next_resolve = now + options_.resolve_interval;
-      std::vector<std::string> addresses = Resolve();
+      std::vector<Resolved> addresses = Resolve();
       absl::MutexLock lock(&mu_);
       if (!addresses.empty() || peers_.empty()) {
         std::vector<std::shared_ptr<Peer>> next;
-        for (const std::string& address : addresses) {
+        for (const auto& [address, host] : addresses) {
           auto same = [&](const auto& p) { return p->address == address; };
           if (auto it = std::find_if(peers_.begin(), peers_.end(), same); it != peers_.end()) {
             next.push_back(*it);
@@ -379,9 +393,7 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
           args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
           args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
           args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-          peer->channel =
-              grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-          peer->generation = v1::Generation::NewStub(peer->channel);
+          peer->channel = grpc::CreateCustomChannel(address, ChannelCredentials(host, args), args);
           peer->peer = v1::Peer::NewStub(peer->channel);
           next.push_back(std::move(peer));
         }
@@ -400,7 +412,7 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
         context.AddMetadata("authorization", "Bearer " + options_.api_key);
       }
       v1::Load load;
-      const grpc::Status status = peer->generation->GetLoad(&context, v1::GetLoadRequest(), &load);
+      const grpc::Status status = peer->peer->GetLoad(&context, v1::GetLoadRequest(), &load);
       absl::MutexLock lock(&mu_);
       const bool ready = status.ok() && load.accepting();
       if (ready != peer->ready) {

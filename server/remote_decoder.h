@@ -1,9 +1,13 @@
 // How a prefill daemon (--role=prefill) hands requests to decode daemons
 // (--decode_peers) and relays their tokens: the scheduler's RemoteDecodeLink.
 //
-// Peers: each --decode_peers entry is host:port; a name that resolves to
-// several addresses (a Kubernetes headless Service) is several peers. Names
-// are resolved again every few seconds, and every peer's GetLoad is polled
+// Peers: each --decode_peers entry is host:port (a decode daemon's Peer
+// service: its --peer_listen, or its --listen without one); a name that
+// resolves to several addresses (a Kubernetes headless Service) is several
+// peers. With TLS (--peer_tls_*) each peer must present a certificate the
+// CA signed for the entry's host name (whatever address it resolved to),
+// and this daemon presents its own. Names are resolved again every few
+// seconds, and every peer's Peer.GetLoad is polled
 // (--peer_load_interval): a handoff goes to the accepting peer with the
 // fewest requests (waiting plus running, plus those sent to it since its
 // last report), then the emptiest KV cache. With no peer available the
@@ -46,6 +50,11 @@ struct RemoteDecoderOptions {
   absl::Duration resolve_interval = absl::Seconds(5);
   std::string api_key;  // sent to peers as a bearer token when set
   int max_message_bytes = 64 << 20;
+  // Mutual TLS (--peer_tls_cert, --peer_tls_key, --peer_tls_ca), PEM
+  // contents; all empty: plaintext.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
 };
 
 class RemoteDecoder final : public scheduler::RemoteDecodeLink {
@@ -67,7 +76,6 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
   struct Peer {
     std::string address;  // as resolved: ip:port
     std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Generation::Stub> generation;
     std::unique_ptr<v1::Peer::Stub> peer;
     bool ready = false;
     v1::Load load;
@@ -77,8 +85,16 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
   // Resolves peers and polls their load until stopping; `first_round` is
   // set after the first round.
   void PollLoop(std::promise<void>* first_round);
-  // Resolves every --decode_peers entry into addresses.
-  std::vector<std::string> Resolve() const;
+  // Resolves every --decode_peers entry into addresses, each with the
+  // entry's host name (what its certificate must name).
+  struct Resolved {
+    std::string address;
+    std::string host;
+  };
+  std::vector<Resolved> Resolve() const;
+  // Plaintext, or mutual TLS verifying the peer as `host` (sets `args`).
+  std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const std::string& host,
+                                                               grpc::ChannelArguments& args) const;
   void CallEnded(uint64_t sequence_id);
 
   const RemoteDecoderOptions options_;

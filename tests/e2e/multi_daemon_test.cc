@@ -380,6 +380,93 @@ TEST(MultiDaemonTest, WithApiKeysThePrefillDaemonPresentsItsKeyToItsPeers) {
   }
 }
 
+// Two CAs (the pool's and another) and certificates: "decode" (for
+// 127.0.0.1) and "prefill" signed by the pool's CA, "rogue" (for 127.0.0.1
+// too) by the other. Returns the directory.
+std::string MakePoolCertificates() {
+  const std::string dir = ::testing::TempDir() + "/peer_tls_" + std::to_string(FreeLoopbackPort());
+  std::string script = "set -e; mkdir -p " + dir + "; cd " + dir +
+                       "; printf 'subjectAltName=IP:127.0.0.1' > san.ext";
+  for (const char* ca : {"pool-ca", "other-ca"}) {
+    absl::StrAppend(&script, "; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=", ca,
+                    " -keyout ", ca, ".key -out ", ca, ".pem 2>/dev/null");
+  }
+  for (const auto& [name, ca] : {std::pair{"decode", "pool-ca"}, std::pair{"prefill", "pool-ca"},
+                                 std::pair{"rogue", "other-ca"}}) {
+    absl::StrAppend(&script, "; openssl req -newkey rsa:2048 -nodes -subj /CN=", name, " -keyout ",
+                    name, ".key -out ", name, ".csr 2>/dev/null", "; openssl x509 -req -in ", name,
+                    ".csr -CA ", ca, ".pem -CAkey ", ca,
+                    ".key -CAcreateserial -days 2 -extfile san.ext -out ", name,
+                    ".pem 2>/dev/null");
+  }
+  EXPECT_EQ(std::system(("bash -c \"" + script + "\"").c_str()), 0);
+  return dir;
+}
+
+// --peer_tls_* flags for certificate `name` and CA `ca` in `dir`.
+std::vector<std::string> PeerTls(const std::string& dir, const std::string& name,
+                                 const std::string& ca = "pool-ca") {
+  return {absl::StrCat("--peer_tls_cert=", dir, "/", name, ".pem"),
+          absl::StrCat("--peer_tls_key=", dir, "/", name, ".key"),
+          absl::StrCat("--peer_tls_ca=", dir, "/", ca, ".pem")};
+}
+
+// The Peer service on a port of its own under mutual TLS: a prefill daemon
+// with the pool CA's certificate hands off; one with another CA's
+// certificate, or none, is refused by the decode daemon, and a decode daemon
+// with another CA's certificate is refused by the prefill daemon (each
+// request then runs where it entered, with the same tokens). --listen no
+// longer serves Peer.
+TEST(MultiDaemonTest, PeersOnTheirOwnPortRefuseAnyCertificateThePoolsCaDidNotSign) {
+  const std::string dir = MakePoolCertificates();
+  const std::vector<uint32_t>& expected = Reference(40, 1)[0];
+  struct Case {
+    std::string name;
+    std::string decode_cert;
+    std::vector<std::string> prefill_tls;  // none: plaintext
+    v1::Path path;
+  };
+  const std::vector<Case> cases = {
+      {"both signed by the pool's CA", "decode", PeerTls(dir, "prefill"), v1::PATH_REMOTE},
+      {"the prefill daemon's certificate from another CA", "decode", PeerTls(dir, "rogue"),
+       v1::PATH_COLOCATED},
+      {"the prefill daemon without TLS", "decode", {}, v1::PATH_COLOCATED},
+      {"the decode daemon's certificate from another CA", "rogue", PeerTls(dir, "prefill"),
+       v1::PATH_COLOCATED},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int peer_port = FreeLoopbackPort();
+    std::vector<std::string> decode_flags =
+        With({"--role=decode", absl::StrCat("--peer_listen=127.0.0.1:", peer_port)});
+    for (const std::string& f : PeerTls(dir, c.decode_cert)) decode_flags.push_back(f);
+    Daemon decode(decode_flags);
+    ASSERT_TRUE(decode.WaitServing()) << decode.Log();
+    std::vector<std::string> prefill_flags =
+        With({"--role=prefill", absl::StrCat("--decode_peers=127.0.0.1:", peer_port),
+              absl::StrCat("--disagg_output_threshold=", kThreshold)});
+    prefill_flags.insert(prefill_flags.end(), c.prefill_tls.begin(), c.prefill_tls.end());
+    Daemon prefill(prefill_flags);
+    ASSERT_TRUE(prefill.WaitServing()) << prefill.Log();
+    auto stub = prefill.Stub();
+    const Generation g = Generate(*stub, Request(0, 40));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.token_ids, expected);
+    EXPECT_EQ(g.last.path(), c.path) << prefill.Log();
+    EXPECT_TRUE(Idle(prefill));
+    EXPECT_TRUE(Idle(decode));
+    if (c.path == v1::PATH_REMOTE) {
+      // The client port answers Generation only.
+      auto peer_on_listen = v1::Peer::NewStub(
+          grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext context;
+      v1::Load load;
+      EXPECT_EQ(peer_on_listen->GetLoad(&context, v1::GetLoadRequest(), &load).error_code(),
+                grpc::StatusCode::UNIMPLEMENTED);
+    }
+  }
+}
+
 // One daemon whose decode worker keeps its KV in storage of its own (what a
 // GPU beside the CPU needs): handoffs move pages through the same seam.
 TEST(MultiDaemonTest, TwoWorkersWithSeparateKvStoragesAnswerAsOneWithSharedStorage) {
@@ -412,6 +499,17 @@ TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
        "--role=prefill needs --disagg_output_threshold"},
       {{"--inject_fault=kv_transfer:error@1"}, 2, "kv_transfer takes error@N"},
       {{"--role=decode", "--kv_transport=nonexistent_transport"}, 1, "--kv_transport"},
+      {{"--peer_listen=127.0.0.1:1"}, 2, "--peer_listen is for --role=decode"},
+      {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--peer_tls_ca=/x"},
+       2,
+       "--peer_tls_cert, --peer_tls_key and --peer_tls_ca go together"},
+      {{"--role=decode", "--peer_tls_cert=/a", "--peer_tls_key=/b", "--peer_tls_ca=/c"},
+       2,
+       "--peer_tls_* on --role=decode need --peer_listen"},
+      {{"--role=decode", "--peer_listen=127.0.0.1:0", "--peer_tls_cert=/nonexistent.pem",
+        "--peer_tls_key=/b", "--peer_tls_ca=/c"},
+       2,
+       "--peer_tls_cert"},
       {{"--decode_kv_cache_bytes=67108864", "--disagg_output_threshold=off"},
        2,
        "--decode_kv_cache_bytes=67108864: needs a decode worker"},

@@ -78,10 +78,13 @@ def test_there_are_overlays():
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
 def test_manifests_validate_against_the_kubernetes_schemas(overlay):
     docs = render(overlay)
-    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodMonitor"}
+    kinds = {"Deployment", "Service", "PodMonitor"}
+    if os.path.basename(overlay) == "prefill-decode":
+        kinds |= {"NetworkPolicy", "Issuer", "Certificate"}
+    assert {d["kind"] for d in docs} == kinds
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # a CRD; its schema is not Kubernetes'; checked below
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "cert-manager.io/")):
+            continue  # CRDs; their schemas are not Kubernetes'; checked below
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
 
@@ -105,8 +108,11 @@ def test_manifests_hold_together(overlay):
         http_port = int(flag(c["args"], "http_port"))
         events_port = int(flag(c["args"], "kv_events_endpoint").rsplit(":", 1)[1])
         replay_port = int(flag(c["args"], "kv_events_replay_endpoint").rsplit(":", 1)[1])
-        assert ports == {"grpc": grpc_port, "metrics": metrics_port, "http": http_port,
-                         "kv-events": events_port, "kv-replay": replay_port}
+        expected_ports = {"grpc": grpc_port, "metrics": metrics_port, "http": http_port,
+                          "kv-events": events_port, "kv-replay": replay_port}
+        if flag(c["args"], "peer_listen") is not None:
+            expected_ports["peer"] = int(flag(c["args"], "peer_listen").rsplit(":", 1)[1])
+        assert ports == expected_ports
         # Bound on every interface, where the router reaches them.
         assert flag(c["args"], "kv_events_endpoint").startswith("tcp://*:")
         assert flag(c["args"], "kv_events_replay_endpoint").startswith("tcp://*:")
@@ -146,10 +152,43 @@ def test_the_prefill_pool_finds_the_decode_pool():
     assert service["spec"]["clusterIP"] == "None"
     decode_labels = roles["decode"]["spec"]["template"]["metadata"]["labels"]
     assert set(service["spec"]["selector"].items()) <= set(decode_labels.items())
-    (grpc_port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
-    assert int(port) == grpc_port
+    # ... on its Peer service's own port.
+    (peer_port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "peer"]
+    assert int(port) == peer_port == int(flag(decode["args"], "peer_listen").rsplit(":", 1)[1])
     assert flag(decode["args"], "decode_peers", None) is None
     assert flag(prefill["args"], "disagg_output_threshold") not in (None, "off")
+    # Mutual TLS: both pools present the Certificate's secret, issued by the
+    # pool's own CA for the name in --decode_peers, for either side of a
+    # connection.
+    (certificate,) = [c for c in by_kind(docs, "Certificate") if not c["spec"].get("isCA")]
+    assert host in certificate["spec"]["dnsNames"]
+    assert set(certificate["spec"]["usages"]) == {"server auth", "client auth"}
+    (ca_issuer,) = [i for i in by_kind(docs, "Issuer")
+                    if i["metadata"]["name"] == certificate["spec"]["issuerRef"]["name"]]
+    (ca,) = [c for c in by_kind(docs, "Certificate") if c["spec"].get("isCA")]
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
+    for role, deployment in roles.items():
+        c = container(deployment)
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "peer-tls"]
+        (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"]
+                     if v["name"] == "peer-tls"]
+        assert volume["secret"]["secretName"] == certificate["spec"]["secretName"], role
+        for name, file in (("cert", "tls.crt"), ("key", "tls.key"), ("ca", "ca.crt")):
+            assert flag(c["args"], f"peer_tls_{name}") == f"{mount['mountPath']}/{file}", role
+    # Only the prefill pool reaches the decode pool beyond its client ports.
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(docs, "NetworkPolicy")}
+    for role, other in (("decode", "prefill"), ("prefill", "decode")):
+        spec = policies[f"tandem-{role}"]
+        labels = roles[role]["spec"]["template"]["metadata"]["labels"]
+        assert set(spec["podSelector"]["matchLabels"].items()) <= set(labels.items())
+        open_ports = {p["port"] for rule in spec["ingress"] if "from" not in rule
+                      for p in rule["ports"]}
+        assert "peer" not in open_ports and {"grpc", "http", "metrics"} <= open_ports, role
+        (peer_rule,) = [rule for rule in spec["ingress"] if "from" in rule]
+        other_labels = roles[other]["spec"]["template"]["metadata"]["labels"]
+        (source,) = peer_rule["from"]
+        assert set(source["podSelector"]["matchLabels"].items()) <= set(other_labels.items())
+        assert not set(source["podSelector"]["matchLabels"].items()) <= set(labels.items())
     # The KV pages must mean the same on both sides.
     for same in ("model", "block_size"):
         assert flag(prefill["args"], same, None) == flag(decode["args"], same, None), same
@@ -159,9 +198,14 @@ def test_the_prefill_pool_finds_the_decode_pool():
 def test_the_daemon_starts_with_the_manifests_flags(overlay):
     for deployment in by_kind(render(overlay), "Deployment"):
         args = [a for a in container(deployment)["args"] if not a.startswith(LOCAL_FLAGS)]
-        # The KV events' sockets on free local ports (the manifests' are fixed).
+        # The KV events' sockets and the peer port on free local ports (the
+        # manifests' are fixed); without the peer certificates, which
+        # cert-manager makes there (multi_daemon_test checks mutual TLS).
         args = [re.sub(r"tcp://\*:\d+", f"tcp://127.0.0.1:{tandem_e2e.free_port()}", a)
-                if a.startswith("--kv_events_") else a for a in args]
+                if a.startswith("--kv_events_") else a for a in args
+                if not a.startswith("--peer_tls_")]
+        args = [f"--peer_listen=127.0.0.1:{tandem_e2e.free_port()}"
+                if a.startswith("--peer_listen=") else a for a in args]
         daemon = tandem_e2e.Daemon(*args)
         try:
             daemon.wait_serving()
