@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tandem::kvtransfer {
 
@@ -98,6 +99,12 @@ class TransferAgent {
   // Notifications peers sent after reading this agent's memory, oldest
   // first; each is returned once.
   virtual std::vector<std::string> TakeNotifications() = 0;
+
+  // Testing only (--inject_fault=kv_transfer:stall@N:DUR): for `duration`
+  // this agent's own thread answers no peer's read, as a source whose
+  // machine or network stalled would not. Calls on this agent still make
+  // progress.
+  virtual void StopAnsweringForTesting(absl::Duration duration) = 0;
 };
 
 }  // namespace tandem::kvtransfer

@@ -21,14 +21,16 @@ TransferPoller::~TransferPoller() {
   thread_.join();
 }
 
-void TransferPoller::Watch(TransferId transfer, Callback done) {
+void TransferPoller::Watch(TransferId transfer, Callback done, absl::Time deadline,
+                           std::function<void()> overdue) {
   absl::MutexLock lock(&mu_);
-  watched_.emplace_back(transfer, std::move(done));
+  watched_.push_back({transfer, std::move(done), deadline, std::move(overdue)});
 }
 
 void TransferPoller::Loop() {
   for (;;) {
     std::vector<std::pair<TransferStatus, Callback>> ended;
+    std::vector<std::function<void()>> overdue;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -36,18 +38,24 @@ void TransferPoller::Loop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
+      const absl::Time now = absl::Now();
       for (auto it = watched_.begin(); it != watched_.end();) {
-        TransferStatus status = agent_->Poll(it->first);
+        TransferStatus status = agent_->Poll(it->transfer);
         if (status.state == TransferState::kInProgress) {
+          if (it->overdue && now >= it->deadline) {
+            overdue.push_back(std::move(it->overdue));
+            it->overdue = nullptr;
+          }
           ++it;
           continue;
         }
-        agent_->Release(it->first);
-        ended.emplace_back(std::move(status), std::move(it->second));
+        agent_->Release(it->transfer);
+        ended.emplace_back(std::move(status), std::move(it->done));
         it = watched_.erase(it);
       }
     }
     for (auto& [status, done] : ended) done(status);
+    for (auto& act : overdue) act();
     // Nothing ended: look again shortly (a read of a few pages takes well
     // under a millisecond on a LAN).
     if (ended.empty()) absl::SleepFor(absl::Microseconds(100));

@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kvtransfer/transfer_agent.h"
 
 namespace tandem::kvtransfer {
@@ -30,15 +31,25 @@ class TransferPoller {
   TransferPoller(const TransferPoller&) = delete;
   TransferPoller& operator=(const TransferPoller&) = delete;
 
-  // Calls `done` with the transfer's final status (kDone or kFailed).
-  void Watch(TransferId transfer, Callback done);
+  // Calls `done` with the transfer's final status (kDone or kFailed). When
+  // the transfer is still in progress at `deadline`, calls `overdue` once
+  // (on the poller's thread; it should make the transfer fail, e.g. by
+  // removing its peer) and goes on watching.
+  void Watch(TransferId transfer, Callback done, absl::Time deadline = absl::InfiniteFuture(),
+             std::function<void()> overdue = nullptr);
 
  private:
+  struct Watched {
+    TransferId transfer;
+    Callback done;
+    absl::Time deadline;
+    std::function<void()> overdue;  // null once called
+  };
   void Loop();
 
   TransferAgent* agent_;
   absl::Mutex mu_;
-  std::vector<std::pair<TransferId, Callback>> watched_ ABSL_GUARDED_BY(mu_);
+  std::vector<Watched> watched_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

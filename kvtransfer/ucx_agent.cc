@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "kvtransfer/agent_metadata.h"
 
 namespace tandem::kvtransfer {
@@ -71,6 +72,9 @@ class UcxAgent final : public TransferAgent {
   TransferStatus Poll(TransferId transfer) override;
   void Release(TransferId transfer) override;
   std::vector<std::string> TakeNotifications() override;
+  void StopAnsweringForTesting(absl::Duration duration) override {
+    silent_until_ns_ = absl::ToUnixNanos(absl::Now() + duration);
+  }
 
  private:
   static void OnRead(void* request, ucs_status_t status, void* user_data);
@@ -101,6 +105,7 @@ class UcxAgent final : public TransferAgent {
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   TransferId next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> silent_until_ns_{0};  // StopAnsweringForTesting
   std::thread progress_thread_;
 };
 
@@ -177,6 +182,10 @@ void UcxAgent::Wake() {
 
 void UcxAgent::ProgressLoop() {
   while (!stop_) {
+    if (absl::ToUnixNanos(absl::Now()) < silent_until_ns_.load()) {
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
     bool armed = false;
     {
       absl::MutexLock lock(&mu_);

@@ -7,7 +7,8 @@
 // N counts the worker's steps from 1. A spec names the lane:
 // "prefill:error@3" or "decode:stall@2:3s". On a decode daemon,
 // "kv_transfer:error@N" makes its Nth KV transfer from a prefill daemon
-// fail half way (server/peer_service.h).
+// fail half way, and "kv_transfer:stall@N:DUR" read from a source that
+// answers nothing for DUR (server/peer_service.h).
 #ifndef TANDEM_SCHEDULER_FAULT_INJECTION_H_
 #define TANDEM_SCHEDULER_FAULT_INJECTION_H_
 

@@ -272,9 +272,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   step::Worker* decode_worker = p.model->decode_worker();
   PeerServiceOptions peer_options;
   peer_options.vocab_size = p.model->tokenizer().vocab_size();
+  peer_options.kv_transport = options.pool.kv_transport;
   if (options.fault.has_value()) {
     const scheduler::FaultSpec& fault = *options.fault;
-    if (fault.lane == "kv_transfer") {
+    if (fault.lane == "kv_transfer" && fault.kind == scheduler::FaultSpec::Kind::kStall) {
+      peer_options.stall_transfer = fault.step;
+      peer_options.stall_duration = fault.stall;
+      spdlog::warn("--inject_fault: KV transfer {} will stall for {} (testing only)", fault.step,
+                   absl::FormatDuration(fault.stall));
+    } else if (fault.lane == "kv_transfer") {
       peer_options.fail_transfer = fault.step;
       spdlog::warn("--inject_fault: KV transfer {} will fail (testing only)", fault.step);
     } else {

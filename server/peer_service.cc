@@ -3,9 +3,11 @@
 #include <deque>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
 #include "common/strings.h"
 #include "kvtransfer/kv_pages.h"
+#include "kvtransfer/ucx_agent.h"
 #include "server/generate_reactors.h"
 #include "server/logging.h"
 #include "server/request_builder.h"
@@ -82,6 +84,7 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
   // --- the request's progress ---
   const v1::HandoffRequest& handoff() const { return handoff_; }
   kvtransfer::PeerId peer() const { return peer_; }
+  absl::Time lease_end() const { return lease_end_; }
   // The transfer ended: go on to the lease answer (true), or the call was
   // cancelled meanwhile (false: the import is completed as cancelled here).
   bool TransferDone() {
@@ -113,6 +116,11 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
     }
     if (phase == Phase::kAwaitHandoff && control_.has_handoff()) {
       handoff_ = control_.handoff();
+      // The pages are held for lease_ms from when the offer was sent; a
+      // transfer still running then is cut off (StartTransfer).
+      if (const int64_t lease = handoff_.kv().lease_ms(); lease > 0) {
+        lease_end_ = absl::Now() + absl::Milliseconds(lease);
+      }
       StartRead(&control_);  // the lease answer
       if (absl::Status s = TakeOver(); !s.ok()) {
         {
@@ -204,6 +212,7 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
   v1::DecodeControl control_;    // the read buffer (one read at a time)
   v1::HandoffRequest handoff_;   // set once, before the scheduler sees the request
   kvtransfer::PeerId peer_ = 0;  // ditto
+  absl::Time lease_end_ = absl::InfiniteFuture();  // ditto
 
   absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kAwaitHandoff;
@@ -390,8 +399,20 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
   const std::vector<int32_t> remote_blocks(source.block_ids().begin(), source.block_ids().end());
   absl::StatusOr<kvtransfer::KvPageReads> reads = kvtransfer::PlanKvPageReads(
       kv_->shape, kv_->region, blocks, remote_shape, source.region(), remote_blocks);
-  const bool fail =
-      options_.fail_transfer > 0 && transfers_started_.fetch_add(1) + 1 == options_.fail_transfer;
+  const int64_t n = transfers_started_.fetch_add(1) + 1;
+  const bool fail = options_.fail_transfer > 0 && n == options_.fail_transfer;
+  kvtransfer::PeerId from = call->peer();
+  if (options_.stall_transfer > 0 && n == options_.stall_transfer && reads.ok()) {
+    absl::StatusOr<kvtransfer::PeerId> stalled = StalledSource(remote_shape, source.region());
+    if (stalled.ok()) {
+      from = *stalled;
+      spdlog::warn("request {}: injected fault: the KV transfer's source stops answering for {}",
+                   call->handoff().request_id(), absl::FormatDuration(options_.stall_duration));
+    } else {
+      spdlog::error("--inject_fault: cannot start the stalled source: {}",
+                    stalled.status().ToString());
+    }
+  }
   absl::StatusOr<kvtransfer::TransferId> id = absl::UnknownError("not posted");
   if (!reads.ok()) {
     id = reads.status();
@@ -404,7 +425,7 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
       spdlog::warn("request {}: injected fault: the KV transfer fails half way",
                    call->handoff().request_id());
     }
-    id = kv_->agent->PostRead(call->peer(), local, remote, call->handoff().request_id());
+    id = kv_->agent->PostRead(from, local, remote, call->handoff().request_id());
   }
   if (!id.ok()) {
     metrics_->OnKvTransferFailure("in", "transfer");
@@ -414,18 +435,67 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
   }
   const uint64_t bytes = reads->bytes;
   const absl::Time posted = absl::Now();
-  poller_.Watch(*id, [this, call, bytes, posted, fail](const kvtransfer::TransferStatus& status) {
-    TransferEnded(call, status, bytes, posted, fail);
-  });
+  // Past the lease the prefill daemon may reuse the pages, and a read that
+  // has not finished holds this daemon's blocks for as long as the transport
+  // takes to give up. UCX cannot cancel one read: the peer's endpoint is
+  // closed, which fails every read in flight on it (each request goes on on
+  // its prefill daemon; the next offer from there connects again), and the
+  // blocks are freed when the failure is reported, after the close.
+  auto overran = std::make_shared<std::atomic<bool>>(false);
+  poller_.Watch(
+      *id,
+      [this, call, bytes, posted, fail, overran](const kvtransfer::TransferStatus& status) {
+        TransferEnded(call, status, bytes, posted, fail, overran->load());
+      },
+      call->lease_end(),
+      [this, from, overran, request = call->handoff().request_id()] {
+        overran->store(true);
+        spdlog::warn(
+            "request {}: the KV transfer has not finished within its lease: closing the "
+            "connection to its source",
+            request);
+        ForgetPeer(from);
+      });
+}
+
+absl::StatusOr<kvtransfer::PeerId> PeerService::StalledSource(const kernels::KvCacheShape& shape,
+                                                              uint32_t region) {
+  absl::MutexLock lock(&peers_mu_);
+  if (stalled_agent_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> agent =
+        kvtransfer::CreateUcxAgent({options_.kv_transport});
+    if (!agent.ok()) return agent.status();
+    stalled_agent_ = *std::move(agent);
+    stalled_memory_.resize(static_cast<size_t>(shape.blocks) * shape.BytesPerBlock());
+    absl::StatusOr<uint32_t> registered = stalled_agent_->RegisterMemory(
+        stalled_memory_.data(), stalled_memory_.size(), kvtransfer::MemoryKind::kHost);
+    if (!registered.ok()) return registered.status();
+    if (*registered != region) return absl::InternalError("the stalled source's region differs");
+  }
+  absl::StatusOr<std::string> metadata = stalled_agent_->LocalMetadata();
+  if (!metadata.ok()) return metadata.status();
+  absl::StatusOr<kvtransfer::PeerId> peer = kv_->agent->AddPeer(*metadata);  // while it answers
+  if (!peer.ok()) return peer.status();
+  stalled_agent_->StopAnsweringForTesting(options_.stall_duration);
+  return *peer;
+}
+
+void PeerService::ForgetPeer(kvtransfer::PeerId peer) {
+  {
+    absl::MutexLock lock(&peers_mu_);
+    absl::erase_if(peers_, [peer](const auto& entry) { return entry.second == peer; });
+  }
+  kv_->agent->RemovePeer(peer);
 }
 
 void PeerService::TransferEnded(const std::shared_ptr<Call>& call,
                                 const kvtransfer::TransferStatus& status, uint64_t bytes,
-                                absl::Time posted, bool injected_failure) {
-  if (status.state == kvtransfer::TransferState::kFailed || injected_failure) {
-    metrics_->OnKvTransferFailure("in", "transfer");
+                                absl::Time posted, bool injected_failure, bool overran) {
+  if (overran || status.state == kvtransfer::TransferState::kFailed || injected_failure) {
+    metrics_->OnKvTransferFailure("in", overran ? "lease" : "transfer");
     const absl::Status why =
-        injected_failure
+        overran ? absl::UnavailableError("the KV transfer did not finish within its lease")
+        : injected_failure
             ? absl::UnavailableError("injected fault: the KV transfer failed half way")
             : absl::UnavailableError(StrCat("the KV transfer failed: ", status.error.message()));
     spdlog::warn("request {}: {}", call->handoff().request_id(), std::string(why.message()));

@@ -40,6 +40,13 @@ struct PeerServiceOptions {
   // Testing only (--inject_fault=kv_transfer:error@N): the Nth transfer
   // reads the first half of its pages and then fails. 0: never.
   int64_t fail_transfer = 0;
+  // Testing only (--inject_fault=kv_transfer:stall@N:DUR): the Nth
+  // transfer reads from a source that stops answering for
+  // `stall_duration` (an agent of this daemon's own, on `kv_transport`),
+  // so it runs past its lease. 0: never.
+  int64_t stall_transfer = 0;
+  absl::Duration stall_duration;
+  std::string kv_transport = "tcp";
   // This daemon's load (GenerationFrontend::Load), for GetLoad.
   std::function<v1::Load()> load;
 };
@@ -67,9 +74,16 @@ class PeerService final : public v1::Peer::CallbackService {
   void StartTransfer(const std::shared_ptr<Call>& call, const std::vector<int32_t>& blocks);
   // The peer id of the agent with `metadata`, connecting on first use.
   absl::StatusOr<kvtransfer::PeerId> PeerFor(const std::string& metadata);
-  // A transfer into `call`'s blocks ended (on the poller's thread).
+  // A transfer into `call`'s blocks ended (on the poller's thread);
+  // `overran`: it was cut off at its lease's end.
   void TransferEnded(const std::shared_ptr<Call>& call, const kvtransfer::TransferStatus& status,
-                     uint64_t bytes, absl::Time posted, bool injected_failure);
+                     uint64_t bytes, absl::Time posted, bool injected_failure, bool overran);
+  // Disconnects from `peer` (its reads in flight fail); the next offer from
+  // its daemon connects again.
+  void ForgetPeer(kvtransfer::PeerId peer);
+  // The injected stall's source, connected (see PeerServiceOptions).
+  absl::StatusOr<kvtransfer::PeerId> StalledSource(const kernels::KvCacheShape& shape,
+                                                   uint32_t region);
 
   scheduler::Scheduler* scheduler_;
   KvEndpoint* kv_;
@@ -81,6 +95,9 @@ class PeerService final : public v1::Peer::CallbackService {
 
   absl::Mutex peers_mu_;
   absl::flat_hash_map<std::string, kvtransfer::PeerId> peers_ ABSL_GUARDED_BY(peers_mu_);
+  // --inject_fault=kv_transfer:stall@N:DUR only.
+  std::unique_ptr<kvtransfer::TransferAgent> stalled_agent_ ABSL_GUARDED_BY(peers_mu_);
+  std::vector<char> stalled_memory_ ABSL_GUARDED_BY(peers_mu_);
 
   // Declared last: stopped first, so no callback sees a dead member.
   kvtransfer::TransferPoller poller_;

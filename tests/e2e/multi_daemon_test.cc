@@ -268,6 +268,55 @@ TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesO
   EXPECT_EQ(second.last.path(), v1::PATH_REMOTE);
 }
 
+// A read whose source stops answering (an injected stall of 30 s, far past
+// the 2 s lease) is cut off at the lease's end: the decode daemon closes its
+// connection to the source, which fails the read, and frees the request's
+// blocks, without waiting for the transport to give up; the request goes on
+// on its prefill daemon with the same tokens, and the next handoff connects
+// again.
+TEST(MultiDaemonTest, ATransferStalledPastItsLeaseIsCutOffAndItsBlocksFreedWithinIt) {
+  const auto& expected = Reference(40, 2);
+  constexpr absl::Duration kLease = absl::Seconds(2);
+  Pool pool(1, {"--inject_fault=kv_transfer:stall@1:30s"},
+            {absl::StrCat("--kv_lease=", absl::FormatDuration(kLease))});
+  Daemon& decode = *pool.decoders[0];
+  auto stub = pool.prefill->Stub();
+  auto first = std::async(std::launch::async, [&stub] { return Generate(*stub, Request(0, 40)); });
+  // The decode daemon holds the request's blocks from the offer until the
+  // read is cut off at the lease's end: no longer than the lease and a
+  // second's slack (polling, and a sanitizer build's slower steps), far less
+  // than the stall.
+  auto decode_stub = decode.Stub();
+  auto used_blocks = [&decode_stub] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::Load load;
+    return decode_stub->GetLoad(&context, v1::GetLoadRequest(), &load).ok() ? load.kv_used_blocks()
+                                                                            : -1;
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (used_blocks() <= 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time held = absl::Now();
+  while (used_blocks() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Duration holding = absl::Now() - held;
+  EXPECT_LE(holding, kLease + absl::Seconds(1)) << absl::FormatDuration(holding);
+
+  const Generation g = first.get();
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.token_ids, expected[0]);
+  EXPECT_EQ(g.last.path(), v1::PATH_COLOCATED);
+  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"lease\"}"),
+            1);
+  EXPECT_THAT(decode.Log(), ::testing::HasSubstr("has not finished within its lease"));
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(decode));
+  // The next handoff reads from the prefill daemon again.
+  const Generation second = Generate(*stub, Request(1, 40));
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(second.token_ids, expected[1]);
+  EXPECT_EQ(second.last.path(), v1::PATH_REMOTE);
+}
+
 TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
   const auto& expected = Reference(40, 1);
   // The lease runs out long before any read can finish.
@@ -497,7 +546,7 @@ TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
       {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--disagg_output_threshold=off"},
        2,
        "--role=prefill needs --disagg_output_threshold"},
-      {{"--inject_fault=kv_transfer:error@1"}, 2, "kv_transfer takes error@N"},
+      {{"--inject_fault=kv_transfer:error@1"}, 2, "kv_transfer takes error@N or stall@N:DURATION"},
       {{"--role=decode", "--kv_transport=nonexistent_transport"}, 1, "--kv_transport"},
       {{"--peer_listen=127.0.0.1:1"}, 2, "--peer_listen is for --role=decode"},
       {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--peer_tls_ca=/x"},

@@ -428,7 +428,8 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"inject_fault", "prefill:stall@2"}},
        "--inject_fault='prefill:stall@2': a stall needs a positive DURATION"},
       {{{"inject_fault", "kv_transfer:error@1"}},
-       "--inject_fault='kv_transfer:error@1': kv_transfer takes error@N, on a --role=decode"},
+       "--inject_fault='kv_transfer:error@1': kv_transfer takes error@N or stall@N:DURATION, on "
+       "a --role=decode"},
       {{{"inject_fault", "decode:error@1"}, {"disagg_output_threshold", "off"}},
        "--inject_fault='decode:error@1': there is no decode worker"},
       {{{"drain_timeout", "-1s"}}, "--drain_timeout=-1s: must be >= 0"},

@@ -4,14 +4,17 @@
 // its argument checks and a peer that goes away.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "kvtransfer/agent_metadata.h"
 #include "kvtransfer/kv_pages.h"
+#include "kvtransfer/transfer_poller.h"
 #include "kvtransfer/ucx_agent.h"
 
 namespace tandem::kvtransfer {
@@ -226,6 +229,61 @@ TEST_F(UcxAgentTest, AnOwnerThatGoesAwayFailsTheReadsInsteadOfHangingThem) {
   const TransferStatus status = Wait(*id);
   EXPECT_EQ(status.state, TransferState::kFailed);
   EXPECT_EQ(status.error.code(), absl::StatusCode::kUnavailable) << status.error;
+}
+
+// A source that stops answering holds a read in flight (nothing in UCX ends
+// it soon); the poller's deadline is where the reader cuts it off: removing
+// the peer fails the read, and the poller reports the failure.
+TEST_F(UcxAgentTest, AReadFromASilentSourceIsCutOffAtItsDeadline) {
+  owner_->StopAnsweringForTesting(absl::Seconds(30));
+  const std::vector<Descriptor> all = {{0, 0, kBytes}};
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, "x");
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(reader_->Poll(*id).state, TransferState::kInProgress);  // stalled, not failed
+
+  TransferPoller poller(reader_.get(), "test-poller");
+  absl::Notification ended, overdue;
+  TransferStatus final_status;
+  const absl::Time start = absl::Now();
+  poller.Watch(
+      *id,
+      [&](const TransferStatus& status) {
+        final_status = status;
+        ended.Notify();
+      },
+      start + absl::Milliseconds(200),
+      [&] {
+        overdue.Notify();
+        reader_->RemovePeer(peer_);
+      });
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(overdue.HasBeenNotified());
+  EXPECT_EQ(final_status.state, TransferState::kFailed);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// A transfer that ends before its deadline is never overdue.
+TEST_F(UcxAgentTest, AReadThatFinishesInTimeIsNotCutOff) {
+  const std::vector<Descriptor> all = {{0, 0, kBytes}};
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, "x");
+  ASSERT_TRUE(id.ok()) << id.status();
+  TransferPoller poller(reader_.get(), "test-poller");
+  absl::Notification ended;
+  std::atomic<bool> overdue{false};
+  TransferStatus final_status;
+  poller.Watch(
+      *id,
+      [&](const TransferStatus& status) {
+        final_status = status;
+        ended.Notify();
+      },
+      absl::Now() + absl::Seconds(20), [&] { overdue = true; });
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(final_status.state, TransferState::kDone);
+  EXPECT_FALSE(overdue.load());
+  EXPECT_TRUE(target_ == source_);
 }
 
 }  // namespace
