@@ -59,7 +59,7 @@ size_t StorageBytes() {
 // A UCX agent on `transport` with `storage` registered as its region 0.
 std::unique_ptr<kvtransfer::TransferAgent> StartAgent(const std::string& transport,
                                                       std::vector<char>& storage) {
-  auto agent = kvtransfer::CreateUcxAgent({transport});
+  auto agent = kvtransfer::CreateUcxAgent({.transports = transport, .tcp_ports = ""});
   if (!agent.ok()) Fail(agent.status().ToString());
   if (!(*agent)->RegisterMemory(storage.data(), storage.size(), kvtransfer::MemoryKind::kHost).ok())
     Fail("register");

@@ -121,6 +121,15 @@ absl::Status UcxAgent::Start(const UcxAgentOptions& options) {
       return UcxError(absl::StrCat("transports \"", options.transports, "\""), s);
     }
   }
+  if (!options.tcp_ports.empty()) {
+    // The TCP transport's key (UCX_TCP_PORT_RANGE) without its prefix: UCP
+    // hands keys it does not know to the transports' own tables.
+    if (ucs_status_t s = ucp_config_modify(config, "PORT_RANGE", options.tcp_ports.c_str());
+        s != UCS_OK) {
+      ucp_config_release(config);
+      return UcxError(absl::StrCat("TCP port range \"", options.tcp_ports, "\""), s);
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

@@ -19,6 +19,12 @@ struct UcxAgentOptions {
   // UCX transports, as UCX_TLS takes them ("tcp", "shm,tcp", "rc,cuda_copy");
   // empty: UCX's own choice (the UCX_TLS environment variable, else all).
   std::string transports;
+  // The TCP ports the agent listens on for its peers, "LOW-HIGH" (UCX's
+  // UCX_TCP_PORT_RANGE: one is drawn from it); empty: any the system gives.
+  // What lets a firewall or NetworkPolicy open the transport by port. UCX
+  // only warns about a malformed range: check it first (the daemon's flag
+  // does).
+  std::string tcp_ports;
 };
 
 // Starts an agent; UNAVAILABLE, with UCX's reason, when UCX cannot start

@@ -378,7 +378,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   // Several daemons: the KV transport, and the link to the decode peers.
   if (role != Role::kUnified) {
-    absl::StatusOr<KvEndpoint> endpoint = StartKvEndpoint(p.model->kv_backend(), transport);
+    absl::StatusOr<KvEndpoint> endpoint =
+        StartKvEndpoint(p.model->kv_backend(), transport, options.pool.kv_transport_ports);
     if (!endpoint.ok()) {
       return Failed(StrCat("cannot start the KV transport: ", endpoint.status().ToString()));
     }

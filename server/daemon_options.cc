@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/strings.h"
 #include "engine/kernels/cpu/matmul.h"
 #include "engine/kernels/cpu/product_rates.h"
@@ -196,6 +197,9 @@ ABSL_FLAG(std::string, role, "unified",
 ABSL_FLAG(std::string, decode_peers, "",
           "--role=prefill: the decode daemons, host:port[,host:port...]; a name that resolves "
           "to several addresses (a Kubernetes headless Service) is several peers");
+ABSL_FLAG(std::string, kv_transport_ports, "",
+          "the TCP ports the KV transport listens on between daemons, LOW-HIGH (one is drawn "
+          "from the range; empty: any the system gives), for firewalls and NetworkPolicies");
 ABSL_FLAG(std::string, peer_listen, "",
           "--role=decode: serve the Peer service (handoffs from prefill daemons) on this "
           "host:port of its own, with --peer_tls_* (empty: on --listen)");
@@ -261,6 +265,19 @@ absl::Status ReadRole(DaemonOptions& options) {
   }
   options.pool.kv_transport = absl::GetFlag(FLAGS_kv_transport);
   PoolOptions& pool = options.pool;
+  pool.kv_transport_ports = absl::GetFlag(FLAGS_kv_transport_ports);
+  if (!pool.kv_transport_ports.empty()) {
+    const std::vector<std::string> bounds = absl::StrSplit(pool.kv_transport_ports, '-');
+    int low = 0, high = 0;
+    if (bounds.size() != 2 || !absl::SimpleAtoi(bounds[0], &low) ||
+        !absl::SimpleAtoi(bounds[1], &high) || low < 1 || high > 65535 || low > high) {
+      return FlagError(StrCat("--kv_transport_ports='", pool.kv_transport_ports,
+                              "': expected LOW-HIGH, ports with 1 <= LOW <= HIGH <= 65535"));
+    }
+    if (options.role == Role::kUnified) {
+      return FlagError("--kv_transport_ports is for --role=prefill and --role=decode");
+    }
+  }
   pool.peer_listen = absl::GetFlag(FLAGS_peer_listen);
   if (!pool.peer_listen.empty() && options.role != Role::kDecode) {
     return FlagError(StrCat("--peer_listen is for --role=decode (this daemon has --role=",

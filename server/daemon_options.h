@@ -72,6 +72,8 @@ struct RequestPolicy {
 struct PoolOptions {
   std::vector<std::string> decode_peers;  // --role=prefill: host:port each
   std::string kv_transport = "tcp";       // UCX transports, as UCX_TLS takes them
+  // The KV transport's TCP listening ports, "LOW-HIGH" (empty: any).
+  std::string kv_transport_ports;
   // --role=decode: the Peer service's own port (empty: on --listen).
   std::string peer_listen;
   // Mutual TLS between prefill and decode daemons: this daemon's

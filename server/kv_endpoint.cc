@@ -6,13 +6,16 @@
 namespace tandem::server {
 
 absl::StatusOr<KvEndpoint> StartKvEndpoint(const kernels::Backend& backend,
-                                           const std::string& transports) {
+                                           const std::string& transports,
+                                           const std::string& tcp_ports) {
   KvEndpoint endpoint;
   absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> agent =
-      kvtransfer::CreateUcxAgent({transports});
+      kvtransfer::CreateUcxAgent({.transports = transports, .tcp_ports = tcp_ports});
   if (!agent.ok()) {
     return absl::Status(agent.status().code(),
-                        StrCat("--kv_transport=", transports, ": ", agent.status().message()));
+                        StrCat("--kv_transport=", transports,
+                               tcp_ports.empty() ? "" : StrCat(" --kv_transport_ports=", tcp_ports),
+                               ": ", agent.status().message()));
   }
   endpoint.agent = *std::move(agent);
   const kernels::KvStorage storage = backend.kv_storage();

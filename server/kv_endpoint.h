@@ -22,10 +22,12 @@ struct KvEndpoint {
   std::string metadata;         // agent->LocalMetadata()
 };
 
-// Starts a UCX agent on `transports` ("tcp", ...) and registers `backend`'s
+// Starts a UCX agent on `transports` ("tcp", ...), listening for peers on
+// a port of `tcp_ports` ("LOW-HIGH"; empty: any), and registers `backend`'s
 // KV storage (host or device memory) in it.
 absl::StatusOr<KvEndpoint> StartKvEndpoint(const kernels::Backend& backend,
-                                           const std::string& transports);
+                                           const std::string& transports,
+                                           const std::string& tcp_ports = "");
 
 }  // namespace tandem::server
 

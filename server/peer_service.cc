@@ -463,7 +463,7 @@ absl::StatusOr<kvtransfer::PeerId> PeerService::StalledSource(const kernels::KvC
   absl::MutexLock lock(&peers_mu_);
   if (stalled_agent_ == nullptr) {
     absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> agent =
-        kvtransfer::CreateUcxAgent({options_.kv_transport});
+        kvtransfer::CreateUcxAgent({.transports = options_.kv_transport, .tcp_ports = ""});
     if (!agent.ok()) return agent.status();
     stalled_agent_ = *std::move(agent);
     stalled_memory_.resize(static_cast<size_t>(shape.blocks) * shape.BytesPerBlock());

@@ -465,7 +465,7 @@ std::vector<std::string> PeerTls(const std::string& dir, const std::string& name
 // certificate, or none, is refused by the decode daemon, and a decode daemon
 // with another CA's certificate is refused by the prefill daemon (each
 // request then runs where it entered, with the same tokens). --listen no
-// longer serves Peer.
+// longer serves Peer. The pages move over the transport ports given.
 TEST(MultiDaemonTest, PeersOnTheirOwnPortRefuseAnyCertificateThePoolsCaDidNotSign) {
   const std::string dir = MakePoolCertificates();
   const std::vector<uint32_t>& expected = Reference(40, 1)[0];
@@ -486,14 +486,19 @@ TEST(MultiDaemonTest, PeersOnTheirOwnPortRefuseAnyCertificateThePoolsCaDidNotSig
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const int peer_port = FreeLoopbackPort();
+    // Each KV transport on a port of its own range (--kv_transport_ports),
+    // as a NetworkPolicy would open it.
+    const int decode_transport = FreeLoopbackPort(), prefill_transport = FreeLoopbackPort();
     std::vector<std::string> decode_flags =
-        With({"--role=decode", absl::StrCat("--peer_listen=127.0.0.1:", peer_port)});
+        With({"--role=decode", absl::StrCat("--peer_listen=127.0.0.1:", peer_port),
+              absl::StrCat("--kv_transport_ports=", decode_transport, "-", decode_transport)});
     for (const std::string& f : PeerTls(dir, c.decode_cert)) decode_flags.push_back(f);
     Daemon decode(decode_flags);
     ASSERT_TRUE(decode.WaitServing()) << decode.Log();
     std::vector<std::string> prefill_flags =
         With({"--role=prefill", absl::StrCat("--decode_peers=127.0.0.1:", peer_port),
-              absl::StrCat("--disagg_output_threshold=", kThreshold)});
+              absl::StrCat("--disagg_output_threshold=", kThreshold),
+              absl::StrCat("--kv_transport_ports=", prefill_transport, "-", prefill_transport)});
     prefill_flags.insert(prefill_flags.end(), c.prefill_tls.begin(), c.prefill_tls.end());
     Daemon prefill(prefill_flags);
     ASSERT_TRUE(prefill.WaitServing()) << prefill.Log();

@@ -33,7 +33,7 @@ Side Load(const std::shared_ptr<const model::GgufFile>& file, int blocks) {
   auto m = model::LlamaModel::Create(file, side.backend.get(), blocks, kBlockSize);
   EXPECT_TRUE(m.ok()) << m.status();
   side.model = *std::move(m);
-  auto agent = kvtransfer::CreateUcxAgent({"tcp"});
+  auto agent = kvtransfer::CreateUcxAgent({.transports = "tcp", .tcp_ports = ""});
   EXPECT_TRUE(agent.ok()) << agent.status();
   side.agent = *std::move(agent);
   const kernels::KvStorage storage = side.backend->kv_storage();

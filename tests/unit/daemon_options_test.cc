@@ -244,10 +244,20 @@ TEST(DaemonOptionsTest, TheRoleDecidesWhereDecodingHappens) {
   }
   {
     absl::FlagSaver saver;
-    absl::StatusOr<DaemonOptions> decode = OptionsWith({{"role", "decode"}});
+    absl::StatusOr<DaemonOptions> decode = OptionsWith({{"role", "decode"},
+                                                        {"kv_transport_ports", "40000-40099"},
+                                                        {"peer_listen", "0.0.0.0:50052"},
+                                                        {"peer_tls_cert", "/c.pem"},
+                                                        {"peer_tls_key", "/k.pem"},
+                                                        {"peer_tls_ca", "/ca.pem"}});
     ASSERT_TRUE(decode.ok()) << decode.status();
     EXPECT_FALSE(decode->model.decode_worker);  // one worker takes all the compute
     EXPECT_FALSE(decode->scheduler.remote_decode);
+    EXPECT_EQ(decode->pool.kv_transport_ports, "40000-40099");
+    EXPECT_EQ(decode->pool.peer_listen, "0.0.0.0:50052");
+    EXPECT_EQ(decode->pool.peer_tls_cert, "/c.pem");
+    EXPECT_EQ(decode->pool.peer_tls_key, "/k.pem");
+    EXPECT_EQ(decode->pool.peer_tls_ca, "/ca.pem");
   }
   {
     absl::FlagSaver saver;
@@ -377,6 +387,12 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"threads", "-1"}}, "--threads=-1: must be >= 0"},
       {{{"kv_cache_memory_fraction", "1.5"}}, "--kv_cache_memory_fraction=1.5: must be in [0, 1)"},
       {{{"startup_measure_rounds", "0"}}, "--startup_measure_rounds=0: must be in [1, 50]"},
+      {{{"role", "decode"}, {"kv_transport_ports", "9-2"}},
+       "--kv_transport_ports='9-2': expected LOW-HIGH, ports with 1 <= LOW <= HIGH <= 65535"},
+      {{{"role", "decode"}, {"kv_transport_ports", "40000"}},
+       "--kv_transport_ports='40000': expected LOW-HIGH"},
+      {{{"kv_transport_ports", "40000-40099"}},
+       "--kv_transport_ports is for --role=prefill and --role=decode"},
       {{{"kv_events_endpoint", "udp://x:1"}},
        "--kv_events_endpoint='udp://x:1': expected a ZeroMQ endpoint, tcp://HOST:PORT or "
        "ipc://PATH"},

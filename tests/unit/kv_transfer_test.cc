@@ -3,8 +3,12 @@
 // UCX agent moving bytes between two agents over TCP, with its notification,
 // its argument checks and a peer that goes away.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -12,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/free_port.h"
 #include "kvtransfer/agent_metadata.h"
 #include "kvtransfer/kv_pages.h"
 #include "kvtransfer/transfer_poller.h"
@@ -94,10 +99,12 @@ TEST(KvPagesTest, RejectsMismatchedShapesAndBlocksOutOfRange) {
 class UcxAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<TransferAgent>> owner = CreateUcxAgent({"tcp"});
+    absl::StatusOr<std::unique_ptr<TransferAgent>> owner =
+        CreateUcxAgent({.transports = "tcp", .tcp_ports = ""});
     ASSERT_TRUE(owner.ok()) << owner.status();
     owner_ = *std::move(owner);
-    absl::StatusOr<std::unique_ptr<TransferAgent>> reader = CreateUcxAgent({"tcp"});
+    absl::StatusOr<std::unique_ptr<TransferAgent>> reader =
+        CreateUcxAgent({.transports = "tcp", .tcp_ports = ""});
     ASSERT_TRUE(reader.ok()) << reader.status();
     reader_ = *std::move(reader);
     source_.resize(kBytes);
@@ -284,6 +291,44 @@ TEST_F(UcxAgentTest, AReadThatFinishesInTimeIsNotCutOff) {
   EXPECT_EQ(final_status.state, TransferState::kDone);
   EXPECT_FALSE(overdue.load());
   EXPECT_TRUE(target_ == source_);
+}
+
+// --kv_transport_ports: the agent listens for its peers on a port of the
+// range it is given (here a range of one), and reads work as before.
+TEST(UcxAgentPortsTest, TheAgentListensOnAPortOfItsRange) {
+  const int port = FreeLoopbackPort();
+  absl::StatusOr<std::unique_ptr<TransferAgent>> owner =
+      CreateUcxAgent({.transports = "tcp", .tcp_ports = absl::StrCat(port, "-", port)});
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  // The port is taken now: binding it fails.
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  const int bound = bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  const int error = errno;
+  close(probe);
+  EXPECT_EQ(bound, -1);
+  EXPECT_EQ(error, EADDRINUSE);
+
+  std::vector<char> source(4096, 'k'), target(4096, 0);
+  ASSERT_TRUE((*owner)->RegisterMemory(source.data(), source.size(), MemoryKind::kHost).ok());
+  absl::StatusOr<std::unique_ptr<TransferAgent>> reader =
+      CreateUcxAgent({.transports = "tcp", .tcp_ports = ""});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE((*reader)->RegisterMemory(target.data(), target.size(), MemoryKind::kHost).ok());
+  absl::StatusOr<PeerId> peer = (*reader)->AddPeer(*(*owner)->LocalMetadata());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  const std::vector<Descriptor> all = {{0, 0, 4096}};
+  absl::StatusOr<TransferId> id = (*reader)->PostRead(*peer, all, all, "n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while ((*reader)->Poll(*id).state == TransferState::kInProgress && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ((*reader)->Poll(*id).state, TransferState::kDone);
+  EXPECT_TRUE(target == source);
 }
 
 }  // namespace

@@ -189,6 +189,12 @@ def test_the_prefill_pool_finds_the_decode_pool():
         (source,) = peer_rule["from"]
         assert set(source["podSelector"]["matchLabels"].items()) <= set(other_labels.items())
         assert not set(source["podSelector"]["matchLabels"].items()) <= set(labels.items())
+        # ... on the other pool's KV transport ports (and, into the decode
+        # pool, its peer port) only.
+        low, high = map(int, flag(container(roles[other])["args"], "kv_transport_ports").split("-"))
+        assert flag(container(roles[role])["args"], "kv_transport_ports") == f"{low}-{high}"
+        allowed = {(p["port"], p.get("endPort")) for p in peer_rule["ports"]}
+        assert allowed == ({("peer", None), (low, high)} if role == "decode" else {(low, high)})
     # The KV pages must mean the same on both sides.
     for same in ("model", "block_size"):
         assert flag(prefill["args"], same, None) == flag(decode["args"], same, None), same
@@ -206,6 +212,9 @@ def test_the_daemon_starts_with_the_manifests_flags(overlay):
                 if not a.startswith("--peer_tls_")]
         args = [f"--peer_listen=127.0.0.1:{tandem_e2e.free_port()}"
                 if a.startswith("--peer_listen=") else a for a in args]
+        port = tandem_e2e.free_port()
+        args = [f"--kv_transport_ports={port}-{port}"
+                if a.startswith("--kv_transport_ports=") else a for a in args]
         daemon = tandem_e2e.Daemon(*args)
         try:
             daemon.wait_serving()
