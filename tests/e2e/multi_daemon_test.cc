@@ -247,6 +247,18 @@ TEST(MultiDaemonTest, AClientsAbortFreesThePagesOnBothDaemons) {
             1);
 }
 
+// After a handoff that failed: both daemons of a one-decoder pool are idle,
+// and the next request (request 1) is handed off and answers `expected`.
+void ExpectRecovered(Pool& pool, v1::Generation::Stub& stub,
+                     const std::vector<uint32_t>& expected) {
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(*pool.decoders[0]));
+  const Generation next = Generate(stub, Request(1, 40));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.token_ids, expected);
+  EXPECT_EQ(next.last.path(), v1::PATH_REMOTE);
+}
+
 TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesOnHere) {
   const auto& expected = Reference(40, 2);
   Pool pool(1, {"--inject_fault=kv_transfer:error@1"});
@@ -259,13 +271,7 @@ TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesO
   EXPECT_EQ(
       Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"transfer\"}"), 1);
   EXPECT_EQ(Metric(*pool.prefill, Handoffs("failed", decode.address())), 1);
-  EXPECT_TRUE(Idle(*pool.prefill));
-  EXPECT_TRUE(Idle(decode));
-  // The next transfer works.
-  const Generation second = Generate(*stub, Request(1, 40));
-  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
-  EXPECT_EQ(second.token_ids, expected[1]);
-  EXPECT_EQ(second.last.path(), v1::PATH_REMOTE);
+  ExpectRecovered(pool, *stub, expected[1]);
 }
 
 // A read whose source stops answering (an injected stall of 30 s, far past
@@ -308,13 +314,7 @@ TEST(MultiDaemonTest, ATransferStalledPastItsLeaseIsCutOffAndItsBlocksFreedWithi
   EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"lease\"}"),
             1);
   EXPECT_THAT(decode.Log(), ::testing::HasSubstr("has not finished within its lease"));
-  EXPECT_TRUE(Idle(*pool.prefill));
-  EXPECT_TRUE(Idle(decode));
-  // The next handoff reads from the prefill daemon again.
-  const Generation second = Generate(*stub, Request(1, 40));
-  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
-  EXPECT_EQ(second.token_ids, expected[1]);
-  EXPECT_EQ(second.last.path(), v1::PATH_REMOTE);
+  ExpectRecovered(pool, *stub, expected[1]);  // it connects to the prefill daemon again
 }
 
 TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
