@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/check.h"
 
 namespace tandem::kvcache {
@@ -107,6 +108,7 @@ bool BlockPool::Cache(BlockId b, const BlockHash& hash, std::span<const TokenId>
   if (!index_.emplace(hash, b).second) return false;
   block.cached = true;
   block.hash = hash;
+  block.parent = parent;
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<std::ptrdiff_t>(b) * block_size_);
   if (record_events_) {
@@ -134,12 +136,29 @@ std::vector<KvEvent> BlockPool::SnapshotEvents() {
   events_.clear();
   std::vector<KvEvent> out(1);
   out[0].kind = KvEvent::Kind::kAllCleared;
-  for (const auto& [hash, b] : index_) {
-    KvEvent& stored = out.emplace_back();
-    stored.kind = KvEvent::Kind::kStored;
-    stored.hashes = {hash};
-    const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(b) * block_size_;
-    stored.tokens.assign(first, first + block_size_);
+  // Parents first: from each cached block, up its cached ancestors not
+  // listed yet, then down again.
+  absl::flat_hash_set<BlockHash> listed;
+  std::vector<BlockId> chain;
+  for (const auto& [hash, start] : index_) {
+    chain.clear();
+    for (BlockId b = start; !listed.contains(blocks_[static_cast<size_t>(b)].hash);) {
+      chain.push_back(b);
+      const std::optional<BlockHash>& parent = blocks_[static_cast<size_t>(b)].parent;
+      auto up = parent.has_value() ? index_.find(*parent) : index_.end();
+      if (up == index_.end()) break;
+      b = up->second;
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const Block& block = blocks_[static_cast<size_t>(*it)];
+      KvEvent& stored = out.emplace_back();
+      stored.kind = KvEvent::Kind::kStored;
+      stored.hashes = {block.hash};
+      stored.parent = block.parent;
+      const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(*it) * block_size_;
+      stored.tokens.assign(first, first + block_size_);
+      listed.insert(block.hash);
+    }
   }
   return out;
 }

@@ -73,9 +73,9 @@ class BlockPool {
   void RecordEvents() { record_events_ = true; }
   // The events since the last call, in order; clears the journal.
   std::vector<KvEvent> TakeEvents();
-  // The index as it is: AllCleared, then every cached block stored (without
-  // parents). For a receiver that lost events; clears the journal, which
-  // this replaces.
+  // The index as it is: AllCleared, then every cached block stored with its
+  // parent, a block after its parent when that is cached too. For a
+  // receiver that lost events; clears the journal, which this replaces.
   std::vector<KvEvent> SnapshotEvents();
 
  private:
@@ -83,7 +83,8 @@ class BlockPool {
     int32_t refs = 0;
     bool cached = false;
     BlockHash hash;
-    BlockId prev = -1;  // free-list links, when free
+    std::optional<BlockHash> parent;  // when cached: the block before it (none: first)
+    BlockId prev = -1;                // free-list links, when free
     BlockId next = -1;
     bool in_free_list = false;
   };

@@ -24,8 +24,7 @@ struct KvEvent {
   Kind kind = Kind::kStored;
   std::vector<BlockHash> hashes;
   // kStored: the block before the first of `hashes` in its sequence; none
-  // for a sequence's first block (its parent is the cache salt's root), or
-  // when unknown (a resync lists blocks without their parents).
+  // for a sequence's first block (its parent is the cache salt's root).
   std::optional<BlockHash> parent;
   // kStored: the blocks' tokens, block_size per hash, in order.
   std::vector<TokenId> tokens;

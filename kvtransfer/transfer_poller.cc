@@ -30,7 +30,7 @@ void TransferPoller::Watch(TransferId transfer, Callback done, absl::Time deadli
 void TransferPoller::Loop() {
   for (;;) {
     std::vector<std::pair<TransferStatus, Callback>> ended;
-    std::vector<std::function<void()>> overdue;
+    std::vector<std::pair<TransferId, std::function<void()>>> overdue;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -43,7 +43,7 @@ void TransferPoller::Loop() {
         TransferStatus status = agent_->Poll(it->transfer);
         if (status.state == TransferState::kInProgress) {
           if (it->overdue && now >= it->deadline) {
-            overdue.push_back(std::move(it->overdue));
+            overdue.emplace_back(it->transfer, std::move(it->overdue));
             it->overdue = nullptr;
           }
           ++it;
@@ -55,7 +55,11 @@ void TransferPoller::Loop() {
       }
     }
     for (auto& [status, done] : ended) done(status);
-    for (auto& act : overdue) act();
+    // Looked at again outside the lock: one that ended meanwhile is not cut
+    // off (its end is reported on the next round).
+    for (auto& [transfer, act] : overdue) {
+      if (agent_->Poll(transfer).state == TransferState::kInProgress) act();
+    }
     // Nothing ended: look again shortly (a read of a few pages takes well
     // under a millisecond on a LAN).
     if (ended.empty()) absl::SleepFor(absl::Microseconds(100));

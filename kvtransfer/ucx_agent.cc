@@ -172,8 +172,9 @@ UcxAgent::~UcxAgent() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, peer] : peers_) {
-      for (ucp_rkey_h key : peer->keys) ucp_rkey_destroy(key);
+      // Keys only once no operation can use them: after the close.
       CloseEndpointLocked(peer->endpoint);
+      for (ucp_rkey_h key : peer->keys) ucp_rkey_destroy(key);
     }
     peers_.clear();
     for (Region& region : regions_) ucp_mem_unmap(context_, region.memory);
@@ -406,11 +407,12 @@ void UcxAgent::RemovePeer(PeerId id) {
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
+  // Closing completes the peer's outstanding reads (cancelled), so their
+  // transfers fail rather than wait; the keys go after, when no operation
+  // can use them any more (UCX's rule for ucp_rkey_destroy).
+  CloseEndpointLocked(it->second->endpoint);
   for (ucp_rkey_h key : it->second->keys) ucp_rkey_destroy(key);
   it->second->keys.clear();
-  // Closing completes the peer's outstanding reads (cancelled), so their
-  // transfers fail rather than wait.
-  CloseEndpointLocked(it->second->endpoint);
   peers_.erase(it);
   ProgressLocked();
 }

@@ -353,8 +353,12 @@ void Scheduler::Loop() {
 
 void Scheduler::PublishKvEvents() {
   if (!kv_events_) return;
-  std::vector<kvcache::KvEvent> events = core_.TakeKvEvents(kv_events_resync_);
+  std::vector<kvcache::KvEvent> events = core_.TakeKvEvents(/*snapshot=*/false);
   if (events.empty()) return;
+  // After a lost batch, the whole index instead (taken only when the index
+  // changed: a receiver that keeps refusing costs a snapshot per change, not
+  // one per round).
+  if (kv_events_resync_) events = core_.TakeKvEvents(/*snapshot=*/true);
   kv_events_resync_ = !kv_events_(std::move(events));
 }
 

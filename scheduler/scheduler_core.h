@@ -145,8 +145,8 @@ struct SchedulerOptions {
   // scheduler thread after each round that changed the prefix index (of the
   // prefill lane's storage: where prompts find their prefixes), with its
   // events in order. It answers false when the receiver dropped a batch:
-  // the next call then carries the whole index instead (AllCleared, then
-  // every cached block). Must be quick.
+  // the next call (at the index's next change) then carries the whole index
+  // instead (AllCleared, then every cached block). Must be quick.
   std::function<bool(std::vector<kvcache::KvEvent>)> on_kv_events;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };

@@ -528,6 +528,7 @@ void Daemon::ServeUntil(absl::Notification& shutdown) {
 void Daemon::Drain() {
   Parts& p = *parts_;
   p.grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  if (p.peer_server != nullptr) p.peer_server->GetHealthCheckService()->SetServingStatus(false);
   p.frontend->StopAccepting();
   const absl::Duration drain = p.options.drain_timeout;
   spdlog::info("draining {} open call(s) for up to {}", p.frontend->open_calls(),
@@ -543,12 +544,11 @@ void Daemon::Drain() {
   // with CANCELLED instead of our UNAVAILABLE (grpc/grpc#41785).
   spdlog::info("drained: shutting down the gRPC server");
   p.scheduler->Stop();
-  p.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  const auto shutdown_deadline = absl::ToChronoTime(absl::Now() + absl::Seconds(5));
+  p.grpc_server->Shutdown(shutdown_deadline);
+  if (p.peer_server != nullptr) p.peer_server->Shutdown(shutdown_deadline);
   p.grpc_server->Wait();
-  if (p.peer_server != nullptr) {
-    p.peer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    p.peer_server->Wait();
-  }
+  if (p.peer_server != nullptr) p.peer_server->Wait();
   if (p.http_server != nullptr) p.http_server->Shutdown();
   spdlog::info("stopped");
 }

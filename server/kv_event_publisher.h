@@ -24,6 +24,7 @@
 // with every retained message from that number on, one reply per message
 // ([sequence, payload] after the request's envelope), then an end marker
 // (sequence -1, empty payload). The last `replay_messages` are retained.
+// Several replies to one request: clients use DEALER (REQ takes one).
 //
 // Publish() never blocks: batches wait in a bounded queue for the
 // publisher's thread, which encodes and sends them. A full queue drops the

@@ -1,5 +1,6 @@
 #include "server/peer_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 
@@ -118,9 +119,9 @@ class PeerService::Call final : public grpc::ServerBidiReactor<v1::DecodeControl
       handoff_ = control_.handoff();
       // The pages are held for lease_ms from when the offer was sent; a
       // transfer still running then is cut off (StartTransfer).
-      if (const int64_t lease = handoff_.kv().lease_ms(); lease > 0) {
-        lease_end_ = absl::Now() + absl::Milliseconds(lease);
-      }
+      // (No lease, or one already over: nothing may be read under it, and a
+      // read is cut off at once.)
+      lease_end_ = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, handoff_.kv().lease_ms()));
       StartRead(&control_);  // the lease answer
       if (absl::Status s = TakeOver(); !s.ok()) {
         {
@@ -401,11 +402,16 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
       kv_->shape, kv_->region, blocks, remote_shape, source.region(), remote_blocks);
   const int64_t n = transfers_started_.fetch_add(1) + 1;
   const bool fail = options_.fail_transfer > 0 && n == options_.fail_transfer;
+  // An injected fault: the transfer's end counts as a failure whatever UCX
+  // says (half the pages, or the stand-in source's zeros).
+  std::string injected =
+      fail ? std::string("injected fault: the KV transfer failed half way") : std::string();
   kvtransfer::PeerId from = call->peer();
   if (options_.stall_transfer > 0 && n == options_.stall_transfer && reads.ok()) {
     absl::StatusOr<kvtransfer::PeerId> stalled = StalledSource(remote_shape, source.region());
     if (stalled.ok()) {
       from = *stalled;
+      injected = "injected fault: the KV transfer read a stalled stand-in source";
       spdlog::warn("request {}: injected fault: the KV transfer's source stops answering for {}",
                    call->handoff().request_id(), absl::FormatDuration(options_.stall_duration));
     } else {
@@ -444,8 +450,8 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
   auto overran = std::make_shared<std::atomic<bool>>(false);
   poller_.Watch(
       *id,
-      [this, call, bytes, posted, fail, overran](const kvtransfer::TransferStatus& status) {
-        TransferEnded(call, status, bytes, posted, fail, overran->load());
+      [this, call, bytes, posted, injected, overran](const kvtransfer::TransferStatus& status) {
+        TransferEnded(call, status, bytes, posted, injected, overran->load());
       },
       call->lease_end(),
       [this, from, overran, request = call->handoff().request_id()] {
@@ -490,13 +496,13 @@ void PeerService::ForgetPeer(kvtransfer::PeerId peer) {
 
 void PeerService::TransferEnded(const std::shared_ptr<Call>& call,
                                 const kvtransfer::TransferStatus& status, uint64_t bytes,
-                                absl::Time posted, bool injected_failure, bool overran) {
-  if (overran || status.state == kvtransfer::TransferState::kFailed || injected_failure) {
+                                absl::Time posted, const std::string& injected, bool overran) {
+  if (overran || status.state == kvtransfer::TransferState::kFailed || !injected.empty()) {
     metrics_->OnKvTransferFailure("in", overran ? "lease" : "transfer");
     const absl::Status why =
         overran ? absl::UnavailableError("the KV transfer did not finish within its lease")
-        : injected_failure
-            ? absl::UnavailableError("injected fault: the KV transfer failed half way")
+        : !injected.empty()
+            ? absl::UnavailableError(injected)
             : absl::UnavailableError(StrCat("the KV transfer failed: ", status.error.message()));
     spdlog::warn("request {}: {}", call->handoff().request_id(), std::string(why.message()));
     call->TransferFailed(why);

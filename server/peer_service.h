@@ -75,9 +75,10 @@ class PeerService final : public v1::Peer::CallbackService {
   // The peer id of the agent with `metadata`, connecting on first use.
   absl::StatusOr<kvtransfer::PeerId> PeerFor(const std::string& metadata);
   // A transfer into `call`'s blocks ended (on the poller's thread);
+  // `injected`: why an injected fault makes it a failure (empty: none);
   // `overran`: it was cut off at its lease's end.
   void TransferEnded(const std::shared_ptr<Call>& call, const kvtransfer::TransferStatus& status,
-                     uint64_t bytes, absl::Time posted, bool injected_failure, bool overran);
+                     uint64_t bytes, absl::Time posted, const std::string& injected, bool overran);
   // Disconnects from `peer` (its reads in flight fail); the next offer from
   // its daemon connects again.
   void ForgetPeer(kvtransfer::PeerId peer);
@@ -95,9 +96,10 @@ class PeerService final : public v1::Peer::CallbackService {
 
   absl::Mutex peers_mu_;
   absl::flat_hash_map<std::string, kvtransfer::PeerId> peers_ ABSL_GUARDED_BY(peers_mu_);
-  // --inject_fault=kv_transfer:stall@N:DUR only.
-  std::unique_ptr<kvtransfer::TransferAgent> stalled_agent_ ABSL_GUARDED_BY(peers_mu_);
+  // --inject_fault=kv_transfer:stall@N:DUR only. The memory outlives the
+  // agent that registered it (members go in reverse order).
   std::vector<char> stalled_memory_ ABSL_GUARDED_BY(peers_mu_);
+  std::unique_ptr<kvtransfer::TransferAgent> stalled_agent_ ABSL_GUARDED_BY(peers_mu_);
 
   // Declared last: stopped first, so no callback sees a dead member.
   kvtransfer::TransferPoller poller_;

@@ -375,7 +375,8 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
       absl::MutexLock lock(&mu_);
       if (!addresses.empty() || peers_.empty()) {
         std::vector<std::shared_ptr<Peer>> next;
-        for (const auto& [address, host] : addresses) {
+        for (const Resolved& resolved : addresses) {
+          const std::string& address = resolved.address;
           auto same = [&](const auto& p) { return p->address == address; };
           if (auto it = std::find_if(peers_.begin(), peers_.end(), same); it != peers_.end()) {
             next.push_back(*it);
@@ -393,7 +394,8 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
           args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
           args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
           args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-          peer->channel = grpc::CreateCustomChannel(address, ChannelCredentials(host, args), args);
+          peer->channel =
+              grpc::CreateCustomChannel(address, ChannelCredentials(resolved.host, args), args);
           peer->peer = v1::Peer::NewStub(peer->channel);
           next.push_back(std::move(peer));
         }

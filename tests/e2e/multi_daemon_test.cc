@@ -278,8 +278,9 @@ TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesO
 // the 2 s lease) is cut off at the lease's end: the decode daemon closes its
 // connection to the source, which fails the read, and frees the request's
 // blocks, without waiting for the transport to give up; the request goes on
-// on its prefill daemon with the same tokens, and the next handoff connects
-// again.
+// on its prefill daemon with the same tokens, and the next handoff works.
+// (The connection cut is the stand-in source's: the path that reconnects to
+// a real prefill daemon after a cut is not exercised.)
 TEST(MultiDaemonTest, ATransferStalledPastItsLeaseIsCutOffAndItsBlocksFreedWithinIt) {
   const auto& expected = Reference(40, 2);
   constexpr absl::Duration kLease = absl::Seconds(2);
@@ -314,7 +315,7 @@ TEST(MultiDaemonTest, ATransferStalledPastItsLeaseIsCutOffAndItsBlocksFreedWithi
   EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"lease\"}"),
             1);
   EXPECT_THAT(decode.Log(), ::testing::HasSubstr("has not finished within its lease"));
-  ExpectRecovered(pool, *stub, expected[1]);  // it connects to the prefill daemon again
+  ExpectRecovered(pool, *stub, expected[1]);  // the next handoff reads its pages
 }
 
 TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {

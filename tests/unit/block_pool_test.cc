@@ -406,21 +406,25 @@ TEST(KvEventJournalTest, StoredRunsRemovalsInEvictionOrderAndASnapshot) {
   EXPECT_EQ(events[1].hashes, (std::vector<BlockHash>{b0, b1, b2}));
   EXPECT_EQ(events[1].tokens, (std::vector<TokenId>{20, 21, 22, 23, 24, 25}));
 
-  // A snapshot: everything cached, after a clear; it replaces the journal.
+  // A snapshot: everything cached, after a clear, each block with its
+  // parent and after it; it replaces the journal.
   kv.Commit(2, b, 8);  // journaled, then superseded by the snapshot
+  const BlockHash b3 = ChainHash(b2, std::span(b).subspan(6, 2));
   events = kv.SnapshotEvents();
   ASSERT_EQ(events.size(), 5u);
   EXPECT_EQ(events[0].kind, KvEvent::Kind::kAllCleared);
-  std::map<std::vector<TokenId>, BlockHash> listed;
+  std::vector<std::pair<BlockHash, std::optional<BlockHash>>> listed;
   for (size_t i = 1; i < events.size(); ++i) {
     ASSERT_EQ(events[i].kind, KvEvent::Kind::kStored);
     ASSERT_EQ(events[i].hashes.size(), 1u);
-    EXPECT_FALSE(events[i].parent.has_value());
-    listed[events[i].tokens] = events[i].hashes[0];
+    listed.emplace_back(events[i].hashes[0], events[i].parent);
   }
-  EXPECT_EQ(listed.size(), 4u);
-  EXPECT_EQ(listed[(std::vector<TokenId>{20, 21})], b0);
-  EXPECT_EQ(listed[(std::vector<TokenId>{26, 27})], ChainHash(b2, std::span(b).subspan(6, 2)));
+  // One chain: the snapshot lists it in order whichever block it met first.
+  const std::vector<std::pair<BlockHash, std::optional<BlockHash>>> chain = {
+      {b0, std::nullopt}, {b1, b0}, {b2, b1}, {b3, b2}};
+  EXPECT_EQ(listed, chain);
+  EXPECT_EQ(events[1].tokens, (std::vector<TokenId>{20, 21}));
+  EXPECT_EQ(events[4].tokens, (std::vector<TokenId>{26, 27}));
   EXPECT_TRUE(kv.TakeEvents().empty());
 }
 

@@ -184,7 +184,16 @@ def test_the_prefill_pool_finds_the_decode_pool():
         open_ports = {p["port"] for rule in spec["ingress"] if "from" not in rule
                       for p in rule["ports"]}
         assert "peer" not in open_ports and {"grpc", "http", "metrics"} <= open_ports, role
-        (peer_rule,) = [rule for rule in spec["ingress"] if "from" in rule]
+        (peer_rule,) = [rule for rule in spec["ingress"] if "from" in rule and
+                        "app.kubernetes.io/name" in rule["from"][0]["podSelector"]["matchLabels"]]
+        # The KV events (prompt tokens) only to pods labelled as their readers.
+        readers = [rule for rule in spec["ingress"] if "from" in rule and rule is not peer_rule]
+        if role == "prefill":
+            (events_rule,) = readers
+            assert events_rule["from"] == [
+                {"podSelector": {"matchLabels": {"tandem.dev/kv-events-reader": "true"}}}]
+            assert {p["port"] for p in events_rule["ports"]} == {"kv-events", "kv-replay"}
+        assert not {"kv-events", "kv-replay"} & open_ports
         other_labels = roles[other]["spec"]["template"]["metadata"]["labels"]
         (source,) = peer_rule["from"]
         assert set(source["podSelector"]["matchLabels"].items()) <= set(other_labels.items())
