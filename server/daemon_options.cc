@@ -374,10 +374,7 @@ absl::Status ReadModel(DaemonOptions& options) {
   model.decode_reserved_threads = absl::GetFlag(FLAGS_decode_reserved_threads);
   model.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   model.measure_rounds = absl::GetFlag(FLAGS_startup_measure_rounds);
-  if (model.measure_rounds < 1 || model.measure_rounds > 50) {
-    return FlagError(
-        StrCat("--startup_measure_rounds=", model.measure_rounds, ": must be in [1, 50]"));
-  }
+  if (absl::Status s = CheckMeasureRounds(model.measure_rounds); !s.ok()) return s;
   if (model.threads < 0) {
     return FlagError(StrCat("--threads=", model.threads, ": must be >= 0 (0: one per CPU)"));
   }
@@ -447,10 +444,7 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
   // The cache is kept (and its memory taken) only where it is read.
   model.speculation_cache_bytes = speculation.proposer == step::Proposer::kSuffix ? cache_bytes : 0;
   model.suffix_length_factor = absl::GetFlag(FLAGS_spec_suffix_length_factor);
-  if (!(model.suffix_length_factor >= 0) || !std::isfinite(model.suffix_length_factor)) {
-    return FlagError(StrCat("--spec_suffix_length_factor=", model.suffix_length_factor,
-                            ": must be a finite number >= 0"));
-  }
+  if (absl::Status s = CheckSuffixLengthFactor(model.suffix_length_factor); !s.ok()) return s;
   return absl::OkStatus();
 }
 

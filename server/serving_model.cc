@@ -216,12 +216,24 @@ absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregati
   return scheduler::DisaggregationCosts{*decode_pass, *chunk_step, *chunk_with_decode};
 }
 
+absl::Status CheckMeasureRounds(int rounds) {
+  if (rounds >= 1 && rounds <= kMaxMeasureRounds) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat("--startup_measure_rounds=", rounds, ": must be in [1, ", kMaxMeasureRounds, "]"));
+}
+
+absl::Status CheckSuffixLengthFactor(double factor) {
+  if (factor >= 0 && std::isfinite(factor)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat("--spec_suffix_length_factor=", factor, ": must be a finite number >= 0"));
+}
+
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
     const ServingModelOptions& options) {
   std::unique_ptr<ServingModel> m(new ServingModel());
-  if (options.measure_rounds < 1 || options.measure_rounds > 50) {
-    return absl::InvalidArgumentError(
-        StrCat("--startup_measure_rounds=", options.measure_rounds, ": must be in [1, 50]"));
+  for (const absl::Status& check : {CheckMeasureRounds(options.measure_rounds),
+                                    CheckSuffixLengthFactor(options.suffix_length_factor)}) {
+    if (!check.ok()) return check;
   }
   m->measure_rounds_ = options.measure_rounds;
   absl::StatusOr<std::unique_ptr<model::GgufFile>> file = model::OpenModel(options.model_path);
@@ -436,11 +448,6 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Load(
                                                          *std::move(prefill_model));
   if (options.speculation_cache_bytes > 0) {
     m->suffix_cache_ = std::make_shared<speculative::SuffixCache>(options.speculation_cache_bytes);
-  }
-  if (!(options.suffix_length_factor >= 0) || !std::isfinite(options.suffix_length_factor)) {
-    return absl::InvalidArgumentError(
-        StrCat("--spec_suffix_length_factor=", options.suffix_length_factor,
-               ": must be a finite number >= 0"));
   }
   for (worker::ModelWorker* worker : {static_cast<worker::ModelWorker*>(m->prefill_.get()),
                                       static_cast<worker::ModelWorker*>(m->decode_.get())}) {

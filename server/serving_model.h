@@ -83,6 +83,14 @@ struct ServingModelOptions {
   int measure_rounds = 5;
 };
 
+// The checks of the options ServingModel::Load takes that need no model,
+// one per field, so that the daemon's flag reading (exit 2, the flag named)
+// and Load (for benchmarks and tests) apply the same bounds:
+// INVALID_ARGUMENT naming the flag the value comes from.
+inline constexpr int kMaxMeasureRounds = 50;
+absl::Status CheckMeasureRounds(int rounds);          // --startup_measure_rounds
+absl::Status CheckSuffixLengthFactor(double factor);  // --spec_suffix_length_factor
+
 // What the daemon measures of its step times at start-up
 // (MeasureStepCosts in serving_model.cc), in ms.
 struct StepCosts {

@@ -614,5 +614,27 @@ TEST_F(SpeculativeDecodingTest, SampledTokenFrequenciesMatchWithoutSpeculation) 
   EXPECT_GE(told_apart, 1) << "the test cannot tell temperature 0.8 from 1.0";
 }
 
+// Load applies the daemon's bounds to options set in code (benchmarks,
+// tests), before it opens the model file, naming the flag each comes from.
+TEST(ServingModelOptionsTest, LoadRefusesOutOfRangeMeasurementAndSuffixOptions) {
+  server::ServingModelOptions options;
+  options.model_path = "/nonexistent/model.gguf";
+  for (const auto& [rounds, message] : std::vector<std::pair<int, std::string>>{
+           {0, "--startup_measure_rounds=0: must be in [1, 50]"},
+           {51, "--startup_measure_rounds=51: must be in [1, 50]"}}) {
+    options.measure_rounds = rounds;
+    const auto model = server::ServingModel::Load(options);
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(model.status().message(), message);
+  }
+  options.measure_rounds = 1;
+  options.suffix_length_factor = -1;
+  const auto model = server::ServingModel::Load(options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().message(),
+            "--spec_suffix_length_factor=-1: must be a finite number >= 0");
+}
+
 }  // namespace
 }  // namespace tandem
