@@ -66,18 +66,40 @@ std::unique_ptr<kvtransfer::TransferAgent> StartAgent(const std::string& transpo
   return *std::move(agent);
 }
 
-// The owner: registers its storage, writes its metadata to `out` and waits
-// until the parent closes `done`.
+void WriteBlob(int out, const std::string& blob) {
+  const uint64_t size = blob.size();
+  if (write(out, &size, sizeof(size)) != sizeof(size) ||
+      write(out, blob.data(), size) != static_cast<ssize_t>(size)) {
+    Fail("pipe");
+  }
+}
+
+std::string ReadBlob(int in) {
+  uint64_t size = 0;
+  if (read(in, &size, sizeof(size)) != sizeof(size)) Fail("the owner did not start");
+  std::string blob(size, '\0');
+  for (size_t got = 0; got < size;) {
+    const ssize_t n = read(in, blob.data() + got, size - got);
+    if (n <= 0) Fail("pipe");
+    got += static_cast<size_t>(n);
+  }
+  return blob;
+}
+
+// The owner: registers its storage, grants reads of all of it (a daemon
+// grants each offer's blocks), writes its metadata and the grant's token
+// to `out` and waits until the parent closes `done`.
 [[noreturn]] void Owner(const std::string& transport, int out, int done) {
   std::vector<char> storage(StorageBytes(), 1);
   std::unique_ptr<kvtransfer::TransferAgent> agent = StartAgent(transport, storage);
   absl::StatusOr<std::string> metadata = agent->LocalMetadata();
   if (!metadata.ok()) Fail(metadata.status().ToString());
-  const uint64_t size = metadata->size();
-  if (write(out, &size, sizeof(size)) != sizeof(size) ||
-      write(out, metadata->data(), size) != static_cast<ssize_t>(size)) {
-    Fail("pipe");
-  }
+  const kvtransfer::Descriptor all{0, 0, storage.size()};
+  absl::StatusOr<kvtransfer::ReadGrant> grant =
+      agent->GrantReads({&all, 1}, absl::InfiniteFuture());
+  if (!grant.ok()) Fail(grant.status().ToString());
+  WriteBlob(out, *metadata);
+  WriteBlob(out, grant->token);
   char byte;
   while (read(done, &byte, 1) > 0) {
   }
@@ -95,14 +117,8 @@ void Measure(const std::string& transport, const std::vector<int>& block_counts)
   }
   close(to_parent[1]);
   close(to_child[0]);
-  uint64_t size = 0;
-  if (read(to_parent[0], &size, sizeof(size)) != sizeof(size)) Fail("the owner did not start");
-  std::string metadata(size, '\0');
-  for (size_t got = 0; got < size;) {
-    const ssize_t n = read(to_parent[0], metadata.data() + got, size - got);
-    if (n <= 0) Fail("pipe");
-    got += static_cast<size_t>(n);
-  }
+  const std::string metadata = ReadBlob(to_parent[0]);
+  const std::string token = ReadBlob(to_parent[0]);
 
   const kernels::KvCacheShape shape = Shape(absl::GetFlag(FLAGS_pool_blocks));
   std::vector<char> storage(StorageBytes(), 0);
@@ -124,7 +140,7 @@ void Measure(const std::string& transport, const std::vector<int>& block_counts)
       auto reads = kvtransfer::PlanKvPageReads(shape, 0, local, shape, 0, remote);
       if (!reads.ok()) Fail(reads.status().ToString());
       const absl::Time start = absl::Now();
-      auto id = agent->PostRead(*peer, reads->local, reads->remote, "done");
+      auto id = agent->PostRead(*peer, reads->local, reads->remote, token, "done");
       if (!id.ok()) Fail(id.status().ToString());
       kvtransfer::TransferStatus status = agent->Poll(*id);
       while (status.state == kvtransfer::TransferState::kInProgress) {

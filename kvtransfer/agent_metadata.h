@@ -1,7 +1,7 @@
 // The metadata blob an agent publishes (TransferAgent::LocalMetadata): what a
 // peer needs to connect to it and to read its regions. Transport-neutral
-// framing around transport-specific bytes (UCX: the worker address and one
-// packed remote key per region). Decoding checks every length, so a corrupt
+// framing around transport-specific bytes (UCX: the worker address; a
+// region's key is empty, since reads go through grants). Decoding checks every length, so a corrupt
 // or hostile blob is an INVALID_ARGUMENT, never a read out of bounds.
 #ifndef TANDEM_KVTRANSFER_AGENT_METADATA_H_
 #define TANDEM_KVTRANSFER_AGENT_METADATA_H_

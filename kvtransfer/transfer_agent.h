@@ -6,18 +6,22 @@
 //   1. each side registers its memory regions once (its paged KV storage);
 //   2. each side publishes an opaque metadata blob (LocalMetadata), which the
 //      other loads (AddPeer); tandemd carries it over its own gRPC;
-//   3. the reader posts reads over descriptor lists (PostRead): each local
-//      descriptor receives the bytes of the remote descriptor of the same
-//      index;
-//   4. the reader polls the transfer (Poll) until it is done or failed; when
+//   3. the owner of the pages grants reads of exactly the ranges it offers,
+//      until the offer's lease ends (GrantReads), and hands the grant's
+//      token to the one peer it offers them to;
+//   4. the reader posts reads over descriptor lists with that token
+//      (PostRead): each local descriptor receives the bytes of the remote
+//      descriptor of the same index;
+//   5. the reader polls the transfer (Poll) until it is done or failed; when
 //      every byte has landed, the agent sends the transfer's notification to
-//      the peer, which collects it with TakeNotifications (the pages' owner
-//      learns it may release them).
+//      the peer, which collects it with TakeNotifications;
+//   6. the owner revokes the grant (RevokeReads) before the pages go to
+//      anything else.
 //
-// Reads are one-sided from the caller's point of view: the owner of the read
-// memory posts nothing per transfer. (Over transports without remote memory
-// access, such as TCP, the owner's agent answers reads on its own progress
-// thread.)
+// An agent answers only reads that a live grant covers: a peer that can
+// reach the transport reads nothing it was not offered, and nothing after
+// the offer ended. The owner's agent answers reads on its own progress
+// thread; the caller posts nothing per transfer on the owner's side.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef TANDEM_KVTRANSFER_TRANSFER_AGENT_H_
@@ -50,6 +54,14 @@ struct Descriptor {
 
 using PeerId = uint64_t;
 using TransferId = uint64_t;
+using GrantId = uint64_t;
+
+// What GrantReads returns: the grant's number, for RevokeReads, and the
+// token a reader presents (opaque bytes; give it only to that reader).
+struct ReadGrant {
+  GrantId id = 0;
+  std::string token;
+};
 
 enum class TransferState : uint8_t { kInProgress, kDone, kFailed };
 
@@ -67,7 +79,8 @@ class TransferAgent {
 
   // Registers [base, base + bytes) for transfers and returns its region
   // number. Register every region before publishing LocalMetadata(); the
-  // memory must stay valid for the agent's life.
+  // memory must stay valid for the agent's life. UNIMPLEMENTED for memory
+  // kinds the agent cannot copy.
   virtual absl::StatusOr<uint32_t> RegisterMemory(void* base, size_t bytes, MemoryKind kind) = 0;
 
   // What a peer needs to read this agent's regions and to notify it.
@@ -78,13 +91,25 @@ class TransferAgent {
   // Disconnects; transfers still in progress with that peer fail.
   virtual void RemovePeer(PeerId peer) = 0;
 
+  // Lets the holder of the returned token read `ranges` of this agent's
+  // regions until `until` or RevokeReads, whichever comes first.
+  // INVALID_ARGUMENT for no ranges or a range outside its region.
+  virtual absl::StatusOr<ReadGrant> GrantReads(std::span<const Descriptor> ranges,
+                                               absl::Time until) = 0;
+  // Ends a grant. When it returns, no byte of the grant's ranges is being
+  // copied for a reader and none will be: the memory may be reused.
+  virtual void RevokeReads(GrantId grant) = 0;
+
   // Reads remote[i] (the peer's memory) into local[i] (this agent's), for
-  // every i, and then notifies the peer with `notification`. INVALID_ARGUMENT
-  // when the lists differ in length or a pair differs in size; OUT_OF_RANGE
-  // when a descriptor leaves its region; NOT_FOUND for an unknown peer or
-  // region. Nothing is posted when it returns an error.
+  // every i, presenting `grant_token` (the peer's ReadGrant::token), and
+  // then notifies the peer with `notification`. INVALID_ARGUMENT when the
+  // lists differ in length or a pair differs in size; OUT_OF_RANGE when a
+  // descriptor leaves its region; NOT_FOUND for an unknown peer or region.
+  // Nothing is posted when it returns an error. A read the peer's grant does
+  // not cover fails (Poll: kFailed, PERMISSION_DENIED with the reason).
   virtual absl::StatusOr<TransferId> PostRead(PeerId peer, std::span<const Descriptor> local,
                                               std::span<const Descriptor> remote,
+                                              std::string_view grant_token,
                                               std::string notification) = 0;
 
   // Where `transfer` stands. kDone means every byte has landed in local

@@ -5,25 +5,72 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kvtransfer/agent_metadata.h"
+#include "kvtransfer/read_grants.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
+// How reads move. A reader never touches the owner's memory itself: UCX's
+// one-sided gets are not used (over TCP, UCX answers a get for any address
+// of the process without checking a key), and the context is started
+// without them, so no peer can issue one. Instead the reader asks, with an
+// active message per chunk of the transfer (the ranges and the grant's
+// token), and the owner's agent checks the grant, copies the ranges' bytes
+// into a buffer of the answer while it holds its lock (so a revoked grant's
+// memory is never read afterwards) and sends them back. The reader lands
+// each answer in a buffer and copies it into its own memory, again under
+// its lock and only while the transfer is live: a transfer cut off at its
+// lease writes nothing after.
 constexpr char kBackend[] = "ucx";
-// The active-message id notifications travel on.
-constexpr unsigned kNotifyAmId = 17;
+constexpr unsigned kNotifyAmId = 17;  // a transfer's notification
+constexpr unsigned kReadAmId = 18;    // a reader asks for one chunk
+constexpr unsigned kAnswerAmId = 19;  // the owner's answer: the bytes, or why not
+constexpr unsigned kPingAmId = 20;    // AddPeer's round trip ...
+constexpr unsigned kPongAmId = 21;    // ... and its answer
+// How long AddPeer waits for the peer's answer.
+constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
+// A chunk is at most this many bytes; this many chunks of a transfer are
+// asked for at once (the owner copies the next while one is on the wire).
+constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
+constexpr size_t kChunksInFlight = 4;
+
+// The messages. Both ends run this code (AddPeer checks the backend), on
+// machines of one byte order.
+struct WireRange {
+  uint32_t region = 0;
+  uint32_t reserved = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+struct ReadHeader {
+  uint64_t transfer = 0;
+  uint64_t chunk = 0;
+  char token[ReadGrants::kTokenBytes] = {};
+};
+struct PingHeader {
+  uint64_t nonce = 0;
+};
+struct AnswerHeader {
+  uint64_t transfer = 0;
+  uint64_t chunk = 0;
+  uint32_t refused = 0;  // 1: the data is the reason, not the bytes
+  uint32_t reserved = 0;
+};
 
 absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat("UCX: ", what, ": ", ucs_status_string(status)));
@@ -32,26 +79,51 @@ absl::Status UcxError(absl::string_view what, ucs_status_t status) {
 struct Region {
   void* base = nullptr;
   size_t bytes = 0;
-  ucp_mem_h memory = nullptr;
-  std::string packed_key;
 };
 
 struct Peer {
   ucp_ep_h endpoint = nullptr;
   std::vector<RegionMetadata> regions;
-  std::vector<ucp_rkey_h> keys;  // one per region
-  absl::Status failure;          // set when the endpoint failed
+  absl::Status failure;  // set when the endpoint failed
 };
 
-// One PostRead. Completion callbacks run on the progress thread with the
-// agent's lock held (they are called from ucp_worker_progress).
+struct Chunk {
+  std::vector<Descriptor> local;  // where its bytes land, in order
+  std::vector<WireRange> remote;  // what is asked for, in the same order
+  uint64_t bytes = 0;
+};
+
+// One PostRead, on the reader's side. Callbacks run on whichever thread
+// progresses the worker, with the agent's lock held.
 struct Transfer {
   PeerId peer = 0;
-  int64_t outstanding_reads = 0;
-  ucs_status_t first_error = UCS_OK;
+  std::string token;
+  std::vector<Chunk> chunks;
+  size_t asked = 0;   // chunks asked for so far (in order)
+  size_t landed = 0;  // chunks whose bytes are in local memory
   std::string notification;
   bool notifying = false;  // the notification's send is in flight
   TransferStatus status;
+};
+
+class UcxAgent;
+
+// A message in flight, kept until UCX is done with its buffers.
+struct Outgoing {
+  UcxAgent* agent = nullptr;
+  TransferId transfer = 0;  // a reader's ask: the transfer it is for
+  ReadHeader read;
+  AnswerHeader answer;
+  PingHeader ping;
+  std::string payload;
+};
+
+// An answer arriving by rendezvous: its bytes land here first.
+struct Landing {
+  UcxAgent* agent = nullptr;
+  TransferId transfer = 0;
+  uint64_t chunk = 0;
+  std::string bytes;
 };
 
 class UcxAgent final : public TransferAgent {
@@ -66,8 +138,12 @@ class UcxAgent final : public TransferAgent {
   absl::StatusOr<std::string> LocalMetadata() override;
   absl::StatusOr<PeerId> AddPeer(std::string_view metadata) override;
   void RemovePeer(PeerId peer) override;
+  absl::StatusOr<ReadGrant> GrantReads(std::span<const Descriptor> ranges,
+                                       absl::Time until) override;
+  void RevokeReads(GrantId grant) override;
   absl::StatusOr<TransferId> PostRead(PeerId peer, std::span<const Descriptor> local,
                                       std::span<const Descriptor> remote,
+                                      std::string_view grant_token,
                                       std::string notification) override;
   TransferStatus Poll(TransferId transfer) override;
   void Release(TransferId transfer) override;
@@ -77,18 +153,42 @@ class UcxAgent final : public TransferAgent {
   }
 
  private:
-  static void OnRead(void* request, ucs_status_t status, void* user_data);
   static void OnNotified(void* request, ucs_status_t status, void* user_data);
+  static void OnSent(void* request, ucs_status_t status, void* user_data);
+  static void OnLanded(void* request, ucs_status_t status, size_t length, void* user_data);
   static void OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status);
   static ucs_status_t OnNotification(void* arg, const void* header, size_t header_length,
                                      void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnRead(void* arg, const void* header, size_t header_length, void* data,
+                             size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnAnswer(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnPing(void* arg, const void* header, size_t header_length, void* data,
+                             size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnPong(void* arg, const void* header, size_t header_length, void* data,
+                             size_t length, const ucp_am_recv_param_t* param);
 
   void ProgressLoop();
   // Runs UCX's progress until it has nothing left to do, then moves
-  // transfers forward. REQUIRES: mu_ held.
+  // transfers forward.
   void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AdvanceLocked(Transfer& transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceLocked(TransferId id, Transfer& transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AskLocked(TransferId id, Transfer& transfer, Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `out` (kept until UCX is done with it) on `endpoint`.
+  ucs_status_t SendLocked(ucp_ep_h endpoint, unsigned am_id, std::unique_ptr<Outgoing> out,
+                          const void* header, size_t header_bytes, uint32_t flags)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The owner's side of a read: checks, copies and answers.
+  void AnswerLocked(ucp_ep_h reply, const ReadHeader& read, std::span<const WireRange> ranges)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies `bytes` (the chunk's, in order) into the transfer's local memory.
+  void LandLocked(TransferId id, uint64_t chunk, const char* bytes, size_t length)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(TransferId id, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FlushLocked(ucp_ep_h endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A round trip to the peer of `endpoint`: when it returns OK, both sides'
+  // connections are set up (the peer answered over its own).
+  absl::Status PingLocked(ucp_ep_h endpoint, const Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseEndpointLocked(ucp_ep_h endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
 
@@ -98,10 +198,15 @@ class UcxAgent final : public TransferAgent {
   int worker_fd_ = -1;  // readable when the worker has events (after ucp_worker_arm)
   int wake_fd_ = -1;    // an eventfd: new work, or stop
   std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
+  ReadGrants grants_ ABSL_GUARDED_BY(mu_);
   // Peers and transfers stay at one address: UCX callbacks point at them.
   absl::flat_hash_map<PeerId, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<TransferId, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Landing*, std::unique_ptr<Landing>> landings_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> notifications_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> pongs_ ABSL_GUARDED_BY(mu_);  // answered pings' nonces
+  uint64_t next_nonce_ ABSL_GUARDED_BY(mu_) = 1;
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   TransferId next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<bool> stop_{false};
@@ -132,7 +237,8 @@ absl::Status UcxAgent::Start(const UcxAgentOptions& options) {
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  // No UCP_FEATURE_RMA: without it this process answers no one-sided get.
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   const ucs_status_t init = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (init != UCS_OK) return UcxError("starting", init);
@@ -148,14 +254,22 @@ absl::Status UcxAgent::Start(const UcxAgentOptions& options) {
   if (ucs_status_t s = ucp_worker_get_efd(worker_, &worker_fd_); s != UCS_OK) {
     return UcxError("getting the worker's event descriptor", s);
   }
-  ucp_am_handler_param_t handler{};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kNotifyAmId;
-  handler.cb = &UcxAgent::OnNotification;
-  handler.arg = this;
-  if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &handler); s != UCS_OK) {
-    return UcxError("registering the notification handler", s);
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+      {kNotifyAmId, &UcxAgent::OnNotification}, {kReadAmId, &UcxAgent::OnRead},
+      {kAnswerAmId, &UcxAgent::OnAnswer},       {kPingAmId, &UcxAgent::OnPing},
+      {kPongAmId, &UcxAgent::OnPong},
+  };
+  for (const auto& [id, callback] : handlers) {
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                         UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    handler.id = id;
+    handler.cb = callback;
+    handler.arg = this;
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+    if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &handler); s != UCS_OK) {
+      return UcxError("registering a message handler", s);
+    }
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
@@ -171,15 +285,12 @@ UcxAgent::~UcxAgent() {
   }
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, peer] : peers_) {
-      // Keys only once no operation can use them: after the close.
-      CloseEndpointLocked(peer->endpoint);
-      for (ucp_rkey_h key : peer->keys) ucp_rkey_destroy(key);
-    }
+    for (auto& [id, peer] : peers_) CloseEndpointLocked(peer->endpoint);
     peers_.clear();
-    for (Region& region : regions_) ucp_mem_unmap(context_, region.memory);
-    regions_.clear();
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    // Buffers UCX may have used up to the worker's end.
+    outgoing_.clear();
+    landings_.clear();
   }
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -217,55 +328,112 @@ void UcxAgent::ProgressLoop() {
 void UcxAgent::ProgressLocked() {
   while (ucp_worker_progress(worker_) != 0) {
   }
-  for (auto& [id, transfer] : transfers_) AdvanceLocked(*transfer);
+  for (auto& [id, transfer] : transfers_) AdvanceLocked(id, *transfer);
 }
 
-void UcxAgent::AdvanceLocked(Transfer& transfer) {
-  if (transfer.status.state != TransferState::kInProgress || transfer.notifying ||
-      transfer.outstanding_reads > 0) {
+void UcxAgent::FailLocked(TransferId id, absl::Status why) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end() || it->second->status.state != TransferState::kInProgress) return;
+  it->second->status.state = TransferState::kFailed;
+  it->second->status.error = std::move(why);
+}
+
+void UcxAgent::AdvanceLocked(TransferId id, Transfer& transfer) {
+  if (transfer.status.state != TransferState::kInProgress || transfer.notifying) return;
+  auto found = peers_.find(transfer.peer);
+  if (found == peers_.end() || !found->second->failure.ok()) {
+    FailLocked(id, found == peers_.end() ? absl::UnavailableError("the peer was removed")
+                                         : found->second->failure);
     return;
   }
-  auto peer = peers_.find(transfer.peer);
-  if (transfer.first_error != UCS_OK || peer == peers_.end() || !peer->second->failure.ok()) {
-    transfer.status.state = TransferState::kFailed;
-    transfer.status.error = peer == peers_.end() ? absl::UnavailableError("the peer was removed")
-                            : !peer->second->failure.ok()
-                                ? peer->second->failure
-                                : UcxError("a read failed", transfer.first_error);
+  Peer& peer = *found->second;
+  if (transfer.landed < transfer.chunks.size()) {
+    AskLocked(id, transfer, peer);
     return;
   }
-  // Every read landed: tell the owner of the memory.
+  // Every byte landed: tell the owner of the memory.
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.send = &UcxAgent::OnNotified;
   param.user_data = &transfer;
+  // Set first: UCX may report the completion before the call returns.
+  transfer.notifying = true;
   void* request =
-      ucp_am_send_nbx(peer->second->endpoint, kNotifyAmId, nullptr, 0, transfer.notification.data(),
+      ucp_am_send_nbx(peer.endpoint, kNotifyAmId, nullptr, 0, transfer.notification.data(),
                       transfer.notification.size(), &param);
   if (UCS_PTR_IS_ERR(request)) {
-    transfer.status.state = TransferState::kFailed;
-    transfer.status.error = UcxError("sending the notification", UCS_PTR_STATUS(request));
-    return;
+    transfer.notifying = false;
+    FailLocked(id, UcxError("sending the notification", UCS_PTR_STATUS(request)));
   }
-  transfer.notifying = true;
 }
 
-void UcxAgent::OnRead(void* request, ucs_status_t status, void* user_data) {
-  auto* transfer = static_cast<Transfer*>(user_data);
-  if (status != UCS_OK && transfer->first_error == UCS_OK) transfer->first_error = status;
-  --transfer->outstanding_reads;
+void UcxAgent::AskLocked(TransferId id, Transfer& transfer, Peer& peer) {
+  while (transfer.asked < transfer.chunks.size() &&
+         transfer.asked - transfer.landed < kChunksInFlight) {
+    const size_t index = transfer.asked++;
+    auto out = std::make_unique<Outgoing>();
+    out->transfer = id;
+    out->read.transfer = id;
+    out->read.chunk = index;
+    std::memcpy(out->read.token, transfer.token.data(),
+                std::min(transfer.token.size(), sizeof(out->read.token)));
+    const std::vector<WireRange>& ranges = transfer.chunks[index].remote;
+    out->payload.assign(reinterpret_cast<const char*>(ranges.data()),
+                        ranges.size() * sizeof(WireRange));
+    const void* header = &out->read;
+    // Eager, so the owner sees the whole ask in its handler; the reply
+    // endpoint is what it answers on.
+    const ucs_status_t s =
+        SendLocked(peer.endpoint, kReadAmId, std::move(out), header, sizeof(ReadHeader),
+                   UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+    if (s != UCS_OK) {
+      FailLocked(id, UcxError("asking for KV pages", s));
+      return;
+    }
+  }
+}
+
+ucs_status_t UcxAgent::SendLocked(ucp_ep_h endpoint, unsigned am_id, std::unique_ptr<Outgoing> out,
+                                  const void* header, size_t header_bytes, uint32_t flags) {
+  Outgoing* raw = out.get();
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.cb.send = &UcxAgent::OnSent;
+  param.user_data = raw;
+  param.flags = flags;
+  raw->agent = this;
+  void* request = ucp_am_send_nbx(endpoint, am_id, header, header_bytes, raw->payload.data(),
+                                  raw->payload.size(), &param);
+  if (request == nullptr) return UCS_OK;  // done: `out` goes now
+  if (UCS_PTR_IS_ERR(request)) return UCS_PTR_STATUS(request);
+  outgoing_.emplace(raw, std::move(out));
+  return UCS_OK;
+}
+
+void UcxAgent::OnSent(void* request, ucs_status_t status, void* user_data) {
+  // Runs inside ucp_worker_progress (or a close), lock held.
+  auto* out = static_cast<Outgoing*>(user_data);
   ucp_request_free(request);
+  UcxAgent* agent = out->agent;
+  agent->mu_.AssertHeld();
+  if (status != UCS_OK && out->transfer != 0) {
+    agent->FailLocked(out->transfer, UcxError("asking for KV pages", status));
+  }
+  agent->outgoing_.erase(out);
 }
 
 void UcxAgent::OnNotified(void* request, ucs_status_t status, void* user_data) {
   auto* transfer = static_cast<Transfer*>(user_data);
   transfer->notifying = false;
-  if (status == UCS_OK) {
-    transfer->status.state = TransferState::kDone;
-  } else {
-    transfer->status.state = TransferState::kFailed;
-    transfer->status.error = UcxError("sending the notification", status);
+  if (transfer->status.state == TransferState::kInProgress) {
+    if (status == UCS_OK) {
+      transfer->status.state = TransferState::kDone;
+    } else {
+      transfer->status.state = TransferState::kFailed;
+      transfer->status.error = UcxError("sending the notification", status);
+    }
   }
   ucp_request_free(request);
 }
@@ -286,31 +454,161 @@ ucs_status_t UcxAgent::OnNotification(void* arg, const void* /*header*/, size_t 
   return UCS_OK;
 }
 
+ucs_status_t UcxAgent::OnRead(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
+  auto* agent = static_cast<UcxAgent*>(arg);
+  agent->mu_.AssertHeld();
+  // Asks are eager and carry a reply endpoint; anything else is not from a
+  // Tandem agent and gets no answer.
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_INVALID_PARAM;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr ||
+      header_length != sizeof(ReadHeader) || length % sizeof(WireRange) != 0) {
+    return UCS_OK;
+  }
+  ReadHeader read;
+  std::memcpy(&read, header, sizeof(read));
+  std::vector<WireRange> ranges(length / sizeof(WireRange));
+  if (length > 0) std::memcpy(ranges.data(), data, length);
+  agent->AnswerLocked(param->reply_ep, read, ranges);
+  return UCS_OK;
+}
+
+void UcxAgent::AnswerLocked(ucp_ep_h reply, const ReadHeader& read,
+                            std::span<const WireRange> ranges) {
+  auto out = std::make_unique<Outgoing>();
+  out->answer.transfer = read.transfer;
+  out->answer.chunk = read.chunk;
+  std::vector<Descriptor> reads;
+  reads.reserve(ranges.size());
+  uint64_t total = 0;
+  absl::Status allowed = absl::OkStatus();
+  for (const WireRange& r : ranges) {
+    if (r.region >= regions_.size() || r.offset > regions_[r.region].bytes ||
+        r.bytes > regions_[r.region].bytes - r.offset) {
+      allowed = absl::PermissionDeniedError("the read leaves the owner's memory");
+      break;
+    }
+    reads.push_back({r.region, r.offset, r.bytes});
+    total += r.bytes;
+  }
+  if (allowed.ok()) {
+    allowed = grants_.Check(std::string_view(read.token, sizeof(read.token)), reads, absl::Now());
+  }
+  if (allowed.ok()) {
+    // Copied now, under the lock: a grant revoked after this returns is
+    // never read again, whatever happens to the message on the wire.
+    out->payload.resize(total);
+    char* to = out->payload.data();
+    for (const Descriptor& d : reads) {
+      std::memcpy(to, static_cast<const char*>(regions_[d.region].base) + d.offset, d.bytes);
+      to += d.bytes;
+    }
+  } else {
+    out->answer.refused = 1;
+    out->payload = std::string(allowed.message());
+  }
+  const void* header = &out->answer;
+  // A failure to send reaches the reader as its transfer's failure (its
+  // connection broke) or its lease's end.
+  SendLocked(reply, kAnswerAmId, std::move(out), header, sizeof(AnswerHeader), 0);
+}
+
+ucs_status_t UcxAgent::OnAnswer(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+  auto* agent = static_cast<UcxAgent*>(arg);
+  agent->mu_.AssertHeld();
+  if (header_length != sizeof(AnswerHeader)) return UCS_OK;
+  AnswerHeader answer;
+  std::memcpy(&answer, header, sizeof(answer));
+  auto found = agent->transfers_.find(answer.transfer);
+  // A transfer that ended (cut off, failed) takes nothing more.
+  if (found == agent->transfers_.end() ||
+      found->second->status.state != TransferState::kInProgress) {
+    return UCS_OK;
+  }
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (answer.refused != 0) {
+    std::string why = rendezvous ? std::string("(no reason given)")
+                                 : std::string(static_cast<const char*>(data), length);
+    agent->FailLocked(answer.transfer, absl::PermissionDeniedError(
+                                           absl::StrCat("the owner refused the read: ", why)));
+    return UCS_OK;
+  }
+  Transfer& transfer = *found->second;
+  if (answer.chunk >= transfer.chunks.size() || answer.chunk >= transfer.asked ||
+      length != transfer.chunks[answer.chunk].bytes) {
+    agent->FailLocked(answer.transfer,
+                      absl::DataLossError("the owner answered a read with the wrong bytes"));
+    return UCS_OK;
+  }
+  if (!rendezvous) {
+    agent->LandLocked(answer.transfer, answer.chunk, static_cast<const char*>(data), length);
+    return UCS_OK;
+  }
+  auto landing = std::make_unique<Landing>();
+  Landing* raw = landing.get();
+  raw->agent = agent;
+  raw->transfer = answer.transfer;
+  raw->chunk = answer.chunk;
+  raw->bytes.resize(length);
+  ucp_request_param_t receive{};
+  receive.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  receive.cb.recv_am = &UcxAgent::OnLanded;
+  receive.user_data = raw;
+  void* request = ucp_am_recv_data_nbx(agent->worker_, data, raw->bytes.data(), length, &receive);
+  if (request == nullptr) {
+    agent->LandLocked(raw->transfer, raw->chunk, raw->bytes.data(), raw->bytes.size());
+  } else if (UCS_PTR_IS_ERR(request)) {
+    agent->FailLocked(answer.transfer, UcxError("receiving KV pages", UCS_PTR_STATUS(request)));
+  } else {
+    agent->landings_.emplace(raw, std::move(landing));
+  }
+  return UCS_OK;
+}
+
+void UcxAgent::OnLanded(void* request, ucs_status_t status, size_t /*length*/, void* user_data) {
+  auto* landing = static_cast<Landing*>(user_data);
+  UcxAgent* agent = landing->agent;
+  agent->mu_.AssertHeld();
+  if (status == UCS_OK) {
+    agent->LandLocked(landing->transfer, landing->chunk, landing->bytes.data(),
+                      landing->bytes.size());
+  } else {
+    agent->FailLocked(landing->transfer, UcxError("receiving KV pages", status));
+  }
+  ucp_request_free(request);
+  agent->landings_.erase(landing);
+}
+
+void UcxAgent::LandLocked(TransferId id, uint64_t chunk, const char* bytes, size_t length) {
+  auto found = transfers_.find(id);
+  if (found == transfers_.end() || found->second->status.state != TransferState::kInProgress) {
+    return;  // cut off meanwhile: its memory may be someone else's now
+  }
+  Transfer& transfer = *found->second;
+  const Chunk& c = transfer.chunks[chunk];
+  if (length != c.bytes) return;
+  const char* from = bytes;
+  for (const Descriptor& d : c.local) {
+    std::memcpy(static_cast<char*>(regions_[d.region].base) + d.offset, from, d.bytes);
+    from += d.bytes;
+  }
+  ++transfer.landed;
+}
+
 absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, size_t bytes, MemoryKind kind) {
   if (base == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("RegisterMemory: an empty region");
   }
+  if (kind != MemoryKind::kHost) {
+    // Answers copy the granted bytes on the host; a device region would need
+    // a device copy here (and Debian's UCX has no CUDA transport).
+    return absl::UnimplementedError(
+        "RegisterMemory: the UCX agent moves host memory only (device KV pages cannot be served "
+        "over the KV transport)");
+  }
   absl::MutexLock lock(&mu_);
-  ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = base;
-  params.length = bytes;
-  params.memory_type = kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
-  Region region{base, bytes, nullptr, {}};
-  if (ucs_status_t s = ucp_mem_map(context_, &params, &region.memory); s != UCS_OK) {
-    return UcxError(absl::StrCat("registering ", bytes, " bytes"), s);
-  }
-  void* packed = nullptr;
-  size_t packed_bytes = 0;
-  if (ucs_status_t s = ucp_rkey_pack(context_, region.memory, &packed, &packed_bytes);
-      s != UCS_OK) {
-    ucp_mem_unmap(context_, region.memory);
-    return UcxError("packing a remote key", s);
-  }
-  region.packed_key.assign(static_cast<const char*>(packed), packed_bytes);
-  ucp_rkey_buffer_release(packed);
-  regions_.push_back(std::move(region));
+  regions_.push_back({base, bytes});
   return static_cast<uint32_t>(regions_.size() - 1);
 }
 
@@ -325,9 +623,10 @@ absl::StatusOr<std::string> UcxAgent::LocalMetadata() {
   metadata.backend = kBackend;
   metadata.address.assign(reinterpret_cast<const char*>(address), address_bytes);
   ucp_worker_release_address(worker_, address);
+  // No key: a region is read only through a grant (GrantReads).
   for (const Region& region : regions_) {
-    metadata.regions.push_back({reinterpret_cast<uint64_t>(region.base),
-                                static_cast<uint64_t>(region.bytes), region.packed_key});
+    metadata.regions.push_back(
+        {reinterpret_cast<uint64_t>(region.base), static_cast<uint64_t>(region.bytes), ""});
   }
   return EncodeAgentMetadata(metadata);
 }
@@ -354,21 +653,14 @@ absl::StatusOr<PeerId> UcxAgent::AddPeer(std::string_view metadata_bytes) {
   if (ucs_status_t s = ucp_ep_create(worker_, &params, &peer.endpoint); s != UCS_OK) {
     return UcxError("connecting to the peer", s);
   }
-  for (const RegionMetadata& region : peer.regions) {
-    ucp_rkey_h key = nullptr;
-    if (ucs_status_t s = ucp_ep_rkey_unpack(peer.endpoint, region.key.data(), &key); s != UCS_OK) {
-      for (ucp_rkey_h k : peer.keys) ucp_rkey_destroy(k);
-      CloseEndpointLocked(peer.endpoint);
-      return absl::InvalidArgumentError(
-          absl::StrCat("KV-transfer metadata: a region's remote key: ", ucs_status_string(s)));
-    }
-    peer.keys.push_back(key);
-  }
-  // Finish connecting now (a flush completes the wire-up handshake), so that
-  // no handshake message is still queued when either side later goes away:
-  // UCX 1.13 aborts the process when a TCP connection fails with one queued.
-  if (absl::Status s = FlushLocked(peer.endpoint); !s.ok()) {
-    for (ucp_rkey_h k : peer.keys) ucp_rkey_destroy(k);
+  // Finish connecting now, both ways, so that no handshake message is still
+  // queued when either side later goes away: UCX 1.13 aborts the process
+  // when a TCP connection fails with one queued. A flush completes this
+  // side's handshake; the peer's answer to a ping comes over its own
+  // connection, after its handshake messages.
+  absl::Status connected = FlushLocked(peer.endpoint);
+  if (connected.ok()) connected = PingLocked(peer.endpoint, peer);
+  if (absl::Status s = connected; !s.ok()) {
     CloseEndpointLocked(peer.endpoint);
     return s;
   }
@@ -392,6 +684,56 @@ absl::Status UcxAgent::FlushLocked(ucp_ep_h endpoint) {
   return status == UCS_OK ? absl::OkStatus() : UcxError("connecting to the peer", status);
 }
 
+absl::Status UcxAgent::PingLocked(ucp_ep_h endpoint, const Peer& peer) {
+  const uint64_t nonce = next_nonce_++;
+  auto out = std::make_unique<Outgoing>();
+  out->ping.nonce = nonce;
+  const void* header = &out->ping;
+  if (ucs_status_t s = SendLocked(endpoint, kPingAmId, std::move(out), header, sizeof(PingHeader),
+                                  UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+      s != UCS_OK) {
+    return UcxError("connecting to the peer", s);
+  }
+  const absl::Time deadline = absl::Now() + kConnectTimeout;
+  while (!pongs_.contains(nonce)) {
+    if (!peer.failure.ok()) return peer.failure;
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("UCX: connecting to the peer: no answer within ",
+                                                 absl::FormatDuration(kConnectTimeout)));
+    }
+    ucp_worker_progress(worker_);
+  }
+  pongs_.erase(nonce);
+  return absl::OkStatus();
+}
+
+ucs_status_t UcxAgent::OnPing(void* arg, const void* header, size_t header_length, void* /*data*/,
+                              size_t /*length*/, const ucp_am_recv_param_t* param) {
+  auto* agent = static_cast<UcxAgent*>(arg);
+  agent->mu_.AssertHeld();
+  if (header_length != sizeof(PingHeader) ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) {
+    return UCS_OK;
+  }
+  auto out = std::make_unique<Outgoing>();
+  std::memcpy(&out->ping, header, sizeof(PingHeader));
+  const void* pong = &out->ping;
+  agent->SendLocked(param->reply_ep, kPongAmId, std::move(out), pong, sizeof(PingHeader),
+                    UCP_AM_SEND_FLAG_EAGER);
+  return UCS_OK;
+}
+
+ucs_status_t UcxAgent::OnPong(void* arg, const void* header, size_t header_length, void* /*data*/,
+                              size_t /*length*/, const ucp_am_recv_param_t* /*param*/) {
+  auto* agent = static_cast<UcxAgent*>(arg);
+  agent->mu_.AssertHeld();
+  if (header_length != sizeof(PingHeader)) return UCS_OK;
+  PingHeader pong;
+  std::memcpy(&pong, header, sizeof(pong));
+  agent->pongs_.insert(pong.nonce);
+  return UCS_OK;
+}
+
 void UcxAgent::CloseEndpointLocked(ucp_ep_h endpoint) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -407,18 +749,38 @@ void UcxAgent::RemovePeer(PeerId id) {
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
-  // Closing completes the peer's outstanding reads (cancelled), so their
-  // transfers fail rather than wait; the keys go after, when no operation
-  // can use them any more (UCX's rule for ucp_rkey_destroy).
+  // Closing cancels the asks in flight; the transfers still waiting for
+  // answers fail in the progress below (their peer is gone), so nothing
+  // lands in their memory after this returns.
   CloseEndpointLocked(it->second->endpoint);
-  for (ucp_rkey_h key : it->second->keys) ucp_rkey_destroy(key);
-  it->second->keys.clear();
   peers_.erase(it);
   ProgressLocked();
 }
 
+absl::StatusOr<ReadGrant> UcxAgent::GrantReads(std::span<const Descriptor> ranges,
+                                               absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Descriptor& r = ranges[i];
+    if (r.region >= regions_.size() || r.offset > regions_[r.region].bytes ||
+        r.bytes > regions_[r.region].bytes - r.offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GrantReads: range ", i, " leaves its region"));
+    }
+  }
+  return grants_.Grant(ranges, until);
+}
+
+void UcxAgent::RevokeReads(GrantId grant) {
+  // Answers are copied with the lock held: once it is ours, none is
+  // half-way through the grant's memory.
+  absl::MutexLock lock(&mu_);
+  grants_.Revoke(grant);
+}
+
 absl::StatusOr<TransferId> UcxAgent::PostRead(PeerId peer_id, std::span<const Descriptor> local,
                                               std::span<const Descriptor> remote,
+                                              std::string_view grant_token,
                                               std::string notification) {
   if (local.size() != remote.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -458,25 +820,25 @@ absl::StatusOr<TransferId> UcxAgent::PostRead(PeerId peer_id, std::span<const De
   auto owned = std::make_unique<Transfer>();
   Transfer& transfer = *owned;
   transfer.peer = peer_id;
+  transfer.token = std::string(grant_token);
   transfer.notification = std::move(notification);
-  transfers_[id] = std::move(owned);
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &UcxAgent::OnRead;
-  param.user_data = &transfer;
+  // Chunks of at most kChunkBytes, cutting descriptors where they cross.
   for (size_t i = 0; i < local.size(); ++i) {
-    if (local[i].bytes == 0) continue;
-    char* into = static_cast<char*>(regions_[local[i].region].base) + local[i].offset;
-    const uint64_t from = peer.regions[remote[i].region].base + remote[i].offset;
-    void* request =
-        ucp_get_nbx(peer.endpoint, into, local[i].bytes, from, peer.keys[remote[i].region], &param);
-    if (UCS_PTR_IS_ERR(request)) {
-      if (transfer.first_error == UCS_OK) transfer.first_error = UCS_PTR_STATUS(request);
-      break;  // those posted complete (or fail) on their own; the transfer fails
+    uint64_t done = 0;
+    while (done < local[i].bytes) {
+      if (transfer.chunks.empty() || transfer.chunks.back().bytes == kChunkBytes) {
+        transfer.chunks.emplace_back();
+      }
+      Chunk& chunk = transfer.chunks.back();
+      const uint64_t piece = std::min(local[i].bytes - done, kChunkBytes - chunk.bytes);
+      chunk.local.push_back({local[i].region, local[i].offset + done, piece});
+      chunk.remote.push_back({remote[i].region, 0, remote[i].offset + done, piece});
+      chunk.bytes += piece;
+      done += piece;
     }
-    if (request != nullptr) ++transfer.outstanding_reads;
   }
-  AdvanceLocked(transfer);
+  transfers_[id] = std::move(owned);
+  AdvanceLocked(id, transfer);
   Wake();
   return id;
 }
@@ -494,7 +856,8 @@ TransferStatus UcxAgent::Poll(TransferId id) {
 void UcxAgent::Release(TransferId id) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
-  if (it != transfers_.end() && it->second->status.state != TransferState::kInProgress) {
+  if (it != transfers_.end() && it->second->status.state != TransferState::kInProgress &&
+      !it->second->notifying) {
     transfers_.erase(it);
   }
 }

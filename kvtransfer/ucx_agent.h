@@ -1,9 +1,10 @@
-// A TransferAgent over UCX (Debian's libucx, 1.13): RMA gets over whatever
-// transports UCX picks (TCP and shared memory here; RDMA and CUDA memory
-// where the hardware and UCX's build have them), notifications as UCX active
-// messages. One UCX context and worker per agent; a progress thread answers
-// peers' reads (needed where the transport has no remote memory access, TCP)
-// and completes this agent's own transfers.
+// A TransferAgent over UCX (Debian's libucx, 1.13), over whatever transports
+// UCX picks (TCP here; RDMA where the hardware has it). Reads are active
+// messages, not UCX's one-sided gets: the reader asks for a transfer's
+// ranges chunk by chunk with the owner's grant token, and the owner's agent
+// answers only what a live grant covers (ucx_agent.cc says why). Each agent
+// has one UCX context and worker, and a progress thread that answers peers'
+// reads and completes this agent's own transfers. Host memory only.
 #ifndef TANDEM_KVTRANSFER_UCX_AGENT_H_
 #define TANDEM_KVTRANSFER_UCX_AGENT_H_
 

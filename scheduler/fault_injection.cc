@@ -36,8 +36,10 @@ absl::StatusOr<FaultSpec> ParseFaultSpec(std::string_view text) {
     spec.kind = FaultSpec::Kind::kThrow;
   } else if (kind == "stall") {
     spec.kind = FaultSpec::Kind::kStall;
+  } else if (kind == "overread") {
+    spec.kind = FaultSpec::Kind::kOverread;
   } else {
-    return invalid("the kind is not error, throw or stall");
+    return invalid("the kind is not error, throw, stall or overread");
   }
   rest = rest.substr(at + 1);
   const size_t duration_at = rest.find(':');
@@ -69,6 +71,8 @@ step::StepResult FaultInjectingWorker::Execute(const step::StepPlan& plan) {
       case FaultSpec::Kind::kStall:
         absl::SleepFor(spec_.stall);
         break;
+      case FaultSpec::Kind::kOverread:
+        break;  // a KV transfer's fault (refused for worker lanes)
     }
   }
   return inner_->Execute(plan);

@@ -24,7 +24,9 @@
 namespace tandem::scheduler {
 
 struct FaultSpec {
-  enum class Kind { kError, kThrow, kStall };
+  // kOverread: a decode daemon's KV transfer also asks for a block it was
+  // not offered (lane kv_transfer only).
+  enum class Kind { kError, kThrow, kStall, kOverread };
   std::string lane;  // "prefill", "decode" or "kv_transfer"
   Kind kind = Kind::kError;
   int64_t step = 1;

@@ -122,7 +122,10 @@ void Scheduler::Post(std::function<void()> action) {
   inbox_.push_back(std::move(command));
 }
 
-void Scheduler::SetRemoteDecodeLink(RemoteDecodeLink* link) { remote_link_ = link; }
+void Scheduler::SetRemoteDecodeLink(RemoteDecodeLink* link) {
+  remote_link_ = link;
+  core_.SetLeaseEndHook([link](uint64_t sequence_id) { link->LeaseEnded(sequence_id); });
+}
 
 void Scheduler::CalibrateStepTime(StepTimeCoefficients prior) {
   Post([this, prior] { core_.mutable_time_model().Reset(prior); });

@@ -95,6 +95,11 @@ class RemoteDecodeLink {
   virtual ~RemoteDecodeLink() = default;
   virtual void Offer(HandoffOffer offer) = 0;
   virtual void Abort(uint64_t sequence_id) = 0;
+  // The offer's lease ended (its pages were read and released, it expired,
+  // or the request ended or went on here). Called on the scheduler thread
+  // before the offer's blocks go to anything else: whatever lets the peer
+  // read them must stop when this returns.
+  virtual void LeaseEnded(uint64_t /*sequence_id*/) {}
 };
 
 // Copies pages from the prefill lane's KV storage to the decode lane's when

@@ -663,8 +663,8 @@ bool SchedulerCore::CommitLease(uint64_t sequence_id) {
   Sequence* seq = FindRemote(sequence_id);
   if (seq == nullptr || !seq->lease_held) return false;
   const absl::Time now = options_.clock();
+  EndLease(*seq);
   kv_.Release(seq->id);  // its blocks stay in the prefix cache
-  seq->lease_held = false;
   if (now >= seq->lease_deadline) {
     // Expired, though ExpireDeadlines has not run since: refused all the same.
     ++lease_expirations_;
@@ -733,7 +733,7 @@ void SchedulerCore::ResumeLocally(uint64_t sequence_id) {
   if (seq->lease_held) {
     // Its blocks still hold every computed token: it goes on as it was
     // (tokens the decode daemon sent meanwhile are computed as a chunk).
-    seq->lease_held = false;
+    EndLease(*seq);
     running_of(Lane::kPrefill).push_back(std::move(seq));
     return;
   }
@@ -832,6 +832,7 @@ void SchedulerCore::CompleteImport(uint64_t sequence_id, const absl::Status& sta
 
 void SchedulerCore::Finish(SequencePtr seq, FinishReason reason, absl::Status why) {
   TANDEM_CHECK(seq != nullptr, "finishing an unknown sequence");
+  EndLease(*seq);
   ReleaseBlocks(seq->id);
   seq->timeline.finished = options_.clock();
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) {

@@ -253,6 +253,10 @@ class SchedulerCore {
   std::vector<HandoffOffer> TakeOffers();
   // Remote requests that ended here since the last call, to abort there.
   std::vector<uint64_t> TakeRemoteAborts();
+  // Called with a remote request's id whenever its lease ends (committed,
+  // expired, resumed here, or the request ended), before its blocks can go
+  // to anything else (RemoteDecodeLink::LeaseEnded).
+  void SetLeaseEndHook(std::function<void(uint64_t)> hook) { on_lease_end_ = std::move(hook); }
   // The decode daemon has read the request's pages: releases them and
   // returns true, unless the lease already expired (or the request ended).
   bool CommitLease(uint64_t sequence_id);
@@ -402,6 +406,12 @@ class SchedulerCore {
     return lane == Lane::kDecode && decode_kv_ ? *decode_kv_ : kv_;
   }
   // Drops the sequence's blocks in every pool (exactly once per pool).
+  // Clears `seq`'s lease, after the hook (SetLeaseEndHook) has run.
+  void EndLease(Sequence& seq) {
+    if (!seq.lease_held) return;
+    if (on_lease_end_) on_lease_end_(seq.id);
+    seq.lease_held = false;
+  }
   void ReleaseBlocks(uint64_t id) {
     kv_.Release(id);
     if (decode_kv_) decode_kv_->Release(id);
@@ -452,6 +462,7 @@ class SchedulerCore {
   int64_t preemptions_ = 0;
   int64_t handoffs_ = 0;
   int64_t lease_expirations_ = 0;
+  std::function<void(uint64_t)> on_lease_end_;
 };
 
 }  // namespace tandem::scheduler

@@ -280,6 +280,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       peer_options.stall_duration = fault.stall;
       spdlog::warn("--inject_fault: KV transfer {} will stall for {} (testing only)", fault.step,
                    absl::FormatDuration(fault.stall));
+    } else if (fault.lane == "kv_transfer" && fault.kind == scheduler::FaultSpec::Kind::kOverread) {
+      peer_options.overread_transfer = fault.step;
+      spdlog::warn(
+          "--inject_fault: KV transfer {} will ask for a block it was not offered "
+          "(testing only)",
+          fault.step);
     } else if (fault.lane == "kv_transfer") {
       peer_options.fail_transfer = fault.step;
       spdlog::warn("--inject_fault: KV transfer {} will fail (testing only)", fault.step);

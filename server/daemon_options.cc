@@ -189,7 +189,8 @@ ABSL_FLAG(std::string, inject_fault, "",
           "testing only: a fault in one worker's steps, LANE:KIND@STEP[:DURATION] with KIND "
           "error, throw or stall (e.g. prefill:error@3, decode:stall@2:3s), or in a decode "
           "daemon's Nth KV transfer (kv_transfer:error@N: it fails half way; "
-          "kv_transfer:stall@N:DURATION: its source stops answering for DURATION)");
+          "kv_transfer:stall@N:DURATION: its source stops answering for DURATION; "
+          "kv_transfer:overread@N: it also asks for a block it was not offered)");
 ABSL_FLAG(std::string, role, "unified",
           "unified (prefill and decode here), prefill (hand requests to the decode daemons of "
           "--decode_peers, by --policy), or decode (take requests over from prefill daemons; no "
@@ -639,9 +640,11 @@ absl::Status ReadFault(DaemonOptions& options) {
   if (spec->lane == "kv_transfer") {
     if (options.role != Role::kDecode || spec->kind == scheduler::FaultSpec::Kind::kThrow) {
       return FlagError(StrCat("--inject_fault='", fault,
-                              "': kv_transfer takes error@N or stall@N:DURATION, on a "
-                              "--role=decode daemon"));
+                              "': kv_transfer takes error@N, stall@N:DURATION or overread@N, on "
+                              "a --role=decode daemon"));
     }
+  } else if (spec->kind == scheduler::FaultSpec::Kind::kOverread) {
+    return FlagError(StrCat("--inject_fault='", fault, "': overread is for kv_transfer"));
   } else if (spec->lane == "decode" && !options.model.decode_worker) {
     return FlagError(StrCat("--inject_fault='", fault, "': there is no decode worker"));
   }

@@ -30,12 +30,19 @@ void LaneKvMover::Move(scheduler::BlockMove move) {
   absl::StatusOr<kvtransfer::KvPageReads> reads = kvtransfer::PlanKvPageReads(
       reader_.shape, reader_.region, move.to, owner_.shape, owner_.region, move.from);
   absl::StatusOr<kvtransfer::TransferId> id = absl::UnknownError("not posted");
+  // The owner grants exactly this move's pages, and revokes them before the
+  // scheduler hears the move ended (and may give the blocks to another
+  // request).
+  absl::StatusOr<kvtransfer::ReadGrant> grant = absl::UnknownError("not granted");
   if (!reads.ok()) {
     id = reads.status();
+  } else if (grant = owner_.agent->GrantReads(reads->remote, absl::InfiniteFuture()); !grant.ok()) {
+    id = grant.status();
   } else {
-    id = reader_.agent->PostRead(owner_peer_, reads->local, reads->remote, "");
+    id = reader_.agent->PostRead(owner_peer_, reads->local, reads->remote, grant->token, "");
   }
   if (!id.ok()) {
+    if (grant.ok()) owner_.agent->RevokeReads(grant->id);
     spdlog::warn("moving KV pages to the decode worker: {}", id.status().ToString());
     metrics_->OnKvTransferFailure("internal", "transfer");
     scheduler_->CompleteMove(move.sequence_id, id.status());
@@ -43,18 +50,20 @@ void LaneKvMover::Move(scheduler::BlockMove move) {
   }
   const uint64_t bytes = reads->bytes;
   const uint64_t sequence = move.sequence_id;
-  poller_->Watch(*id, [this, bytes, sequence](const kvtransfer::TransferStatus& status) {
-    if (status.state == kvtransfer::TransferState::kDone) {
-      metrics_->OnKvTransfer("internal", bytes);
-      scheduler_->CompleteMove(sequence, absl::OkStatus());
-    } else {
-      spdlog::warn("moving KV pages to the decode worker: {}", status.error.ToString());
-      metrics_->OnKvTransferFailure("internal", "transfer");
-      scheduler_->CompleteMove(sequence, status.error.ok()
-                                             ? absl::UnavailableError("the KV move failed")
-                                             : status.error);
-    }
-  });
+  poller_->Watch(
+      *id, [this, bytes, sequence, granted = grant->id](const kvtransfer::TransferStatus& status) {
+        owner_.agent->RevokeReads(granted);
+        if (status.state == kvtransfer::TransferState::kDone) {
+          metrics_->OnKvTransfer("internal", bytes);
+          scheduler_->CompleteMove(sequence, absl::OkStatus());
+        } else {
+          spdlog::warn("moving KV pages to the decode worker: {}", status.error.ToString());
+          metrics_->OnKvTransferFailure("internal", "transfer");
+          scheduler_->CompleteMove(sequence, status.error.ok()
+                                                 ? absl::UnavailableError("the KV move failed")
+                                                 : status.error);
+        }
+      });
 }
 
 }  // namespace tandem::server

@@ -407,16 +407,38 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
   std::string injected =
       fail ? std::string("injected fault: the KV transfer failed half way") : std::string();
   kvtransfer::PeerId from = call->peer();
+  std::string token = source.read_grant();
   if (options_.stall_transfer > 0 && n == options_.stall_transfer && reads.ok()) {
-    absl::StatusOr<kvtransfer::PeerId> stalled = StalledSource(remote_shape, source.region());
+    absl::StatusOr<Stalled> stalled = StalledSource(remote_shape, source.region());
     if (stalled.ok()) {
-      from = *stalled;
+      from = stalled->peer;
+      token = stalled->token;
       injected = "injected fault: the KV transfer read a stalled stand-in source";
       spdlog::warn("request {}: injected fault: the KV transfer's source stops answering for {}",
                    call->handoff().request_id(), absl::FormatDuration(options_.stall_duration));
     } else {
       spdlog::error("--inject_fault: cannot start the stalled source: {}",
                     stalled.status().ToString());
+    }
+  }
+  if (options_.overread_transfer > 0 && n == options_.overread_transfer && reads.ok()) {
+    // The injected fault: one more read, of the first block the offer did
+    // not name, into the request's first block.
+    int32_t unoffered = 0;
+    while (std::find(remote_blocks.begin(), remote_blocks.end(), unoffered) !=
+           remote_blocks.end()) {
+      ++unoffered;
+    }
+    const std::vector<int32_t> into = {blocks.front()}, from = {unoffered};
+    absl::StatusOr<kvtransfer::KvPageReads> extra = kvtransfer::PlanKvPageReads(
+        kv_->shape, kv_->region, into, remote_shape, source.region(), from);
+    if (extra.ok()) {
+      reads->local.push_back(extra->local.front());
+      reads->remote.push_back(extra->remote.front());
+      spdlog::warn(
+          "request {}: injected fault: the KV transfer also asks for block {}, which "
+          "was not offered",
+          call->handoff().request_id(), unoffered);
     }
   }
   absl::StatusOr<kvtransfer::TransferId> id = absl::UnknownError("not posted");
@@ -431,7 +453,7 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
       spdlog::warn("request {}: injected fault: the KV transfer fails half way",
                    call->handoff().request_id());
     }
-    id = kv_->agent->PostRead(from, local, remote, call->handoff().request_id());
+    id = kv_->agent->PostRead(from, local, remote, token, call->handoff().request_id());
   }
   if (!id.ok()) {
     metrics_->OnKvTransferFailure("in", "transfer");
@@ -464,8 +486,8 @@ void PeerService::StartTransfer(const std::shared_ptr<Call>& call,
       });
 }
 
-absl::StatusOr<kvtransfer::PeerId> PeerService::StalledSource(const kernels::KvCacheShape& shape,
-                                                              uint32_t region) {
+absl::StatusOr<PeerService::Stalled> PeerService::StalledSource(const kernels::KvCacheShape& shape,
+                                                                uint32_t region) {
   absl::MutexLock lock(&peers_mu_);
   if (stalled_agent_ == nullptr) {
     absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> agent =
@@ -480,10 +502,14 @@ absl::StatusOr<kvtransfer::PeerId> PeerService::StalledSource(const kernels::KvC
   }
   absl::StatusOr<std::string> metadata = stalled_agent_->LocalMetadata();
   if (!metadata.ok()) return metadata.status();
+  const kvtransfer::Descriptor all{region, 0, stalled_memory_.size()};
+  absl::StatusOr<kvtransfer::ReadGrant> grant =
+      stalled_agent_->GrantReads({&all, 1}, absl::InfiniteFuture());
+  if (!grant.ok()) return grant.status();
   absl::StatusOr<kvtransfer::PeerId> peer = kv_->agent->AddPeer(*metadata);  // while it answers
   if (!peer.ok()) return peer.status();
   stalled_agent_->StopAnsweringForTesting(options_.stall_duration);
-  return *peer;
+  return Stalled{*peer, grant->token};
 }
 
 void PeerService::ForgetPeer(kvtransfer::PeerId peer) {
@@ -498,7 +524,10 @@ void PeerService::TransferEnded(const std::shared_ptr<Call>& call,
                                 const kvtransfer::TransferStatus& status, uint64_t bytes,
                                 absl::Time posted, const std::string& injected, bool overran) {
   if (overran || status.state == kvtransfer::TransferState::kFailed || !injected.empty()) {
-    metrics_->OnKvTransferFailure("in", overran ? "lease" : "transfer");
+    // "refused": the source's agent would not answer a read (a grant that
+    // does not cover it, or ended).
+    const bool refused = status.error.code() == absl::StatusCode::kPermissionDenied;
+    metrics_->OnKvTransferFailure("in", overran ? "lease" : refused ? "refused" : "transfer");
     const absl::Status why =
         overran ? absl::UnavailableError("the KV transfer did not finish within its lease")
         : !injected.empty()

@@ -46,6 +46,10 @@ struct PeerServiceOptions {
   // so it runs past its lease. 0: never.
   int64_t stall_transfer = 0;
   absl::Duration stall_duration;
+  // Testing only (--inject_fault=kv_transfer:overread@N): the Nth transfer
+  // also asks for one block of the source that its offer did not name (a
+  // reader that oversteps its grant). 0: never.
+  int64_t overread_transfer = 0;
   std::string kv_transport = "tcp";
   // This daemon's load (GenerationFrontend::Load), for GetLoad.
   std::function<v1::Load()> load;
@@ -82,9 +86,13 @@ class PeerService final : public v1::Peer::CallbackService {
   // Disconnects from `peer` (its reads in flight fail); the next offer from
   // its daemon connects again.
   void ForgetPeer(kvtransfer::PeerId peer);
-  // The injected stall's source, connected (see PeerServiceOptions).
-  absl::StatusOr<kvtransfer::PeerId> StalledSource(const kernels::KvCacheShape& shape,
-                                                   uint32_t region);
+  // The injected stall's source, connected (see PeerServiceOptions), and the
+  // token of its grant over all of its memory.
+  struct Stalled {
+    kvtransfer::PeerId peer = 0;
+    std::string token;
+  };
+  absl::StatusOr<Stalled> StalledSource(const kernels::KvCacheShape& shape, uint32_t region);
 
   scheduler::Scheduler* scheduler_;
   KvEndpoint* kv_;

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/strings.h"
 #include "common/thread_name.h"
+#include "kvtransfer/kv_pages.h"
 #include "server/peer_list.h"
 #include "server/response_stream.h"
 #include "spdlog/spdlog.h"
@@ -292,18 +293,48 @@ void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
   kv->set_total_blocks(kv_->shape.blocks);
   for (int32_t b : offer.block_table) kv->add_block_ids(b);
   kv->set_lease_ms(absl::ToInt64Milliseconds(offer.lease_deadline - absl::Now()));
+  // The peer may read these blocks' pages, and nothing else, until the
+  // lease ends (LeaseEnded revokes it sooner).
+  absl::StatusOr<kvtransfer::KvPageReads> pages = kvtransfer::PlanKvPageReads(
+      kv_->shape, kv_->region, offer.block_table, kv_->shape, kv_->region, offer.block_table);
+  absl::StatusOr<kvtransfer::ReadGrant> grant =
+      pages.ok() ? kv_->agent->GrantReads(pages->remote, offer.lease_deadline) : pages.status();
+  if (!grant.ok()) {
+    spdlog::error("request {} stays here: cannot grant its KV pages: {}", r.id,
+                  grant.status().ToString());
+    metrics_->OnRemoteHandoff(chosen->address, "failed");
+    scheduler_->RemoteFailed(offer.sequence_id);
+    return;
+  }
+  kv->set_read_grant(grant->token);
 
   auto call = std::make_shared<Call>(this, chosen, offer.sequence_id);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       // The destructor is ending every call: this one never starts.
+      kv_->agent->RevokeReads(grant->id);
       scheduler_->RemoteFailed(offer.sequence_id);
       return;
     }
     calls_[offer.sequence_id] = call;
+    grants_[offer.sequence_id] = grant->id;
   }
   call->Start(call, std::move(h), r.deadline);
+}
+
+void RemoteDecoder::LeaseEnded(uint64_t sequence_id) { RevokeGrant(sequence_id); }
+
+void RemoteDecoder::RevokeGrant(uint64_t sequence_id) {
+  std::optional<kvtransfer::GrantId> grant;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = grants_.find(sequence_id);
+    if (it == grants_.end()) return;
+    grant = it->second;
+    grants_.erase(it);
+  }
+  kv_->agent->RevokeReads(*grant);
 }
 
 void RemoteDecoder::Abort(uint64_t sequence_id) {
@@ -318,8 +349,13 @@ void RemoteDecoder::Abort(uint64_t sequence_id) {
 }
 
 void RemoteDecoder::CallEnded(uint64_t sequence_id) {
-  absl::MutexLock lock(&mu_);
-  calls_.erase(sequence_id);
+  {
+    absl::MutexLock lock(&mu_);
+    calls_.erase(sequence_id);
+  }
+  // The peer is gone or done: it reads nothing more (the scheduler's
+  // LeaseEnded may come later, or came already).
+  RevokeGrant(sequence_id);
 }
 
 std::shared_ptr<grpc::ChannelCredentials> RemoteDecoder::ChannelCredentials(

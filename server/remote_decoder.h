@@ -67,6 +67,8 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
 
   void Offer(scheduler::HandoffOffer offer) override;
   void Abort(uint64_t sequence_id) override;
+  // Revokes the offer's read grant: its pages may go to another request.
+  void LeaseEnded(uint64_t sequence_id) override;
 
   // Peers whose last GetLoad answered and accepted work.
   int ready_peers() const;
@@ -96,6 +98,7 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
   std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const std::string& host,
                                                                grpc::ChannelArguments& args) const;
   void CallEnded(uint64_t sequence_id);
+  void RevokeGrant(uint64_t sequence_id);
 
   const RemoteDecoderOptions options_;
   scheduler::Scheduler* scheduler_;
@@ -106,6 +109,8 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
   std::vector<std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
+  // Each offer's read grant (kv_->agent), by sequence, until its lease ends.
+  absl::flat_hash_map<uint64_t, kvtransfer::GrantId> grants_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread poller_;
 };

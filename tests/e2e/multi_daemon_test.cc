@@ -274,6 +274,28 @@ TEST(MultiDaemonTest, ATransferThatFailsHalfWayFreesEverythingAndTheRequestGoesO
   ExpectRecovered(pool, *stub, expected[1]);
 }
 
+// The prefill daemon's KV transport answers only reads of the blocks it
+// offered, to the peer it offered them to: a decode daemon that also asks
+// for another block (an injected fault) has its read refused, reads
+// nothing, and the request goes on on its prefill daemon with the same
+// tokens; the next handoff works.
+TEST(MultiDaemonTest, AReadOfABlockThatWasNotOfferedIsRefusedByThePrefillDaemon) {
+  const auto& expected = Reference(40, 2);
+  Pool pool(1, {"--inject_fault=kv_transfer:overread@1"});
+  auto stub = pool.prefill->Stub();
+  const Generation first = Generate(*stub, Request(0, 40));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.token_ids, expected[0]);
+  EXPECT_EQ(first.last.path(), v1::PATH_COLOCATED);
+  Daemon& decode = *pool.decoders[0];
+  EXPECT_EQ(
+      Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"refused\"}"), 1);
+  EXPECT_THAT(decode.Log(), ::testing::HasSubstr("the owner refused the read: range"));
+  EXPECT_THAT(decode.Log(), ::testing::HasSubstr("was not granted"));
+  EXPECT_EQ(Metric(*pool.prefill, Handoffs("failed", decode.address())), 1);
+  ExpectRecovered(pool, *stub, expected[1]);
+}
+
 // A read whose source stops answering (an injected stall of 30 s, far past
 // the 2 s lease) is cut off at the lease's end: the decode daemon closes its
 // connection to the source, which fails the read, and frees the request's
@@ -552,7 +574,9 @@ TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
       {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--disagg_output_threshold=off"},
        2,
        "--role=prefill needs --disagg_output_threshold"},
-      {{"--inject_fault=kv_transfer:error@1"}, 2, "kv_transfer takes error@N or stall@N:DURATION"},
+      {{"--inject_fault=kv_transfer:error@1"},
+       2,
+       "kv_transfer takes error@N, stall@N:DURATION or overread@N"},
       {{"--role=decode", "--kv_transport=nonexistent_transport"}, 1, "--kv_transport"},
       {{"--peer_listen=127.0.0.1:1"}, 2, "--peer_listen is for --role=decode"},
       {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--peer_tls_ca=/x"},

@@ -488,7 +488,7 @@ TEST(TandemdLifecycleTest, KvCacheAndLimitFlagsThatCannotWorkStopTheDaemonNaming
       {{"--default_deadline=-1s"}, 2, "--default_deadline must be >= 0 (got -1s)"},
       {{"--slow_reader_timeout=-2s"}, 2, "--slow_reader_timeout must be >= 0 (got -2s)"},
       {{"--max_concurrent_streams=0"}, 2, "--max_concurrent_streams must be at least 1"},
-      {{"--inject_fault=prefill:explode@3"}, 2, "the kind is not error, throw or stall"},
+      {{"--inject_fault=prefill:explode@3"}, 2, "the kind is not error, throw, stall or overread"},
       {{"--inject_fault=prefill:stall@2"}, 2, "a stall needs a positive DURATION"},
       {{"--device=tpu"}, 2, "--device='tpu': expected auto, cpu or cuda"},
       // No GPU here (on a GPU machine this build still has no CUDA backend).

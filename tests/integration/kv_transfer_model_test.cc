@@ -91,8 +91,13 @@ TEST(KvTransferModelTest, DecodingFromMovedPagesIsBitwiseDecodingFromTheOriginal
                                   prefill.backend->kv_cache_shape(), 0, prefill_table);
   ASSERT_TRUE(reads.ok()) << reads.status();
   EXPECT_EQ(reads->bytes, 3 * prefill.backend->kv_cache_shape().BytesPerBlock());
+  // The prefill side grants exactly those pages (a daemon sends the token
+  // with its offer).
+  absl::StatusOr<kvtransfer::ReadGrant> grant =
+      prefill.agent->GrantReads(reads->remote, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(grant.ok()) << grant.status();
   absl::StatusOr<kvtransfer::TransferId> id =
-      decode.agent->PostRead(*peer, reads->local, reads->remote, "request-1");
+      decode.agent->PostRead(*peer, reads->local, reads->remote, grant->token, "request-1");
   ASSERT_TRUE(id.ok()) << id.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   kvtransfer::TransferStatus status = decode.agent->Poll(*id);

@@ -440,12 +440,14 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
        "--api_keys_file: cannot read '/nonexistent/keys'"},
       {{{"api_keys_file", empty_keys}}, "--api_keys_file: '" + empty_keys + "' holds no keys"},
       {{{"inject_fault", "prefill:explode@3"}},
-       "--inject_fault='prefill:explode@3': the kind is not error, throw or stall"},
+       "--inject_fault='prefill:explode@3': the kind is not error, throw, stall or overread"},
       {{{"inject_fault", "prefill:stall@2"}},
        "--inject_fault='prefill:stall@2': a stall needs a positive DURATION"},
       {{{"inject_fault", "kv_transfer:error@1"}},
-       "--inject_fault='kv_transfer:error@1': kv_transfer takes error@N or stall@N:DURATION, on "
-       "a --role=decode"},
+       "--inject_fault='kv_transfer:error@1': kv_transfer takes error@N, stall@N:DURATION or "
+       "overread@N, on a --role=decode"},
+      {{{"inject_fault", "prefill:overread@1"}},
+       "--inject_fault='prefill:overread@1': overread is for kv_transfer"},
       {{{"inject_fault", "decode:error@1"}, {"disagg_output_threshold", "off"}},
        "--inject_fault='decode:error@1': there is no decode worker"},
       {{{"drain_timeout", "-1s"}}, "--drain_timeout=-1s: must be >= 0"},

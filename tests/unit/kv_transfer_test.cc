@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "common/free_port.h"
 #include "kvtransfer/agent_metadata.h"
 #include "kvtransfer/kv_pages.h"
+#include "kvtransfer/read_grants.h"
 #include "kvtransfer/transfer_poller.h"
 #include "kvtransfer/ucx_agent.h"
 
@@ -117,6 +121,10 @@ class UcxAgentTest : public ::testing::Test {
     absl::StatusOr<PeerId> peer = reader_->AddPeer(*metadata);
     ASSERT_TRUE(peer.ok()) << peer.status();
     peer_ = *peer;
+    const std::vector<Descriptor> all = {{0, 0, kBytes}};
+    absl::StatusOr<ReadGrant> grant = owner_->GrantReads(all, absl::InfiniteFuture());
+    ASSERT_TRUE(grant.ok()) << grant.status();
+    token_ = grant->token;
   }
 
   // Polls until the transfer leaves kInProgress, for at most 20 s.
@@ -141,16 +149,18 @@ class UcxAgentTest : public ::testing::Test {
     return all;
   }
 
-  static constexpr size_t kBytes = 1 << 20;
+  // More than kChunksInFlight chunks of 4 MiB, the last one partial.
+  static constexpr size_t kBytes = (18 << 20) + 12345;
   std::vector<char> source_, target_;
   std::unique_ptr<TransferAgent> owner_, reader_;
   PeerId peer_ = 0;
+  std::string token_;  // the owner's grant of all of source_
 };
 
 TEST_F(UcxAgentTest, ReadsExactlyTheDescribedBytesAndThenNotifiesTheOwner) {
   const std::vector<Descriptor> local = {{0, 100, 5000}, {0, 700000, 1}, {0, 200000, 65536}};
   const std::vector<Descriptor> remote = {{0, 9000, 5000}, {0, 0, 1}, {0, 900000, 65536}};
-  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, local, remote, "lease-42 done");
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, local, remote, token_, "lease-42 done");
   ASSERT_TRUE(id.ok()) << id.status();
   const TransferStatus status = Wait(*id);
   ASSERT_EQ(status.state, TransferState::kDone) << status.error;
@@ -170,12 +180,14 @@ TEST_F(UcxAgentTest, ManyTransfersInFlightEachNotifyOnce) {
   for (int t = 0; t < 16; ++t) {
     const uint64_t offset = static_cast<uint64_t>(t) * 65536;
     const std::vector<Descriptor> d = {{0, offset, 65536}};
-    absl::StatusOr<TransferId> id = reader_->PostRead(peer_, d, d, absl::StrCat("t", t));
+    absl::StatusOr<TransferId> id = reader_->PostRead(peer_, d, d, token_, absl::StrCat("t", t));
     ASSERT_TRUE(id.ok()) << id.status();
     ids.push_back(*id);
   }
   for (TransferId id : ids) ASSERT_EQ(Wait(id).state, TransferState::kDone);
-  EXPECT_TRUE(target_ == source_);
+  EXPECT_TRUE(std::equal(source_.begin(), source_.begin() + 16 * 65536, target_.begin()));
+  EXPECT_TRUE(
+      std::all_of(target_.begin() + 16 * 65536, target_.end(), [](char c) { return c == 0; }));
   std::vector<std::string> notes = OwnerNotifications(16);
   std::sort(notes.begin(), notes.end());
   std::vector<std::string> expected;
@@ -188,20 +200,20 @@ TEST_F(UcxAgentTest, ManyTransfersInFlightEachNotifyOnce) {
 TEST_F(UcxAgentTest, BadRequestsAreRefusedBeforeAnythingMoves) {
   const std::vector<Descriptor> one = {{0, 0, 16}};
   const std::vector<Descriptor> two = {{0, 0, 16}, {0, 16, 16}};
-  EXPECT_EQ(reader_->PostRead(peer_, one, two, "").status().code(),
+  EXPECT_EQ(reader_->PostRead(peer_, one, two, token_, "").status().code(),
             absl::StatusCode::kInvalidArgument);
   const std::vector<Descriptor> bigger = {{0, 0, 17}};
-  EXPECT_EQ(reader_->PostRead(peer_, one, bigger, "").status().message(),
+  EXPECT_EQ(reader_->PostRead(peer_, one, bigger, token_, "").status().message(),
             "PostRead: descriptor 0 reads 17 bytes into 16");
   const std::vector<Descriptor> past_end = {{0, kBytes - 8, 16}};
-  EXPECT_EQ(reader_->PostRead(peer_, one, past_end, "").status().code(),
+  EXPECT_EQ(reader_->PostRead(peer_, one, past_end, token_, "").status().code(),
             absl::StatusCode::kOutOfRange);
   const std::vector<Descriptor> no_region = {{3, 0, 16}};
-  EXPECT_EQ(reader_->PostRead(peer_, one, no_region, "").status().code(),
+  EXPECT_EQ(reader_->PostRead(peer_, one, no_region, token_, "").status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(reader_->PostRead(peer_ + 1, one, one, "").status().code(),
+  EXPECT_EQ(reader_->PostRead(peer_ + 1, one, one, token_, "").status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(reader_->PostRead(peer_, one, one, std::string(kMaxNotificationBytes + 1, 'x'))
+  EXPECT_EQ(reader_->PostRead(peer_, one, one, token_, std::string(kMaxNotificationBytes + 1, 'x'))
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -215,19 +227,20 @@ TEST_F(UcxAgentTest, BadRequestsAreRefusedBeforeAnythingMoves) {
 
 TEST_F(UcxAgentTest, ARemovedPeerFailsItsTransfersAndTakesNoMore) {
   const std::vector<Descriptor> all = {{0, 0, kBytes}};
-  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, "x");
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, token_, "x");
   ASSERT_TRUE(id.ok());
   reader_->RemovePeer(peer_);
   // Either it finished before the removal or it failed; never stuck.
   const TransferStatus status = Wait(*id);
   EXPECT_NE(status.state, TransferState::kInProgress);
-  EXPECT_EQ(reader_->PostRead(peer_, all, all, "y").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reader_->PostRead(peer_, all, all, token_, "y").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(UcxAgentTest, AnOwnerThatGoesAwayFailsTheReadsInsteadOfHangingThem) {
   owner_.reset();  // its worker, sockets and registrations are gone
   const std::vector<Descriptor> all = {{0, 0, kBytes}};
-  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, "x");
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, token_, "x");
   if (!id.ok()) {
     // The connection's failure was already known.
     EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
@@ -244,7 +257,7 @@ TEST_F(UcxAgentTest, AnOwnerThatGoesAwayFailsTheReadsInsteadOfHangingThem) {
 TEST_F(UcxAgentTest, AReadFromASilentSourceIsCutOffAtItsDeadline) {
   owner_->StopAnsweringForTesting(absl::Seconds(30));
   const std::vector<Descriptor> all = {{0, 0, kBytes}};
-  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, "x");
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, token_, "x");
   ASSERT_TRUE(id.ok()) << id.status();
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(reader_->Poll(*id).state, TransferState::kInProgress);  // stalled, not failed
@@ -274,7 +287,7 @@ TEST_F(UcxAgentTest, AReadFromASilentSourceIsCutOffAtItsDeadline) {
 // A transfer that ends before its deadline is never overdue.
 TEST_F(UcxAgentTest, AReadThatFinishesInTimeIsNotCutOff) {
   const std::vector<Descriptor> all = {{0, 0, kBytes}};
-  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, "x");
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, token_, "x");
   ASSERT_TRUE(id.ok()) << id.status();
   TransferPoller poller(reader_.get(), "test-poller");
   absl::Notification ended;
@@ -291,6 +304,209 @@ TEST_F(UcxAgentTest, AReadThatFinishesInTimeIsNotCutOff) {
   EXPECT_EQ(final_status.state, TransferState::kDone);
   EXPECT_FALSE(overdue.load());
   EXPECT_TRUE(target_ == source_);
+}
+
+// The owner answers only what a live grant covers: a read of a byte it did
+// not grant fails with the reason and writes nothing, whoever asks.
+TEST_F(UcxAgentTest, AReadOfBytesThatWereNotGrantedIsRefusedAndLandsNothing) {
+  const std::vector<Descriptor> offered = {{0, 8192, 4096}, {0, 65536, 4096}};
+  absl::StatusOr<ReadGrant> grant = owner_->GrantReads(offered, absl::InfiniteFuture());
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  // What was offered reads (both ranges, in one transfer).
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, offered, offered, grant->token, "ok");
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(Wait(*id).state, TransferState::kDone);
+  EXPECT_TRUE(std::equal(source_.begin() + 8192, source_.begin() + 12288, target_.begin() + 8192));
+
+  struct Case {
+    Descriptor read;
+    std::string why;
+  };
+  const Case cases[] = {
+      {{0, 12288, 4096}, "range 0 (region 0, bytes 12288..16384) was not granted"},
+      {{0, 8192 + 4000, 200}, "range 0 (region 0, bytes 12192..12392) was not granted"},
+      {{0, 0, 16}, "range 0 (region 0, bytes 0..16) was not granted"},
+  };
+  for (const Case& c : cases) {
+    const std::vector<Descriptor> one = {c.read};
+    absl::StatusOr<TransferId> refused = reader_->PostRead(peer_, one, one, grant->token, "no");
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    const TransferStatus status = Wait(*refused);
+    EXPECT_EQ(status.state, TransferState::kFailed);
+    EXPECT_EQ(status.error.code(), absl::StatusCode::kPermissionDenied) << status.error;
+    EXPECT_EQ(status.error.message(), "the owner refused the read: " + c.why);
+  }
+  // Nothing but the granted ranges landed.
+  for (size_t i = 0; i < kBytes; ++i) {
+    const bool granted = (i >= 8192 && i < 12288) || (i >= 65536 && i < 69632);
+    if (target_[i] != (granted ? source_[i] : 0)) FAIL() << "byte " << i;
+  }
+  EXPECT_EQ(OwnerNotifications(1), std::vector<std::string>{"ok"});
+}
+
+TEST_F(UcxAgentTest, ARevokedOrExpiredGrantOrAForgedTokenReadsNothing) {
+  const std::vector<Descriptor> offered = {{0, 0, 4096}};
+  auto read = [&](const std::string& token) {
+    absl::StatusOr<TransferId> id = reader_->PostRead(peer_, offered, offered, token, "");
+    EXPECT_TRUE(id.ok()) << id.status();
+    return Wait(*id).error;
+  };
+  absl::StatusOr<ReadGrant> grant = owner_->GrantReads(offered, absl::InfiniteFuture());
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_TRUE(read(grant->token).ok());
+
+  std::string forged = grant->token;
+  forged.back() ^= 1;
+  EXPECT_EQ(read(forged).message(),
+            "the owner refused the read: the read's grant is unknown or was revoked");
+  EXPECT_EQ(read("").message(),
+            "the owner refused the read: the read's grant is unknown or was revoked");
+  owner_->RevokeReads(grant->id);
+  EXPECT_EQ(read(grant->token).message(),
+            "the owner refused the read: the read's grant is unknown or was revoked");
+
+  const absl::Time until = absl::Now() + absl::Milliseconds(300);
+  absl::StatusOr<ReadGrant> brief = owner_->GrantReads(offered, until);
+  ASSERT_TRUE(brief.ok());
+  absl::SleepFor(until - absl::Now() + absl::Milliseconds(1));  // the grant's own end
+  EXPECT_EQ(read(brief->token).message(),
+            "the owner refused the read: the read's grant has expired");
+  EXPECT_TRUE(std::all_of(target_.begin() + 4096, target_.end(), [](char c) { return c == 0; }));
+}
+
+// The agent's context has no one-sided gets: a UCX peer that asks for the
+// owner's memory with a get of its own (over TCP, UCX would answer one for
+// any address of the process) gets nothing. The attacker then pings the
+// owner on the same connection (the agent's own round trip, ucx_agent.cc's
+// message ids 20 and 21): once the answer is back, the owner has handled
+// the get before it, and an answer to the get would have come first.
+ucs_status_t OnAttackerPong(void* arg, const void*, size_t, void*, size_t,
+                            const ucp_am_recv_param_t*) {
+  *static_cast<bool*>(arg) = true;
+  return UCS_OK;
+}
+
+TEST_F(UcxAgentTest, AOneSidedGetFromAnotherUcxContextReadsNothing) {
+  constexpr unsigned kAgentPingAmId = 20, kAgentPongAmId = 21;
+  absl::StatusOr<AgentMetadata> metadata = DecodeAgentMetadata(*owner_->LocalMetadata());
+  ASSERT_TRUE(metadata.ok());
+  ucp_config_t* config = nullptr;
+  ASSERT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+  ASSERT_EQ(ucp_config_modify(config, "TLS", "tcp"), UCS_OK);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  ASSERT_EQ(ucp_init(&params, config, &context), UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t worker_params{};
+  ucp_worker_h worker = nullptr;
+  ASSERT_EQ(ucp_worker_create(context, &worker_params, &worker), UCS_OK);
+  bool ponged = false;
+  ucp_am_handler_param_t handler{};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = kAgentPongAmId;
+  handler.cb = &OnAttackerPong;
+  handler.arg = &ponged;
+  ASSERT_EQ(ucp_worker_set_am_recv_handler(worker, &handler), UCS_OK);
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(metadata->address.data());
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ucp_ep_h ep = nullptr;
+  ASSERT_EQ(ucp_ep_create(worker, &ep_params, &ep), UCS_OK);
+  // A key for the attacker's own memory: TCP's keys carry nothing.
+  std::vector<char> mine(4096, 0);
+  ucp_mem_map_params_t map{};
+  map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  map.address = mine.data();
+  map.length = mine.size();
+  ucp_mem_h memory = nullptr;
+  ASSERT_EQ(ucp_mem_map(context, &map, &memory), UCS_OK);
+  void* packed = nullptr;
+  size_t packed_bytes = 0;
+  ASSERT_EQ(ucp_rkey_pack(context, memory, &packed, &packed_bytes), UCS_OK);
+  ucp_rkey_h key = nullptr;
+  ASSERT_EQ(ucp_ep_rkey_unpack(ep, packed, &key), UCS_OK);
+  ucp_rkey_buffer_release(packed);
+
+  std::vector<char> stolen(4096, 0);
+  ucp_request_param_t get{};
+  void* request =
+      ucp_get_nbx(ep, stolen.data(), stolen.size(), metadata->regions[0].base, key, &get);
+  ASSERT_NE(request, nullptr) << "the get completed at once";
+  const uint64_t nonce = 7;
+  ucp_request_param_t send{};
+  send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  send.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+  void* ping = ucp_am_send_nbx(ep, kAgentPingAmId, &nonce, sizeof(nonce), nullptr, 0, &send);
+  ASSERT_FALSE(UCS_PTR_IS_ERR(ping));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!ponged && absl::Now() < deadline) ucp_worker_progress(worker);
+  ASSERT_TRUE(ponged) << "the owner did not answer the ping";
+  ucp_worker_progress(worker);
+  const ucs_status_t got =
+      UCS_PTR_IS_ERR(request) ? UCS_PTR_STATUS(request) : ucp_request_check_status(request);
+  EXPECT_NE(got, UCS_OK) << "a one-sided get read the owner's memory";
+  EXPECT_TRUE(std::all_of(stolen.begin(), stolen.end(), [](char c) { return c == 0; }));
+
+  // Closing ends the get (cancelled) and the ping.
+  ucp_request_param_t close{};
+  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* closing = ucp_ep_close_nbx(ep, &close);
+  if (UCS_PTR_IS_PTR(closing)) {
+    while (ucp_request_check_status(closing) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(closing);
+  }
+  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  if (UCS_PTR_IS_PTR(ping)) ucp_request_free(ping);
+  ucp_rkey_destroy(key);
+  ucp_mem_unmap(context, memory);
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
+  EXPECT_TRUE(std::all_of(stolen.begin(), stolen.end(), [](char c) { return c == 0; }));
+}
+
+TEST_F(UcxAgentTest, GrantsOutsideTheOwnersRegionsAreRefused) {
+  const std::vector<Descriptor> past_end = {{0, kBytes - 8, 16}};
+  EXPECT_EQ(owner_->GrantReads(past_end, absl::InfiniteFuture()).status().message(),
+            "GrantReads: range 0 leaves its region");
+  const std::vector<Descriptor> no_region = {{1, 0, 16}};
+  EXPECT_EQ(owner_->GrantReads(no_region, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(owner_->GrantReads({}, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReadGrantsTest, CoversMergedRangesOnlyAndForgetsExpiredGrants) {
+  ReadGrants grants;
+  const absl::Time now = absl::Now();
+  // Two adjacent ranges cover a read across their seam; region 1 is apart.
+  const std::vector<Descriptor> ranges = {{0, 100, 50}, {0, 150, 50}, {1, 0, 10}};
+  absl::StatusOr<ReadGrant> grant = grants.Grant(ranges, now + absl::Hours(1));
+  ASSERT_TRUE(grant.ok());
+  EXPECT_EQ(grant->token.size(), ReadGrants::kTokenBytes);
+  const std::vector<Descriptor> across = {{0, 120, 70}, {1, 5, 5}};
+  EXPECT_TRUE(grants.Check(grant->token, across, now).ok());
+  const std::vector<Descriptor> past = {{0, 190, 11}};
+  EXPECT_EQ(grants.Check(grant->token, past, now).code(), absl::StatusCode::kPermissionDenied);
+  const std::vector<Descriptor> other_region = {{2, 0, 1}};
+  EXPECT_EQ(grants.Check(grant->token, other_region, now).message(),
+            "range 0 (region 2, bytes 0..1) was not granted");
+  EXPECT_EQ(grants.Check(grant->token, across, now + absl::Hours(1)).message(),
+            "the read's grant has expired");
+  // Two grants' tokens differ in their secret, not only in their number.
+  absl::StatusOr<ReadGrant> second = grants.Grant(ranges, now - absl::Seconds(1));
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(grant->token.substr(8), second->token.substr(8));
+  EXPECT_EQ(grants.live(), 2u);
+  // The next grant forgets the expired one.
+  ASSERT_TRUE(grants.Grant(ranges, now + absl::Hours(1)).ok());
+  EXPECT_EQ(grants.live(), 2u);
+  EXPECT_EQ(grants.Check(second->token, across, now - absl::Seconds(2)).message(),
+            "the read's grant is unknown or was revoked");
 }
 
 // --kv_transport_ports: the agent listens for its peers on a port of the
@@ -314,14 +530,16 @@ TEST(UcxAgentPortsTest, TheAgentListensOnAPortOfItsRange) {
 
   std::vector<char> source(4096, 'k'), target(4096, 0);
   ASSERT_TRUE((*owner)->RegisterMemory(source.data(), source.size(), MemoryKind::kHost).ok());
+  const std::vector<Descriptor> all = {{0, 0, 4096}};
+  absl::StatusOr<ReadGrant> grant = (*owner)->GrantReads(all, absl::InfiniteFuture());
+  ASSERT_TRUE(grant.ok()) << grant.status();
   absl::StatusOr<std::unique_ptr<TransferAgent>> reader =
       CreateUcxAgent({.transports = "tcp", .tcp_ports = ""});
   ASSERT_TRUE(reader.ok()) << reader.status();
   ASSERT_TRUE((*reader)->RegisterMemory(target.data(), target.size(), MemoryKind::kHost).ok());
   absl::StatusOr<PeerId> peer = (*reader)->AddPeer(*(*owner)->LocalMetadata());
   ASSERT_TRUE(peer.ok()) << peer.status();
-  const std::vector<Descriptor> all = {{0, 0, 4096}};
-  absl::StatusOr<TransferId> id = (*reader)->PostRead(*peer, all, all, "n");
+  absl::StatusOr<TransferId> id = (*reader)->PostRead(*peer, all, all, grant->token, "n");
   ASSERT_TRUE(id.ok()) << id.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while ((*reader)->Poll(*id).state == TransferState::kInProgress && absl::Now() < deadline) {

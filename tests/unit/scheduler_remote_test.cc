@@ -259,6 +259,45 @@ TEST(SchedulerRemoteTest, ARemoteRequestThatEndsHereFreesItsLeaseAndAbortsThePee
   }
 }
 
+// The lease-end hook (what revokes the peer's read grant) runs exactly once
+// per offer, however the lease ends, and while the offer's blocks are still
+// the request's: before they go back to the pool.
+TEST(SchedulerRemoteTest, TheLeaseEndHookRunsOnceBeforeTheBlocksAreReleased) {
+  enum class End { kCommit, kExpire, kPeerFails, kCancel };
+  for (End end : {End::kCommit, End::kExpire, End::kPeerFails, End::kCancel}) {
+    PrefillSide prefill;
+    std::vector<uint64_t> ended;
+    std::vector<int32_t> free_when_ended;
+    prefill.core.SetLeaseEndHook([&](uint64_t id) {
+      ended.push_back(id);
+      free_when_ended.push_back(prefill.core.free_blocks());
+    });
+    switch (end) {
+      case End::kCommit:
+        ASSERT_TRUE(prefill.core.CommitLease(7));
+        break;
+      case End::kExpire:
+        prefill.now += absl::Seconds(31);
+        prefill.core.ExpireDeadlines(prefill.now);
+        break;
+      case End::kPeerFails:
+        prefill.core.ResumeLocally(7);
+        break;
+      case End::kCancel:
+        prefill.core.Cancel(7, FinishReason::kCancelled, absl::CancelledError("client"));
+        break;
+    }
+    EXPECT_EQ(ended, std::vector<uint64_t>{7}) << static_cast<int>(end);
+    EXPECT_EQ(free_when_ended, std::vector<int32_t>{kBlocks - 3}) << static_cast<int>(end);
+    // Nothing that follows ends it again.
+    prefill.core.CommitLease(7);
+    prefill.core.ResumeLocally(7);
+    prefill.core.Cancel(7, FinishReason::kCancelled, absl::CancelledError("client"));
+    RunUntil(prefill.core, prefill.worker, Lane::kPrefill, [&] { return !prefill.core.HasWork(); });
+    EXPECT_EQ(ended.size(), 1u) << static_cast<int>(end);
+  }
+}
+
 TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce) {
   PrefillSide prefill;
   {  // cancelled while its pages arrive: freed when the transfer has ended
