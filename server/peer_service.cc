@@ -524,10 +524,10 @@ void PeerService::TransferEnded(const std::shared_ptr<Call>& call,
                                 const kvtransfer::TransferStatus& status, uint64_t bytes,
                                 absl::Time posted, const std::string& injected, bool overran) {
   if (overran || status.state == kvtransfer::TransferState::kFailed || !injected.empty()) {
-    // "refused": the source's agent would not answer a read (a grant that
-    // does not cover it, or ended).
-    const bool refused = status.error.code() == absl::StatusCode::kPermissionDenied;
-    metrics_->OnKvTransferFailure("in", overran ? "lease" : refused ? "refused" : "transfer");
+    // "denied": the source's agent would not answer a read (no live grant
+    // covers it).
+    const bool denied = status.error.code() == absl::StatusCode::kPermissionDenied;
+    metrics_->OnKvTransferFailure("in", overran ? "lease" : denied ? "denied" : "transfer");
     const absl::Status why =
         overran ? absl::UnavailableError("the KV transfer did not finish within its lease")
         : !injected.empty()

@@ -288,8 +288,8 @@ TEST(MultiDaemonTest, AReadOfABlockThatWasNotOfferedIsRefusedByThePrefillDaemon)
   EXPECT_EQ(first.token_ids, expected[0]);
   EXPECT_EQ(first.last.path(), v1::PATH_COLOCATED);
   Daemon& decode = *pool.decoders[0];
-  EXPECT_EQ(
-      Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"refused\"}"), 1);
+  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"denied\"}"),
+            1);
   EXPECT_THAT(decode.Log(), ::testing::HasSubstr("the owner refused the read: range"));
   EXPECT_THAT(decode.Log(), ::testing::HasSubstr("was not granted"));
   EXPECT_EQ(Metric(*pool.prefill, Handoffs("failed", decode.address())), 1);
