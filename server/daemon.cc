@@ -199,8 +199,8 @@ std::string KvEventsTopic(const DaemonOptions& options) {
   if (!options.kv_events.topic.empty()) return options.kv_events.topic;
   std::string listen = options.listen.grpc.listen;
   const size_t colon = listen.rfind(':');
-  const std::string host = listen.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "*") {
+  const std::string host = ListenHost(listen);
+  if (host == "0.0.0.0" || host == "::" || host == "*") {
     char name[256] = {};
     if (gethostname(name, sizeof(name) - 1) == 0) listen = StrCat(name, listen.substr(colon));
   }
