@@ -187,7 +187,8 @@ class UcxAgent final : public TransferAgent {
   void FailLocked(TransferId id, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FlushLocked(ucp_ep_h endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A round trip to the peer of `endpoint`: when it returns OK, both sides'
-  // connections are set up (the peer answered over its own).
+  // connections are set up (the peer answered over its own). Releases the
+  // lock while it waits (at most kConnectTimeout).
   absl::Status PingLocked(ucp_ep_h endpoint, const Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseEndpointLocked(ucp_ep_h endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
@@ -694,17 +695,17 @@ absl::Status UcxAgent::PingLocked(ucp_ep_h endpoint, const Peer& peer) {
       s != UCS_OK) {
     return UcxError("connecting to the peer", s);
   }
-  const absl::Time deadline = absl::Now() + kConnectTimeout;
-  while (!pongs_.contains(nonce)) {
-    if (!peer.failure.ok()) return peer.failure;
-    if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("UCX: connecting to the peer: no answer within ",
-                                                 absl::FormatDuration(kConnectTimeout)));
-    }
-    ucp_worker_progress(worker_);
-  }
-  pongs_.erase(nonce);
-  return absl::OkStatus();
+  // The progress thread receives the answer; the lock is released while
+  // waiting, so a peer slow to answer holds up no other transfer.
+  Wake();
+  auto answered = [this, nonce, &peer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pongs_.contains(nonce) || !peer.failure.ok();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&answered), kConnectTimeout);
+  if (pongs_.erase(nonce) > 0) return absl::OkStatus();
+  if (!peer.failure.ok()) return peer.failure;
+  return absl::UnavailableError(absl::StrCat("UCX: connecting to the peer: no answer within ",
+                                             absl::FormatDuration(kConnectTimeout)));
 }
 
 ucs_status_t UcxAgent::OnPing(void* arg, const void* header, size_t header_length, void* /*data*/,

@@ -275,7 +275,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   peer_options.kv_transport = options.pool.kv_transport;
   if (options.fault.has_value()) {
     const scheduler::FaultSpec& fault = *options.fault;
-    if (fault.lane == "kv_transfer" && fault.kind == scheduler::FaultSpec::Kind::kStall) {
+    if (fault.lane == "kv_transfer" && role != Role::kDecode) {
+      // A prefill daemon's: its RemoteDecoder's (below).
+    } else if (fault.lane == "kv_transfer" && fault.kind == scheduler::FaultSpec::Kind::kStall) {
       peer_options.stall_transfer = fault.step;
       peer_options.stall_duration = fault.stall;
       spdlog::warn("--inject_fault: KV transfer {} will stall for {} (testing only)", fault.step,
@@ -481,6 +483,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     remote.api_key = options.listen.grpc.api_keys != nullptr ? options.listen.grpc.api_keys->first()
                                                              : std::string();
     remote.max_message_bytes = options.listen.grpc.max_message_bytes;
+    if (options.fault.has_value() && options.fault->lane == "kv_transfer") {
+      remote.stall_offer = options.fault->step;
+      remote.stall_duration = options.fault->stall;
+      spdlog::warn("--inject_fault: the KV transport stalls for {} at offer {} (testing only)",
+                   absl::FormatDuration(remote.stall_duration), remote.stall_offer);
+    }
     if (!pool.peer_tls_ca.empty()) {
       for (const auto& [path, flag, pem] :
            {std::tuple{pool.peer_tls_cert, "--peer_tls_cert", &remote.tls_cert},

@@ -190,7 +190,9 @@ ABSL_FLAG(std::string, inject_fault, "",
           "error, throw or stall (e.g. prefill:error@3, decode:stall@2:3s), or in a decode "
           "daemon's Nth KV transfer (kv_transfer:error@N: it fails half way; "
           "kv_transfer:stall@N:DURATION: its source stops answering for DURATION; "
-          "kv_transfer:overread@N: it also asks for a block it was not offered)");
+          "kv_transfer:overread@N: it also asks for a block it was not offered), or from a "
+          "prefill daemon's Nth offer on (kv_transfer:stall@N:DURATION: its KV transport answers "
+          "no read for DURATION)");
 ABSL_FLAG(std::string, role, "unified",
           "unified (prefill and decode here), prefill (hand requests to the decode daemons of "
           "--decode_peers, by --policy), or decode (take requests over from prefill daemons; no "
@@ -638,10 +640,14 @@ absl::Status ReadFault(DaemonOptions& options) {
   absl::StatusOr<scheduler::FaultSpec> spec = scheduler::ParseFaultSpec(fault);
   if (!spec.ok()) return FlagError(std::string(spec.status().message()));
   if (spec->lane == "kv_transfer") {
-    if (options.role != Role::kDecode || spec->kind == scheduler::FaultSpec::Kind::kThrow) {
+    const bool decode_fault =
+        options.role == Role::kDecode && spec->kind != scheduler::FaultSpec::Kind::kThrow;
+    const bool prefill_fault =
+        options.role == Role::kPrefill && spec->kind == scheduler::FaultSpec::Kind::kStall;
+    if (!decode_fault && !prefill_fault) {
       return FlagError(StrCat("--inject_fault='", fault,
-                              "': kv_transfer takes error@N, stall@N:DURATION or overread@N, on "
-                              "a --role=decode daemon"));
+                              "': kv_transfer takes error@N, stall@N:DURATION or overread@N on "
+                              "a --role=decode daemon, stall@N:DURATION on a --role=prefill one"));
     }
   } else if (spec->kind == scheduler::FaultSpec::Kind::kOverread) {
     return FlagError(StrCat("--inject_fault='", fault, "': overread is for kv_transfer"));

@@ -260,6 +260,16 @@ void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
       if (chosen != nullptr) ++chosen->sent;
     }
   }
+  bool stall = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stall = chosen != nullptr && ++offers_ == options_.stall_offer;
+  }
+  if (stall) {
+    spdlog::warn("request {}: injected fault: this daemon's KV transport stops answering for {}",
+                 offer.request.id, absl::FormatDuration(options_.stall_duration));
+    kv_->agent->StopAnsweringForTesting(options_.stall_duration);
+  }
   if (chosen == nullptr) {
     metrics_->OnRemoteHandoff("none", "no_peer");
     scheduler_->RemoteFailed(offer.sequence_id);

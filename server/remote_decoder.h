@@ -55,6 +55,12 @@ struct RemoteDecoderOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_ca;
+  // Testing only (--inject_fault=kv_transfer:stall@N:DUR on a prefill
+  // daemon): from the Nth offer on, this daemon's KV transport answers no
+  // read for `stall_duration`, so the peer's read runs past its lease. 0:
+  // never.
+  int64_t stall_offer = 0;
+  absl::Duration stall_duration;
 };
 
 class RemoteDecoder final : public scheduler::RemoteDecodeLink {
@@ -108,6 +114,7 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t offers_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
   // Each offer's read grant (kv_->agent), by sequence, until its lease ends.
   absl::flat_hash_map<uint64_t, kvtransfer::GrantId> grants_ ABSL_GUARDED_BY(mu_);

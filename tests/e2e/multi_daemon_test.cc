@@ -340,6 +340,44 @@ TEST(MultiDaemonTest, ATransferStalledPastItsLeaseIsCutOffAndItsBlocksFreedWithi
   ExpectRecovered(pool, *stub, expected[1]);  // the next handoff reads its pages
 }
 
+// The same cut against a real prefill daemon whose KV transport stops
+// answering (an injected stall of its agent from the second offer on, 4 s,
+// past the 2 s lease): the decode daemon cuts its connection at the lease's
+// end, the request goes on on the prefill daemon with the same tokens, and
+// once the transport answers again the next handoff connects anew and reads
+// its pages. Neither daemon minds the connection that was cut.
+TEST(MultiDaemonTest, AfterACutTheDecodeDaemonConnectsAgainToTheSamePrefillDaemon) {
+  const auto& expected = Reference(40, 3);
+  Pool pool(1, {}, {"--kv_lease=2s", "--inject_fault=kv_transfer:stall@2:4s"});
+  Daemon& decode = *pool.decoders[0];
+  auto stub = pool.prefill->Stub();
+  const Generation before = Generate(*stub, Request(0, 40));
+  ASSERT_TRUE(before.status.ok()) << before.status.error_message();
+  EXPECT_EQ(before.token_ids, expected[0]);
+  EXPECT_EQ(before.last.path(), v1::PATH_REMOTE);
+
+  const absl::Time stalled = absl::Now();
+  const Generation cut = Generate(*stub, Request(1, 40));
+  ASSERT_TRUE(cut.status.ok()) << cut.status.error_message();
+  EXPECT_EQ(cut.token_ids, expected[1]);
+  EXPECT_EQ(cut.last.path(), v1::PATH_COLOCATED);
+  EXPECT_EQ(Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"lease\"}"),
+            1);
+  EXPECT_TRUE(Idle(decode));
+
+  // Past the stall (a fixed 4 s from the second offer: a clock, not this
+  // machine's speed), the third request is handed off over a new connection.
+  absl::SleepFor(stalled + absl::Seconds(4) - absl::Now() + absl::Milliseconds(100));
+  const Generation after = Generate(*stub, Request(2, 40));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.token_ids, expected[2]);
+  EXPECT_EQ(after.last.path(), v1::PATH_REMOTE);
+  EXPECT_TRUE(Idle(*pool.prefill));
+  EXPECT_TRUE(Idle(decode));
+  EXPECT_EQ(pool.prefill->Health(), "SERVING");
+  EXPECT_EQ(decode.Health(), "SERVING");
+}
+
 TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
   const auto& expected = Reference(40, 1);
   // The lease runs out long before any read can finish.
@@ -576,7 +614,7 @@ TEST(MultiDaemonTest, BadRoleFlagsStopTheDaemonNamingThem) {
        "--role=prefill needs --disagg_output_threshold"},
       {{"--inject_fault=kv_transfer:error@1"},
        2,
-       "kv_transfer takes error@N, stall@N:DURATION or overread@N"},
+       "kv_transfer takes error@N, stall@N:DURATION or overread@N on a --role=decode daemon"},
       {{"--role=decode", "--kv_transport=nonexistent_transport"}, 1, "--kv_transport"},
       {{"--peer_listen=127.0.0.1:1"}, 2, "--peer_listen is for --role=decode"},
       {{"--role=prefill", "--decode_peers=127.0.0.1:1", "--peer_tls_ca=/x"},

@@ -445,7 +445,7 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
        "--inject_fault='prefill:stall@2': a stall needs a positive DURATION"},
       {{{"inject_fault", "kv_transfer:error@1"}},
        "--inject_fault='kv_transfer:error@1': kv_transfer takes error@N, stall@N:DURATION or "
-       "overread@N, on a --role=decode"},
+       "overread@N on a --role=decode daemon, stall@N:DURATION on a --role=prefill one"},
       {{{"inject_fault", "prefill:overread@1"}},
        "--inject_fault='prefill:overread@1': overread is for kv_transfer"},
       {{{"inject_fault", "decode:error@1"}, {"disagg_output_threshold", "off"}},
