@@ -106,16 +106,24 @@ def test_manifests_hold_together(overlay):
         grpc_port = int(flag(c["args"], "listen").rsplit(":", 1)[1])
         metrics_port = int(flag(c["args"], "metrics_listen").rsplit(":", 1)[1])
         http_port = int(flag(c["args"], "http_port"))
-        events_port = int(flag(c["args"], "kv_events_endpoint").rsplit(":", 1)[1])
-        replay_port = int(flag(c["args"], "kv_events_replay_endpoint").rsplit(":", 1)[1])
-        expected_ports = {"grpc": grpc_port, "metrics": metrics_port, "http": http_port,
-                          "kv-events": events_port, "kv-replay": replay_port}
+        expected_ports = {"grpc": grpc_port, "metrics": metrics_port, "http": http_port}
+        # KV events wherever prompts enter (every pod but a decode pool's).
+        decode_pool = flag(c["args"], "role") == "decode"
+        if not decode_pool:
+            expected_ports["kv-events"] = int(
+                flag(c["args"], "kv_events_endpoint").rsplit(":", 1)[1])
+            expected_ports["kv-replay"] = int(
+                flag(c["args"], "kv_events_replay_endpoint").rsplit(":", 1)[1])
+            # Bound on every interface, where the router reaches them.
+            assert flag(c["args"], "kv_events_endpoint").startswith("tcp://*:")
+            assert flag(c["args"], "kv_events_replay_endpoint").startswith("tcp://*:")
+        else:
+            assert not [a for a in c["args"] if a.startswith("--kv_events_")]
         if flag(c["args"], "peer_listen") is not None:
             expected_ports["peer"] = int(flag(c["args"], "peer_listen").rsplit(":", 1)[1])
         assert ports == expected_ports
-        # Bound on every interface, where the router reaches them.
-        assert flag(c["args"], "kv_events_endpoint").startswith("tcp://*:")
-        assert flag(c["args"], "kv_events_replay_endpoint").startswith("tcp://*:")
+        service_ports = {p["name"] for p in service["spec"]["ports"]}
+        assert ({"kv-events", "kv-replay"} <= service_ports) != decode_pool
         # Listening on every interface, or the kubelet's probes cannot reach it
         # (the HTTP API listens on --listen's host).
         assert flag(c["args"], "listen").startswith("0.0.0.0:")
