@@ -20,20 +20,28 @@ bool SameSecret(const unsigned char* a, const unsigned char* b, size_t n) {
 
 }  // namespace
 
+absl::Status RandomBytes(void* out, size_t bytes) {
+  auto* to = static_cast<unsigned char*>(out);
+  size_t filled = 0;
+  while (filled < bytes) {
+    const ssize_t n = getrandom(to + filled, bytes - filled, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError("the kernel gave no random bytes");
+    }
+    filled += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReadGrant> ReadGrants::Grant(std::span<const Descriptor> ranges, absl::Time until) {
   if (ranges.empty()) return absl::InvalidArgumentError("GrantReads: no ranges");
   const absl::Time now = absl::Now();
   absl::erase_if(grants_, [now](const auto& entry) { return entry.second.until <= now; });
   Entry entry;
   entry.until = until;
-  size_t filled = 0;
-  while (filled < entry.secret.size()) {
-    const ssize_t n = getrandom(entry.secret.data() + filled, entry.secret.size() - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::UnavailableError("GrantReads: the kernel gave no random bytes");
-    }
-    filled += static_cast<size_t>(n);
+  if (absl::Status s = RandomBytes(entry.secret.data(), entry.secret.size()); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("GrantReads: ", s.message()));
   }
   for (const Descriptor& d : ranges) {
     if (d.bytes > 0) entry.spans.push_back({d.region, d.offset, d.offset + d.bytes});

@@ -27,6 +27,10 @@
 
 namespace tandem::kvtransfer {
 
+// Fills `out` with `bytes` bytes from the kernel's random source;
+// UNAVAILABLE when it gives none.
+absl::Status RandomBytes(void* out, size_t bytes);
+
 class ReadGrants {
  public:
   static constexpr size_t kTokenBytes = 24;

@@ -48,6 +48,12 @@ constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
 // asked for at once (the owner copies the next while one is on the wire).
 constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
 constexpr size_t kChunksInFlight = 4;
+// An ask names at most this many ranges (a chunk of single-slot pieces of
+// a large model stays far below it).
+constexpr size_t kMaxRangesPerAsk = 1 << 16;
+// Notifications kept for TakeNotifications, newest last; older ones are
+// dropped (a daemon that never takes them holds no more than this).
+constexpr size_t kMaxQueuedNotifications = 4096;
 
 // The messages. Both ends run this code (AddPeer checks the backend), on
 // machines of one byte order.
@@ -57,9 +63,14 @@ struct WireRange {
   uint64_t offset = 0;
   uint64_t bytes = 0;
 };
+// A transfer's ask and the answer echo the transfer's nonce (random, 16
+// bytes): the reader takes an answer only for a chunk it asked for and has
+// not landed, carrying that nonce, so no one who merely reaches its port
+// can write into its KV memory or fail its transfers this way.
 struct ReadHeader {
   uint64_t transfer = 0;
   uint64_t chunk = 0;
+  unsigned char nonce[16] = {};
   char token[ReadGrants::kTokenBytes] = {};
 };
 struct PingHeader {
@@ -68,6 +79,7 @@ struct PingHeader {
 struct AnswerHeader {
   uint64_t transfer = 0;
   uint64_t chunk = 0;
+  unsigned char nonce[16] = {};
   uint32_t refused = 0;  // 1: the data is the reason, not the bytes
   uint32_t reserved = 0;
 };
@@ -95,18 +107,25 @@ struct Chunk {
 
 // One PostRead, on the reader's side. Callbacks run on whichever thread
 // progresses the worker, with the agent's lock held.
-struct Transfer {
-  PeerId peer = 0;
-  std::string token;
-  std::vector<Chunk> chunks;
-  size_t asked = 0;   // chunks asked for so far (in order)
-  size_t landed = 0;  // chunks whose bytes are in local memory
-  std::string notification;
-  bool notifying = false;  // the notification's send is in flight
-  TransferStatus status;
-};
+enum class ChunkState : uint8_t { kWaiting, kAsked, kLanding, kLanded };
 
 class UcxAgent;
+
+struct Transfer {
+  UcxAgent* agent = nullptr;
+  TransferId id = 0;
+  PeerId peer = 0;
+  std::string token;
+  unsigned char nonce[16] = {};
+  std::vector<Chunk> chunks;
+  std::vector<ChunkState> state;  // one per chunk
+  size_t asked = 0;               // chunks asked for so far (in order)
+  size_t landed = 0;              // chunks whose bytes are in local memory
+  std::string notification;
+  bool notifying = false;  // the notification's send is in flight
+  bool released = false;   // Release came while notifying: erased after
+  TransferStatus status;
+};
 
 // A message in flight, kept until UCX is done with its buffers.
 struct Outgoing {
@@ -149,6 +168,9 @@ class UcxAgent final : public TransferAgent {
   void Release(TransferId transfer) override;
   std::vector<std::string> TakeNotifications() override;
   void StopAnsweringForTesting(absl::Duration duration) override {
+    // Under the lock: the progress thread checks it there, so nothing is
+    // answered once this returns.
+    absl::MutexLock lock(&mu_);
     silent_until_ns_ = absl::ToUnixNanos(absl::Now() + duration);
   }
 
@@ -206,6 +228,7 @@ class UcxAgent final : public TransferAgent {
   absl::flat_hash_map<Outgoing*, std::unique_ptr<Outgoing>> outgoing_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Landing*, std::unique_ptr<Landing>> landings_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> notifications_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> pings_ ABSL_GUARDED_BY(mu_);  // awaiting an answer
   absl::flat_hash_set<uint64_t> pongs_ ABSL_GUARDED_BY(mu_);  // answered pings' nonces
   uint64_t next_nonce_ ABSL_GUARDED_BY(mu_) = 1;
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
@@ -304,16 +327,19 @@ void UcxAgent::Wake() {
 
 void UcxAgent::ProgressLoop() {
   while (!stop_) {
-    if (absl::ToUnixNanos(absl::Now()) < silent_until_ns_.load()) {
-      absl::SleepFor(absl::Milliseconds(10));
-      continue;
-    }
-    bool armed = false;
+    bool silent = false, armed = false;
     {
       absl::MutexLock lock(&mu_);
-      ProgressLocked();
-      // UCS_OK: nothing pending, the descriptor will signal new events.
-      armed = ucp_worker_arm(worker_) == UCS_OK;
+      silent = absl::ToUnixNanos(absl::Now()) < silent_until_ns_.load();
+      if (!silent) {
+        ProgressLocked();
+        // UCS_OK: nothing pending, the descriptor will signal new events.
+        armed = ucp_worker_arm(worker_) == UCS_OK;
+      }
+    }
+    if (silent) {
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
     }
     if (!armed) continue;  // more to do at once
     pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -373,10 +399,12 @@ void UcxAgent::AskLocked(TransferId id, Transfer& transfer, Peer& peer) {
   while (transfer.asked < transfer.chunks.size() &&
          transfer.asked - transfer.landed < kChunksInFlight) {
     const size_t index = transfer.asked++;
+    transfer.state[index] = ChunkState::kAsked;
     auto out = std::make_unique<Outgoing>();
     out->transfer = id;
     out->read.transfer = id;
     out->read.chunk = index;
+    std::memcpy(out->read.nonce, transfer.nonce, sizeof(out->read.nonce));
     std::memcpy(out->read.token, transfer.token.data(),
                 std::min(transfer.token.size(), sizeof(out->read.token)));
     const std::vector<WireRange>& ranges = transfer.chunks[index].remote;
@@ -405,11 +433,14 @@ ucs_status_t UcxAgent::SendLocked(ucp_ep_h endpoint, unsigned am_id, std::unique
   param.user_data = raw;
   param.flags = flags;
   raw->agent = this;
+  // Kept before the call, in case UCX completes it before returning.
+  outgoing_.emplace(raw, std::move(out));
   void* request = ucp_am_send_nbx(endpoint, am_id, header, header_bytes, raw->payload.data(),
                                   raw->payload.size(), &param);
-  if (request == nullptr) return UCS_OK;  // done: `out` goes now
-  if (UCS_PTR_IS_ERR(request)) return UCS_PTR_STATUS(request);
-  outgoing_.emplace(raw, std::move(out));
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    outgoing_.erase(raw);  // done at once, or never sent
+    return request == nullptr ? UCS_OK : UCS_PTR_STATUS(request);
+  }
   return UCS_OK;
 }
 
@@ -427,7 +458,14 @@ void UcxAgent::OnSent(void* request, ucs_status_t status, void* user_data) {
 
 void UcxAgent::OnNotified(void* request, ucs_status_t status, void* user_data) {
   auto* transfer = static_cast<Transfer*>(user_data);
+  ucp_request_free(request);
+  UcxAgent* agent = transfer->agent;
+  agent->mu_.AssertHeld();
   transfer->notifying = false;
+  if (transfer->released) {
+    agent->transfers_.erase(transfer->id);  // destroys `transfer`
+    return;
+  }
   if (transfer->status.state == TransferState::kInProgress) {
     if (status == UCS_OK) {
       transfer->status.state = TransferState::kDone;
@@ -436,7 +474,6 @@ void UcxAgent::OnNotified(void* request, ucs_status_t status, void* user_data) {
       transfer->status.error = UcxError("sending the notification", status);
     }
   }
-  ucp_request_free(request);
 }
 
 void UcxAgent::OnEndpointError(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
@@ -451,6 +488,7 @@ ucs_status_t UcxAgent::OnNotification(void* arg, const void* /*header*/, size_t 
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_OK;
   auto* agent = static_cast<UcxAgent*>(arg);
   agent->mu_.AssertHeld();
+  if (agent->notifications_.size() >= kMaxQueuedNotifications) agent->notifications_.pop_front();
   agent->notifications_.emplace_back(static_cast<const char*>(data), length);
   return UCS_OK;
 }
@@ -479,18 +517,27 @@ void UcxAgent::AnswerLocked(ucp_ep_h reply, const ReadHeader& read,
   auto out = std::make_unique<Outgoing>();
   out->answer.transfer = read.transfer;
   out->answer.chunk = read.chunk;
+  std::memcpy(out->answer.nonce, read.nonce, sizeof(out->answer.nonce));
   std::vector<Descriptor> reads;
-  reads.reserve(ranges.size());
   uint64_t total = 0;
   absl::Status allowed = absl::OkStatus();
-  for (const WireRange& r : ranges) {
+  if (ranges.size() > kMaxRangesPerAsk) {
+    allowed = absl::PermissionDeniedError("the read names too many ranges");
+  } else {
+    reads.reserve(ranges.size());
+  }
+  for (size_t i = 0; allowed.ok() && i < ranges.size(); ++i) {
+    const WireRange& r = ranges[i];
     if (r.region >= regions_.size() || r.offset > regions_[r.region].bytes ||
         r.bytes > regions_[r.region].bytes - r.offset) {
       allowed = absl::PermissionDeniedError("the read leaves the owner's memory");
-      break;
+    } else if (r.bytes > kChunkBytes - total) {
+      // One answer carries one chunk at most (what an agent asks for).
+      allowed = absl::PermissionDeniedError("the read asks for more than a chunk");
+    } else {
+      reads.push_back({r.region, r.offset, r.bytes});
+      total += r.bytes;
     }
-    reads.push_back({r.region, r.offset, r.bytes});
-    total += r.bytes;
   }
   if (allowed.ok()) {
     allowed = grants_.Check(std::string_view(read.token, sizeof(read.token)), reads, absl::Now());
@@ -528,16 +575,24 @@ ucs_status_t UcxAgent::OnAnswer(void* arg, const void* header, size_t header_len
     return UCS_OK;
   }
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  Transfer& transfer = *found->second;
+  // Only an answer to an outstanding ask of this transfer counts; anything
+  // else (a stale or repeated answer, or one from someone who does not
+  // know the nonce) is dropped unread.
+  if (std::memcmp(answer.nonce, transfer.nonce, sizeof(answer.nonce)) != 0 ||
+      answer.chunk >= transfer.chunks.size() ||
+      transfer.state[answer.chunk] != ChunkState::kAsked) {
+    return UCS_OK;
+  }
   if (answer.refused != 0) {
-    std::string why = rendezvous ? std::string("(no reason given)")
-                                 : std::string(static_cast<const char*>(data), length);
+    std::string why =
+        rendezvous ? std::string("(no reason given)")
+                   : std::string(static_cast<const char*>(data), std::min<size_t>(length, 512));
     agent->FailLocked(answer.transfer, absl::PermissionDeniedError(
                                            absl::StrCat("the owner refused the read: ", why)));
     return UCS_OK;
   }
-  Transfer& transfer = *found->second;
-  if (answer.chunk >= transfer.chunks.size() || answer.chunk >= transfer.asked ||
-      length != transfer.chunks[answer.chunk].bytes) {
+  if (length != transfer.chunks[answer.chunk].bytes) {
     agent->FailLocked(answer.transfer,
                       absl::DataLossError("the owner answered a read with the wrong bytes"));
     return UCS_OK;
@@ -552,17 +607,20 @@ ucs_status_t UcxAgent::OnAnswer(void* arg, const void* header, size_t header_len
   raw->transfer = answer.transfer;
   raw->chunk = answer.chunk;
   raw->bytes.resize(length);
+  transfer.state[answer.chunk] = ChunkState::kLanding;
   ucp_request_param_t receive{};
   receive.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   receive.cb.recv_am = &UcxAgent::OnLanded;
   receive.user_data = raw;
+  // Kept before the call, in case UCX completes it before returning.
+  agent->landings_.emplace(raw, std::move(landing));
   void* request = ucp_am_recv_data_nbx(agent->worker_, data, raw->bytes.data(), length, &receive);
   if (request == nullptr) {
     agent->LandLocked(raw->transfer, raw->chunk, raw->bytes.data(), raw->bytes.size());
+    agent->landings_.erase(raw);
   } else if (UCS_PTR_IS_ERR(request)) {
     agent->FailLocked(answer.transfer, UcxError("receiving KV pages", UCS_PTR_STATUS(request)));
-  } else {
-    agent->landings_.emplace(raw, std::move(landing));
+    agent->landings_.erase(raw);
   }
   return UCS_OK;
 }
@@ -587,8 +645,13 @@ void UcxAgent::LandLocked(TransferId id, uint64_t chunk, const char* bytes, size
     return;  // cut off meanwhile: its memory may be someone else's now
   }
   Transfer& transfer = *found->second;
+  if (chunk >= transfer.chunks.size() || transfer.state[chunk] == ChunkState::kLanded ||
+      transfer.state[chunk] == ChunkState::kWaiting) {
+    return;  // each chunk lands once, and only once asked for
+  }
   const Chunk& c = transfer.chunks[chunk];
   if (length != c.bytes) return;
+  transfer.state[chunk] = ChunkState::kLanded;
   const char* from = bytes;
   for (const Descriptor& d : c.local) {
     std::memcpy(static_cast<char*>(regions_[d.region].base) + d.offset, from, d.bytes);
@@ -687,12 +750,14 @@ absl::Status UcxAgent::FlushLocked(ucp_ep_h endpoint) {
 
 absl::Status UcxAgent::PingLocked(ucp_ep_h endpoint, const Peer& peer) {
   const uint64_t nonce = next_nonce_++;
+  pings_.insert(nonce);
   auto out = std::make_unique<Outgoing>();
   out->ping.nonce = nonce;
   const void* header = &out->ping;
   if (ucs_status_t s = SendLocked(endpoint, kPingAmId, std::move(out), header, sizeof(PingHeader),
                                   UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
       s != UCS_OK) {
+    pings_.erase(nonce);
     return UcxError("connecting to the peer", s);
   }
   // The progress thread receives the answer; the lock is released while
@@ -702,6 +767,7 @@ absl::Status UcxAgent::PingLocked(ucp_ep_h endpoint, const Peer& peer) {
     return pongs_.contains(nonce) || !peer.failure.ok();
   };
   mu_.AwaitWithTimeout(absl::Condition(&answered), kConnectTimeout);
+  pings_.erase(nonce);
   if (pongs_.erase(nonce) > 0) return absl::OkStatus();
   if (!peer.failure.ok()) return peer.failure;
   return absl::UnavailableError(absl::StrCat("UCX: connecting to the peer: no answer within ",
@@ -731,7 +797,8 @@ ucs_status_t UcxAgent::OnPong(void* arg, const void* header, size_t header_lengt
   if (header_length != sizeof(PingHeader)) return UCS_OK;
   PingHeader pong;
   std::memcpy(&pong, header, sizeof(pong));
-  agent->pongs_.insert(pong.nonce);
+  // Only pings still awaited: a stray or late answer is dropped.
+  if (agent->pings_.contains(pong.nonce)) agent->pongs_.insert(pong.nonce);
   return UCS_OK;
 }
 
@@ -820,8 +887,11 @@ absl::StatusOr<TransferId> UcxAgent::PostRead(PeerId peer_id, std::span<const De
   const TransferId id = next_transfer_++;
   auto owned = std::make_unique<Transfer>();
   Transfer& transfer = *owned;
+  transfer.agent = this;
+  transfer.id = id;
   transfer.peer = peer_id;
   transfer.token = std::string(grant_token);
+  if (absl::Status s = RandomBytes(transfer.nonce, sizeof(transfer.nonce)); !s.ok()) return s;
   transfer.notification = std::move(notification);
   // Chunks of at most kChunkBytes, cutting descriptors where they cross.
   for (size_t i = 0; i < local.size(); ++i) {
@@ -838,6 +908,7 @@ absl::StatusOr<TransferId> UcxAgent::PostRead(PeerId peer_id, std::span<const De
       done += piece;
     }
   }
+  transfer.state.assign(transfer.chunks.size(), ChunkState::kWaiting);
   transfers_[id] = std::move(owned);
   AdvanceLocked(id, transfer);
   Wake();
@@ -857,8 +928,10 @@ TransferStatus UcxAgent::Poll(TransferId id) {
 void UcxAgent::Release(TransferId id) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
-  if (it != transfers_.end() && it->second->status.state != TransferState::kInProgress &&
-      !it->second->notifying) {
+  if (it == transfers_.end() || it->second->status.state == TransferState::kInProgress) return;
+  if (it->second->notifying) {
+    it->second->released = true;  // OnNotified erases it (UCX still points at it)
+  } else {
     transfers_.erase(it);
   }
 }

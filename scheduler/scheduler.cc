@@ -124,7 +124,9 @@ void Scheduler::Post(std::function<void()> action) {
 
 void Scheduler::SetRemoteDecodeLink(RemoteDecodeLink* link) {
   remote_link_ = link;
-  core_.SetLeaseEndHook([link](uint64_t sequence_id) { link->LeaseEnded(sequence_id); });
+  core_.SetLeaseEndHook([link](uint64_t sequence_id) {
+    if (link != nullptr) link->LeaseEnded(sequence_id);
+  });
 }
 
 void Scheduler::CalibrateStepTime(StepTimeCoefficients prior) {
@@ -211,6 +213,9 @@ void Scheduler::CompleteImport(uint64_t sequence_id, absl::Status status) {
 
 void Scheduler::DeliverRemote() {
   for (HandoffOffer& offer : core_.TakeOffers()) {
+    // Its lease may have ended since it was queued (cancelled, a deadline):
+    // its blocks may be another request's by now, so it is never offered.
+    if (!core_.LeaseHeld(offer.sequence_id)) continue;
     if (remote_link_ == nullptr) {
       core_.ResumeLocally(offer.sequence_id);
     } else {

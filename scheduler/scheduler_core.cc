@@ -659,6 +659,13 @@ SchedulerCore::Sequence* SchedulerCore::FindRemote(uint64_t id) {
   return nullptr;
 }
 
+bool SchedulerCore::LeaseHeld(uint64_t sequence_id) const {
+  for (const SequencePtr& s : remote_) {
+    if (s->id == sequence_id) return s->lease_held;
+  }
+  return false;
+}
+
 bool SchedulerCore::CommitLease(uint64_t sequence_id) {
   Sequence* seq = FindRemote(sequence_id);
   if (seq == nullptr || !seq->lease_held) return false;

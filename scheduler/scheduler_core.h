@@ -257,6 +257,9 @@ class SchedulerCore {
   // expired, resumed here, or the request ended), before its blocks can go
   // to anything else (RemoteDecodeLink::LeaseEnded).
   void SetLeaseEndHook(std::function<void(uint64_t)> hook) { on_lease_end_ = std::move(hook); }
+  // Whether the remote request still holds its blocks under its offer's
+  // lease (false once it was read, expired, resumed here or ended).
+  bool LeaseHeld(uint64_t sequence_id) const;
   // The decode daemon has read the request's pages: releases them and
   // returns true, unless the lease already expired (or the request ended).
   bool CommitLease(uint64_t sequence_id);

@@ -374,99 +374,171 @@ TEST_F(UcxAgentTest, ARevokedOrExpiredGrantOrAForgedTokenReadsNothing) {
   EXPECT_TRUE(std::all_of(target_.begin() + 4096, target_.end(), [](char c) { return c == 0; }));
 }
 
-// The agent's context has no one-sided gets: a UCX peer that asks for the
-// owner's memory with a get of its own (over TCP, UCX would answer one for
-// any address of the process) gets nothing. The attacker then pings the
-// owner on the same connection (the agent's own round trip, ucx_agent.cc's
-// message ids 20 and 21): once the answer is back, the owner has handled
-// the get before it, and an answer to the get would have come first.
-ucs_status_t OnAttackerPong(void* arg, const void*, size_t, void*, size_t,
-                            const ucp_am_recv_param_t*) {
-  *static_cast<bool*>(arg) = true;
-  return UCS_OK;
-}
+// A UCX context of its own, outside any agent, connected to an agent's
+// worker: what a stranger who reaches the transport's port can do. It
+// speaks the agent's round trip (ucx_agent.cc's message ids 20 and 21):
+// once the agent answers a ping, it has handled everything sent before it
+// on the same connection.
+class Stranger {
+ public:
+  static constexpr unsigned kPingAmId = 20, kPongAmId = 21;
 
+  explicit Stranger(const std::string& address) {
+    ucp_config_t* config = nullptr;
+    EXPECT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+    EXPECT_EQ(ucp_config_modify(config, "TLS", "tcp"), UCS_OK);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    EXPECT_EQ(ucp_init(&params, config, &context_), UCS_OK);
+    ucp_config_release(config);
+    ucp_worker_params_t worker_params{};
+    EXPECT_EQ(ucp_worker_create(context_, &worker_params, &worker_), UCS_OK);
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                         UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = kPongAmId;
+    handler.cb = &Stranger::OnPong;
+    handler.arg = &pongs_;
+    EXPECT_EQ(ucp_worker_set_am_recv_handler(worker_, &handler), UCS_OK);
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    EXPECT_EQ(ucp_ep_create(worker_, &ep_params, &ep_), UCS_OK);
+  }
+
+  ~Stranger() {
+    // Closing ends whatever is still in flight (cancelled).
+    ucp_request_param_t close{};
+    close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    close.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* closing = ucp_ep_close_nbx(ep_, &close);
+    if (UCS_PTR_IS_PTR(closing)) {
+      while (ucp_request_check_status(closing) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+      ucp_request_free(closing);
+    }
+    for (void* request : requests_) ucp_request_free(request);
+    if (key_ != nullptr) ucp_rkey_destroy(key_);
+    if (memory_ != nullptr) ucp_mem_unmap(context_, memory_);
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+  }
+
+  // Sends an active message (eager, with a reply endpoint).
+  void Send(unsigned am_id, const void* header, size_t header_bytes, const std::string& data) {
+    ucp_request_param_t send{};
+    send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    send.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    void* request =
+        ucp_am_send_nbx(ep_, am_id, header, header_bytes, data.data(), data.size(), &send);
+    ASSERT_FALSE(UCS_PTR_IS_ERR(request));
+    if (request != nullptr) requests_.push_back(request);
+  }
+
+  // Pings the agent and waits (at most 20 s) for its answer.
+  bool Ping() {
+    const uint64_t nonce = ++pings_;
+    Send(kPingAmId, &nonce, sizeof(nonce), "");
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (pongs_ < nonce && absl::Now() < deadline) ucp_worker_progress(worker_);
+    return pongs_ >= nonce;
+  }
+
+  // A one-sided get of `bytes` at `address` of the agent's process, with a
+  // key for the stranger's own memory (TCP's keys carry nothing). Returns
+  // the request (or null when UCX finished it at once).
+  void* Get(std::vector<char>& into, uint64_t address) {
+    ucp_mem_map_params_t map{};
+    map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    map.address = into.data();
+    map.length = into.size();
+    EXPECT_EQ(ucp_mem_map(context_, &map, &memory_), UCS_OK);
+    void* packed = nullptr;
+    size_t packed_bytes = 0;
+    EXPECT_EQ(ucp_rkey_pack(context_, memory_, &packed, &packed_bytes), UCS_OK);
+    EXPECT_EQ(ucp_ep_rkey_unpack(ep_, packed, &key_), UCS_OK);
+    ucp_rkey_buffer_release(packed);
+    ucp_request_param_t get{};
+    void* request = ucp_get_nbx(ep_, into.data(), into.size(), address, key_, &get);
+    if (UCS_PTR_IS_PTR(request)) requests_.push_back(request);
+    return request;
+  }
+
+  void Progress() { ucp_worker_progress(worker_); }
+
+ private:
+  static ucs_status_t OnPong(void* arg, const void*, size_t, void*, size_t,
+                             const ucp_am_recv_param_t*) {
+    ++*static_cast<uint64_t*>(arg);
+    return UCS_OK;
+  }
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  ucp_mem_h memory_ = nullptr;
+  ucp_rkey_h key_ = nullptr;
+  uint64_t pings_ = 0, pongs_ = 0;
+  std::vector<void*> requests_;
+};
+
+// The agent's context has no one-sided gets: a stranger that asks for the
+// owner's memory with a get of its own (over TCP, UCX would answer one for
+// any address of the process) gets nothing. Once the owner has answered a
+// ping sent after the get, it has handled the get, and an answer to it
+// would have come first.
 TEST_F(UcxAgentTest, AOneSidedGetFromAnotherUcxContextReadsNothing) {
-  constexpr unsigned kAgentPingAmId = 20, kAgentPongAmId = 21;
   absl::StatusOr<AgentMetadata> metadata = DecodeAgentMetadata(*owner_->LocalMetadata());
   ASSERT_TRUE(metadata.ok());
-  ucp_config_t* config = nullptr;
-  ASSERT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
-  ASSERT_EQ(ucp_config_modify(config, "TLS", "tcp"), UCS_OK);
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
-  ucp_context_h context = nullptr;
-  ASSERT_EQ(ucp_init(&params, config, &context), UCS_OK);
-  ucp_config_release(config);
-  ucp_worker_params_t worker_params{};
-  ucp_worker_h worker = nullptr;
-  ASSERT_EQ(ucp_worker_create(context, &worker_params, &worker), UCS_OK);
-  bool ponged = false;
-  ucp_am_handler_param_t handler{};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kAgentPongAmId;
-  handler.cb = &OnAttackerPong;
-  handler.arg = &ponged;
-  ASSERT_EQ(ucp_worker_set_am_recv_handler(worker, &handler), UCS_OK);
-  ucp_ep_params_t ep_params{};
-  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  ep_params.address = reinterpret_cast<const ucp_address_t*>(metadata->address.data());
-  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ucp_ep_h ep = nullptr;
-  ASSERT_EQ(ucp_ep_create(worker, &ep_params, &ep), UCS_OK);
-  // A key for the attacker's own memory: TCP's keys carry nothing.
-  std::vector<char> mine(4096, 0);
-  ucp_mem_map_params_t map{};
-  map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  map.address = mine.data();
-  map.length = mine.size();
-  ucp_mem_h memory = nullptr;
-  ASSERT_EQ(ucp_mem_map(context, &map, &memory), UCS_OK);
-  void* packed = nullptr;
-  size_t packed_bytes = 0;
-  ASSERT_EQ(ucp_rkey_pack(context, memory, &packed, &packed_bytes), UCS_OK);
-  ucp_rkey_h key = nullptr;
-  ASSERT_EQ(ucp_ep_rkey_unpack(ep, packed, &key), UCS_OK);
-  ucp_rkey_buffer_release(packed);
-
   std::vector<char> stolen(4096, 0);
-  ucp_request_param_t get{};
-  void* request =
-      ucp_get_nbx(ep, stolen.data(), stolen.size(), metadata->regions[0].base, key, &get);
-  ASSERT_NE(request, nullptr) << "the get completed at once";
-  const uint64_t nonce = 7;
-  ucp_request_param_t send{};
-  send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  send.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  void* ping = ucp_am_send_nbx(ep, kAgentPingAmId, &nonce, sizeof(nonce), nullptr, 0, &send);
-  ASSERT_FALSE(UCS_PTR_IS_ERR(ping));
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!ponged && absl::Now() < deadline) ucp_worker_progress(worker);
-  ASSERT_TRUE(ponged) << "the owner did not answer the ping";
-  ucp_worker_progress(worker);
-  const ucs_status_t got =
-      UCS_PTR_IS_ERR(request) ? UCS_PTR_STATUS(request) : ucp_request_check_status(request);
-  EXPECT_NE(got, UCS_OK) << "a one-sided get read the owner's memory";
-  EXPECT_TRUE(std::all_of(stolen.begin(), stolen.end(), [](char c) { return c == 0; }));
-
-  // Closing ends the get (cancelled) and the ping.
-  ucp_request_param_t close{};
-  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* closing = ucp_ep_close_nbx(ep, &close);
-  if (UCS_PTR_IS_PTR(closing)) {
-    while (ucp_request_check_status(closing) == UCS_INPROGRESS) ucp_worker_progress(worker);
-    ucp_request_free(closing);
+  {
+    Stranger stranger(metadata->address);
+    void* request = stranger.Get(stolen, metadata->regions[0].base);
+    ASSERT_NE(request, nullptr) << "the get completed at once";
+    ASSERT_TRUE(stranger.Ping()) << "the owner did not answer the ping";
+    stranger.Progress();
+    EXPECT_NE(UCS_PTR_IS_ERR(request) ? UCS_PTR_STATUS(request) : ucp_request_check_status(request),
+              UCS_OK)
+        << "a one-sided get read the owner's memory";
   }
-  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
-  if (UCS_PTR_IS_PTR(ping)) ucp_request_free(ping);
-  ucp_rkey_destroy(key);
-  ucp_mem_unmap(context, memory);
-  ucp_worker_destroy(worker);
-  ucp_cleanup(context);
   EXPECT_TRUE(std::all_of(stolen.begin(), stolen.end(), [](char c) { return c == 0; }));
+}
+
+// A reader takes an answer only for a chunk it asked for, carrying its
+// transfer's nonce: a stranger who guesses the transfer's number can
+// neither write into the reader's memory nor fail its transfer, and the
+// real answer still lands.
+TEST_F(UcxAgentTest, AForgedAnswerIsDroppedAndTheRealOneLands) {
+  // The owner answers nothing for a while (far longer than the forgery
+  // takes), so the ask is outstanding.
+  owner_->StopAnsweringForTesting(absl::Seconds(5));
+  const std::vector<Descriptor> all = {{0, 0, 4096}};
+  absl::StatusOr<TransferId> id = reader_->PostRead(peer_, all, all, token_, "x");
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<AgentMetadata> reader = DecodeAgentMetadata(*reader_->LocalMetadata());
+  ASSERT_TRUE(reader.ok());
+  // ucx_agent.cc's answer: its header's layout (message id 19).
+  struct ForgedAnswer {
+    uint64_t transfer;
+    uint64_t chunk;
+    unsigned char nonce[16];
+    uint32_t refused;
+    uint32_t reserved;
+  };
+  {
+    Stranger stranger(reader->address);
+    ForgedAnswer bytes{*id, 0, {}, 0, 0};
+    stranger.Send(19, &bytes, sizeof(bytes), std::string(4096, 'X'));
+    ForgedAnswer refusal{*id, 0, {}, 1, 0};
+    stranger.Send(19, &refusal, sizeof(refusal), "forged");
+    ASSERT_TRUE(stranger.Ping());
+  }
+  EXPECT_EQ(reader_->Poll(*id).state, TransferState::kInProgress);
+  EXPECT_TRUE(std::all_of(target_.begin(), target_.begin() + 4096, [](char c) { return c == 0; }));
+  const TransferStatus status = Wait(*id);  // the owner answers after its stall
+  ASSERT_EQ(status.state, TransferState::kDone) << status.error;
+  EXPECT_TRUE(std::equal(source_.begin(), source_.begin() + 4096, target_.begin()));
 }
 
 TEST_F(UcxAgentTest, GrantsOutsideTheOwnersRegionsAreRefused) {

@@ -266,6 +266,7 @@ TEST(SchedulerRemoteTest, TheLeaseEndHookRunsOnceBeforeTheBlocksAreReleased) {
   enum class End { kCommit, kExpire, kPeerFails, kCancel };
   for (End end : {End::kCommit, End::kExpire, End::kPeerFails, End::kCancel}) {
     PrefillSide prefill;
+    EXPECT_TRUE(prefill.core.LeaseHeld(7));
     std::vector<uint64_t> ended;
     std::vector<int32_t> free_when_ended;
     prefill.core.SetLeaseEndHook([&](uint64_t id) {
@@ -288,6 +289,8 @@ TEST(SchedulerRemoteTest, TheLeaseEndHookRunsOnceBeforeTheBlocksAreReleased) {
         break;
     }
     EXPECT_EQ(ended, std::vector<uint64_t>{7}) << static_cast<int>(end);
+    // What the scheduler checks before it offers: a stale offer never goes.
+    EXPECT_FALSE(prefill.core.LeaseHeld(7)) << static_cast<int>(end);
     EXPECT_EQ(free_when_ended, std::vector<int32_t>{kBlocks - 3}) << static_cast<int>(end);
     // Nothing that follows ends it again.
     prefill.core.CommitLease(7);
