@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <numeric>
 #include <vector>
 
@@ -425,13 +426,15 @@ class Stranger {
     ucp_cleanup(context_);
   }
 
-  // Sends an active message (eager, with a reply endpoint).
-  void Send(unsigned am_id, const void* header, size_t header_bytes, const std::string& data) {
+  // Sends an active message (eager, with a reply endpoint). Its header
+  // and data are kept until the stranger goes (UCX may send them later).
+  void Send(unsigned am_id, const void* header, size_t header_bytes, std::string data) {
+    const std::string& h = kept_.emplace_back(static_cast<const char*>(header), header_bytes);
+    const std::string& d = kept_.emplace_back(std::move(data));
     ucp_request_param_t send{};
     send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     send.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-    void* request =
-        ucp_am_send_nbx(ep_, am_id, header, header_bytes, data.data(), data.size(), &send);
+    void* request = ucp_am_send_nbx(ep_, am_id, h.data(), h.size(), d.data(), d.size(), &send);
     ASSERT_FALSE(UCS_PTR_IS_ERR(request));
     if (request != nullptr) requests_.push_back(request);
   }
@@ -481,6 +484,7 @@ class Stranger {
   ucp_rkey_h key_ = nullptr;
   uint64_t pings_ = 0, pongs_ = 0;
   std::vector<void*> requests_;
+  std::deque<std::string> kept_;  // what sends in flight read
 };
 
 // The agent's context has no one-sided gets: a stranger that asks for the
