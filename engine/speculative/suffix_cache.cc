@@ -164,8 +164,7 @@ SuffixMatch SuffixCache::LongestLocked(std::string_view salt, std::span<const To
   if (entry == corpus.index.end()) return {};
   const Corpus::Occurrences& occurrences = entry->second;
   const auto tail_size = static_cast<int64_t>(tail.size());
-  SuffixMatch best;
-  int32_t best_length = min_match - 1;
+  TiedMatches best;
   int32_t checked = 0;
   for (size_t i = occurrences.positions.size();
        i-- > occurrences.first_live && checked < kSuffixMaxCandidates; ++checked) {
@@ -176,13 +175,35 @@ SuffixMatch SuffixCache::LongestLocked(std::string_view salt, std::span<const To
            corpus.At(start - 1 - length) == tail[static_cast<size_t>(tail_size - 1 - length)]) {
       ++length;
     }
-    if (length > best_length) {
-      best_length = length;
-      best = {start, length};
-      if (length == kSuffixMaxMatch) break;
+    if (length >= min_match) best.Offer(start, length, corpus.At(start));
+  }
+  return best.Chosen();
+}
+
+void TiedMatches::Offer(int64_t position, int32_t length, TokenId next) {
+  if (length < length_) return;
+  if (length > length_) {
+    length_ = length;
+    ties_.clear();
+  }
+  ties_.emplace_back(position, next);
+}
+
+SuffixMatch TiedMatches::Chosen() const {
+  if (ties_.empty()) return {};
+  // At most kSuffixMaxCandidates ties: counting each one's next token
+  // among the rest is cheap, and keeps the first (latest) of a count.
+  size_t chosen = 0;
+  int32_t chosen_count = 0;
+  for (size_t i = 0; i < ties_.size(); ++i) {
+    int32_t count = 0;
+    for (const auto& [position, next] : ties_) count += next == ties_[i].second ? 1 : 0;
+    if (count > chosen_count) {
+      chosen = i;
+      chosen_count = count;
     }
   }
-  return best;
+  return {ties_[chosen].first, length_};
 }
 
 std::vector<TokenId> SuffixCache::ContinuationLocked(std::string_view salt, int64_t position,

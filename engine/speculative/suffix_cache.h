@@ -42,6 +42,24 @@ struct SuffixMatch {
   int32_t length = 0;
 };
 
+// Chooses among places that match the tail equally long, by what they
+// would draft first: the continuation the most of them share (what this
+// context has most often been followed by), and among those the latest.
+// Offered latest first.
+class TiedMatches {
+ public:
+  // A place matching `length` tokens, whose continuation starts with
+  // `next`. Shorter matches than the longest so far are ignored; a longer
+  // one clears the ties.
+  void Offer(int64_t position, int32_t length, TokenId next);
+  SuffixMatch Chosen() const;
+  int32_t length() const { return length_; }
+
+ private:
+  int32_t length_ = -1;
+  std::vector<std::pair<int64_t, TokenId>> ties_;  // latest first
+};
+
 class SuffixCache {
  public:
   // What the budget counts, estimates of what is allocated: each kept token
@@ -83,7 +101,8 @@ class SuffixCache {
   // The earlier position of `salt`'s text whose preceding tokens match the
   // end of `tail` longest (at most kSuffixMaxMatch; over the latest
   // kSuffixMaxCandidates occurrences of tail's last token; among equals the
-  // latest), with at least `min_match` matching and a non-empty
+  // most shared continuation, then the latest: TiedMatches), with at least
+  // `min_match` matching and a non-empty
   // continuation. None when the salt has no text or nothing matches.
   // Positions never repeat: a salt emptied and filled again continues from
   // where the cache's positions had got to.

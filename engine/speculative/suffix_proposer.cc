@@ -96,20 +96,18 @@ bool SuffixMatcher::Resume(int32_t min_match) {
 bool SuffixMatcher::Search(const SuffixDraftOptions& options) {
   const auto size = static_cast<int64_t>(tokens_.size());
   // The stream: every earlier occurrence p of the last token (the copy
-  // would start at p + 1); the longest match, among equals the latest.
-  int64_t chosen = -1;
-  int32_t best = options.min_match - 1;
+  // would start at p + 1); the longest match, among equals the most shared
+  // continuation, then the latest (TiedMatches).
+  TiedMatches ties;
   const std::vector<int32_t>& occurrences = positions_[tokens_.back()];
   const int64_t usable = static_cast<int64_t>(occurrences.size()) - 1;  // less the last token
   for (int64_t i = usable - 1; i >= std::max<int64_t>(0, usable - kMaxCandidates); --i) {
     const int64_t start = occurrences[static_cast<size_t>(i)] + 1;
     const int32_t match = MatchBefore(start, size);
-    if (match > best) {
-      best = match;
-      chosen = start;
-      if (match == kMaxMatch) break;
-    }
+    if (match >= options.min_match) ties.Offer(start, match, tokens_[static_cast<size_t>(start)]);
   }
+  const int64_t chosen = ties.Chosen().position;
+  const int32_t best = chosen < 0 ? options.min_match - 1 : ties.length();
   // The cache, when it matches longer than the request's own tokens (which
   // are the more likely to be copied on a tie).
   if (options.cache != nullptr && best < kMaxMatch) {

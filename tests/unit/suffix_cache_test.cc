@@ -48,6 +48,16 @@ TEST(SuffixCacheTest, AmongEqualMatchesTheLatestTextWins) {
   EXPECT_EQ(cache.Continuation("", match.position, 1), (Tokens{40}));
 }
 
+TEST(SuffixCacheTest, AmongEqualMatchesTheMostSharedContinuationWins) {
+  SuffixCache cache(1 << 20);
+  cache.Add("", Tokens{1, 2, 30});
+  cache.Add("", Tokens{1, 2, 30});
+  cache.Add("", Tokens{1, 2, 40});
+  const SuffixMatch match = cache.Longest("", Tokens{1, 2}, 1);
+  EXPECT_EQ(match.length, 2);
+  EXPECT_EQ(cache.Continuation("", match.position, 1), (Tokens{30}));
+}
+
 TEST(SuffixCacheTest, ARequestNeverDraftsFromAnotherSaltsText) {
   SuffixCache cache(1 << 20);
   cache.Add("tenant-a", Tokens{1, 2, 3, 4});

@@ -48,6 +48,17 @@ TEST(SuffixMatcherTest, AmongEqualMatchesTheLatestWins) {
   EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{40, 9}));
 }
 
+// Frequency before recency: "5 1" was followed by 30 twice and by 40 once
+// (the latest); among equal matches the continuation most of them share
+// wins, from its latest place.
+TEST(SuffixMatcherTest, AmongEqualMatchesTheMostSharedContinuationWins) {
+  SuffixMatcher matcher = MatcherOf({5, 1, 30, 7, 5, 1, 30, 8, 5, 1, 40, 9, 5, 1});
+  EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{30, 8}));
+  // A longer match still beats any count: "6 5 1" once, followed by 50.
+  SuffixMatcher longer = MatcherOf({5, 1, 30, 5, 1, 30, 6, 5, 1, 50, 6, 5, 1});
+  EXPECT_EQ(Drafted(longer, 1, 1), (Tokens{50}));
+}
+
 // The source: 1 2 [50] 3 4 5 6, and later 60 3 4 5 9 (where "60 3" and
 // "60 3 4 5" match the output's tail better once it replaced 50 with 60).
 const Tokens kSource = {1, 2, 50, 3, 4, 5, 6, 60, 3, 4, 5, 9, 0};
