@@ -311,6 +311,15 @@ UcxAgent::~UcxAgent() {
     absl::MutexLock lock(&mu_);
     for (auto& [id, peer] : peers_) CloseEndpointLocked(peer->endpoint);
     peers_.clear();
+    // Answers still on their way to readers (on connections UCX made, which
+    // closing ours does not end) finish first, sent or failed with their
+    // connection: UCX 1.13 asserts when a worker is destroyed with a send
+    // outstanding. Bounded, for a reader that neither reads nor goes away.
+    const absl::Time deadline = absl::Now() + kConnectTimeout;
+    while ((!outgoing_.empty() || !landings_.empty()) && worker_ != nullptr &&
+           absl::Now() < deadline) {
+      ucp_worker_progress(worker_);
+    }
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     // Buffers UCX may have used up to the worker's end.
     outgoing_.clear();
