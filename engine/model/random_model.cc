@@ -219,9 +219,14 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model
     return absl::InvalidArgumentError(
         StrCat("--model=", model_flag, ": no random model of that name (known: ", known, ")"));
   }
+  return OpenRandomModel(*shape, seed);
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(const RandomModelShape& shape,
+                                                          uint64_t seed) {
   GgufWriter writer;
-  Describe(writer, *shape);
-  AddTensors(writer, *shape, seed);
+  Describe(writer, shape);
+  AddTensors(writer, shape, seed);
   const int fd = memfd_create("tandem-random-model", MFD_CLOEXEC);
   if (fd < 0) return absl::InternalError("memfd_create failed");
   absl::Status written = writer.WriteTo(fd);

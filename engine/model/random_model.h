@@ -52,6 +52,9 @@ bool IsRandomModel(std::string_view model_flag);
 // (a memfd) and opens it. INVALID_ARGUMENT naming the known shapes for an
 // unknown name.
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model_flag);
+// The same for a shape of the caller's (a small one, in tests).
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(const RandomModelShape& shape,
+                                                          uint64_t seed);
 
 // The model a --model value names: "random:..." builds one (OpenRandomModel),
 // anything else is a GGUF file's path (GgufFile::Open).

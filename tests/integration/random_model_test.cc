@@ -155,6 +155,65 @@ TEST(RandomModelTest, TheLastPassesRowsAreForwardsRows) {
   EXPECT_TRUE(std::equal(rows.begin(), rows.end(), all.begin()));
 }
 
+// A mixture of experts gathers each chosen expert's tokens from the batch
+// (LlamaModel::IssueExperts): a token's logits must not depend on which
+// other tokens share its batch or chunk, or on the thread count.
+TEST(RandomModelTest, AMixtureOfExpertsGivesATokenTheSameBitsInAnyBatchOrChunk) {
+  RandomModelShape shape{"test-moe", "olmoe", 2, 256, 128, 4, 4, 512, 1024};
+  shape.experts = 8;
+  shape.experts_used = 2;
+  absl::StatusOr<std::unique_ptr<GgufFile>> opened = OpenRandomModel(shape, 5);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const std::shared_ptr<const GgufFile> file(*std::move(opened));
+  constexpr int kBlockSize = 16;
+  std::vector<int32_t> a(600), b(37), c(5);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>((i * 7919) % 500);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>((i * 104729) % 500);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<int32_t>(3 + i);
+  auto table = [](int32_t first, size_t tokens) {
+    std::vector<int32_t> t((tokens + kBlockSize - 1) / kBlockSize);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = first + static_cast<int32_t>(i);
+    return t;
+  };
+  const std::vector<int32_t> table_a = table(0, a.size()), table_b = table(40, b.size()),
+                             table_c = table(45, c.size());
+  // a's last token's logits: in one pass of 600 tokens, or in chunks of
+  // `chunk` tokens.
+  auto logits_of_a = [&](LlamaModel& m, size_t chunk) {
+    std::vector<float> logits;
+    for (size_t pos = 0; pos < a.size(); pos += chunk) {
+      const size_t n = std::min(chunk, a.size() - pos);
+      const SequenceInput in{std::span(a).subspan(pos, n), static_cast<int32_t>(pos), table_a,
+                             pos + n == a.size() ? 1 : 0};
+      EXPECT_TRUE(m.Forward({&in, 1}, &logits).ok());
+    }
+    return logits;
+  };
+  kernels::cpu::CpuBackend one_thread(1);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> alone =
+      LlamaModel::Create(file, &one_thread, 64, kBlockSize);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_TRUE((*alone)->config().IsMoe());
+  const std::vector<float> reference = logits_of_a(**alone, 1);
+  ASSERT_EQ(reference.size(), 512u);
+  for (size_t chunk : {size_t{600}, size_t{7}, size_t{129}}) {
+    EXPECT_EQ(logits_of_a(**alone, chunk), reference) << "chunks of " << chunk;
+  }
+  kernels::cpu::CpuBackend three_threads(3);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> batched =
+      LlamaModel::Create(file, &three_threads, 64, kBlockSize);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  const std::vector<SequenceInput> batch = {
+      {b, 0, table_b, 1}, {a, 0, table_a, 1}, {c, 0, table_c, 1}};
+  std::vector<float> logits;
+  ASSERT_TRUE((*batched)->Forward(batch, &logits).ok());
+  ASSERT_EQ(logits.size(), 3 * reference.size());
+  EXPECT_TRUE(std::equal(reference.begin(), reference.end(), logits.begin() + 512))
+      << "a between two other sequences, on 3 threads";
+  // The control: the logits of different tokens differ (the test can fail).
+  EXPECT_FALSE(std::equal(reference.begin(), reference.end(), logits.begin()));
+}
+
 TEST(RandomModelTest, UnknownNamesAndBadSeedsAreRefusedNamingWhatIsKnown) {
   absl::StatusOr<std::unique_ptr<GgufFile>> unknown = OpenRandomModel("random:gpt-5");
   EXPECT_TRUE(absl::IsInvalidArgument(unknown.status()));

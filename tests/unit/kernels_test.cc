@@ -137,10 +137,14 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // multiplies packed weights by integer panels where the CPU has VNNI,
       // and without them the types it has no block kernel for by the float32
       // panels.
+      // F16 is multiplied by its float32 panels in every mode, BF16 by them
+      // in q8.
       const bool q8_activations =
           mode == MatMulMode::kQ8 &&
-          (HasQ8Kernel(type) || WidensToQ8_0(type) || (HasInt8Products() && w.packed != nullptr));
-      const bool bf16_activations = mode == MatMulMode::kBf16 && w.packed != nullptr;
+          (HasQ8Kernel(type) || WidensToQ8_0(type) ||
+           (HasInt8Products() && w.packed != nullptr && HasInt8Panels(type)));
+      const bool bf16_activations =
+          mode == MatMulMode::kBf16 && w.packed != nullptr && HasBf16Panels(type);
       const double tolerance = q8_activations ? 1.5e-2 : bf16_activations ? 2.5e-3 : 2e-6;
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t c = 0; c < n; ++c) {
@@ -298,11 +302,13 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
   // weight differently (a scale, a sub-block, a nibble, a rounding) differs
   // here. The K-quants and IQ4_XS are packed in every mode (q8 multiplies
   // them by these float32 panels where it has no integer ones), the others
-  // in f32 and bf16.
+  // in f32 and bf16; F16 and BF16 in every mode, F16 multiplied by these
+  // panels in every mode and BF16 in f32 and q8.
   std::mt19937 rng(31);
   const int64_t n = 48, k = 768;
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kIQ4_NL,
-                     DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_XS}) {
+  for (DType type :
+       {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kIQ4_NL, DType::kQ4_K,
+        DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_XS, DType::kF16, DType::kBF16}) {
     std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
     std::vector<float> wf(static_cast<size_t>(n * k));
     for (int64_t r = 0; r < n; ++r) {
@@ -317,7 +323,10 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
       const bool int8_panels = mode == MatMulMode::kQ8 && HasInt8Products();
       ASSERT_EQ(w.packed != nullptr, mode != MatMulMode::kQ8 || !q8_kernel || int8_panels)
           << Info(type).name << " " << MatMulModeName(mode);
-      if (mode == MatMulMode::kBf16 || int8_panels || w.packed == nullptr) continue;
+      const bool float_panels = w.packed != nullptr &&
+                                !(mode == MatMulMode::kBf16 && HasBf16Panels(type)) &&
+                                !(int8_panels && HasInt8Panels(type));
+      if (!float_panels) continue;
       for (const int64_t m : {1, 9}) {  // decoded on the fly; dequantized panels
         const std::vector<float> x = RandomRows(m, k, rng);
         std::vector<int64_t> all(static_cast<size_t>(m));
@@ -456,6 +465,9 @@ TEST(PackedMatMulTest, WeightBytesCountThePanelsAndWidenedBlocksEachModeMakes) {
       {DType::kIQ4_XS, w * 304 / 512, w * 304 / 512, w * 304 / 512},
       {DType::kIQ4_NL, w * 304 / 512, w * 34 / 32, w * 304 / 512},  // q8: widened, as blocks
       {DType::kQ5_0, w * 34 / 32 + w * 544 / 512, w * 34 / 32, w * 34 / 32 + w * 544 / 512},
+      // F16 and BF16: their 16-bit values, in float32 (or bfloat16) panels.
+      {DType::kF16, w * 2, w * 2, w * 2},
+      {DType::kBF16, w * 2, w * 2, w * 2},
   };
   for (const Case& c : cases) {
     for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {

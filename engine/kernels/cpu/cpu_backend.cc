@@ -117,7 +117,7 @@ CpuBackend::UploadPlan CpuBackend::PlanUpload(DType dtype, int64_t rows, int64_t
   const bool q8_reads_blocks =
       matmul_mode_ == MatMulMode::kQ8 && HasQ8Kernel(plan.dtype) && !(int8_panels && packable);
   plan.pack = !q8_reads_blocks && packable;
-  plan.int8 = plan.pack && int8_panels;
+  plan.int8 = plan.pack && int8_panels && HasInt8Panels(plan.dtype);
   return plan;
 }
 

@@ -26,7 +26,13 @@ static_assert(kMinRowsPerTask % kPanelWidth == 0, "tasks cover whole packed pane
 // In q8 mode a packed weight holds integer panels where the CPU has the
 // instructions (CpuBackend::UploadWeight), else float32 ones.
 bool UsesInt8Panels(MatMulMode mode, const Weight& w) {
-  return mode == MatMulMode::kQ8 && HasInt8Products() && w.packed != nullptr;
+  return mode == MatMulMode::kQ8 && HasInt8Products() && w.packed != nullptr &&
+         HasInt8Panels(w.dtype);
+}
+// Whether the weight is multiplied by bfloat16 products (the bf16 mode's
+// packed weights but F16's, whose float32 panels keep them exact).
+bool UsesBf16Panels(MatMulMode mode, const Weight& w) {
+  return mode == MatMulMode::kBf16 && w.packed != nullptr && HasBf16Panels(w.dtype);
 }
 // Whether the weight is multiplied by 8-bit activations (integer panels or
 // the block kernels).
@@ -76,7 +82,7 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   bool any_bf16 = false;
   for (const Weight* w : weights) {
     any_q8 |= UsesQ8(mode, *w);
-    any_bf16 |= mode == MatMulMode::kBf16 && w->packed != nullptr;
+    any_bf16 |= UsesBf16Panels(mode, *w);
     any_fused |= !UsesQ8(mode, *w) && w->packed == nullptr && HasFusedF32Kernel(w->dtype) &&
                  FusedF32KernelNeedsBlockSums();
   }
@@ -132,7 +138,7 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
                              scratch.activations.data(), rows, n0, n1, bias, outs[w]);
       } else if (UsesQ8(mode, weight)) {
         MatMulQ8Rows(weight, scratch.activations.data(), rows, n0, n1, bias, outs[w]);
-      } else if (weight.packed != nullptr && mode == MatMulMode::kBf16) {
+      } else if (UsesBf16Panels(mode, weight)) {
         MatMulPackedBf16Rows(*static_cast<const PackedWeight*>(weight.packed),
                              scratch.bf16_activations.data(), scratch.bf16_block_sums.data(), rows,
                              n0, n1, bias, scratch.dequantized[static_cast<size_t>(thread)],

@@ -26,13 +26,14 @@ enum class MatMulMode {
   // (logits within ~1e-2 of a float64 evaluation). The default.
   kF32,
   // 8-bit activations (llama.cpp's CPU scheme) times the exact quants as
-  // integer dot products: every packable type where the CPU has AVX-512 VNNI
-  // (packed_matmul_int8.h), else Q8_0/Q4_0/Q4_1 blocks. Fastest; the
-  // activation rounding moves logits by ~0.5 on small models.
+  // integer dot products: every packable quantized type where the CPU has
+  // AVX-512 VNNI (packed_matmul_int8.h), else Q8_0/Q4_0/Q4_1 blocks; F16 and
+  // BF16 weights as kF32. Fastest; the activation rounding moves logits by
+  // ~0.5 on small models.
   kQ8,
-  // bfloat16 activations times the exact quants of packed Q8_0/Q4_0/Q4_1
+  // bfloat16 activations times the exact quants (or BF16 weights) of packed
   // weights, summed in float32 (packed_matmul.h): twice the float32 rate on
-  // CPUs with AVX-512 BF16; other weights as kF32.
+  // CPUs with AVX-512 BF16; F16 and unpacked weights as kF32.
   kBf16,
 };
 

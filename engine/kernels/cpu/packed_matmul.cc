@@ -14,6 +14,10 @@
 
 namespace tandem::kernels::cpu {
 
+bool HasBf16Panels(DType dtype) { return dtype != DType::kF16; }
+
+bool HasInt8Panels(DType dtype) { return dtype != DType::kF16 && dtype != DType::kBF16; }
+
 #ifdef TANDEM_CPU_AVX512
 namespace {
 
@@ -191,6 +195,30 @@ struct LevelsFormat {
   }
 };
 
+// F16 (HalfLayout): w = the half as a float (exact, as DequantizeRow).
+struct HalfFormat {
+  using L = HalfLayout;
+  struct Scales {};
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* /*block*/) { return {}; }
+  static void DecodePair(const uint8_t* block, const Scales& /*s*/, int j, __m512* w0, __m512* w1) {
+    const auto* group = reinterpret_cast<const __m256i*>(block + 64 * j);
+    *w0 = _mm512_cvtph_ps(_mm256_loadu_si256(group));
+    *w1 = _mm512_cvtph_ps(_mm256_loadu_si256(group + 1));
+  }
+};
+
+// BF16 (HalfLayout, in pairs): w = the bfloat16 as a float (its top half).
+struct Bf16PairFormat {
+  using L = HalfLayout;
+  struct Scales {};
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* /*block*/) { return {}; }
+  static void DecodePair(const uint8_t* block, const Scales& /*s*/, int j, __m512* w0, __m512* w1) {
+    const __m512i pair = _mm512_loadu_si512(block + 64 * j);
+    *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+    *w1 = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(-65536)));
+  }
+};
+
 template <int R, int P>
 inline void StoreTile(__m512 (&acc)[R][P], const Matrix& out, int64_t row0, int64_t n,
                       const float* bias) {
@@ -363,6 +391,27 @@ void PackPanels(const Weight& weight, PackedWeight& packed) {
   }
 }
 
+// F16 or BF16 panels (HalfLayout): each block's 16 rows x 32 values, input
+// by input (F16) or pair by pair (BF16, kPairs).
+template <bool kPairs>
+void PackHalfPanels(const Weight& weight, PackedWeight& packed) {
+  const auto* src = static_cast<const uint16_t*>(weight.data);
+  constexpr int64_t kBlockValues = HalfLayout::kBlockBytes / 2;
+  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
+    auto* panel = reinterpret_cast<uint16_t*>(packed.data.get() + p * packed.panel_bytes);
+    for (int64_t b = 0; b < weight.cols / kBlockInputs; ++b) {
+      uint16_t* block = panel + b * kBlockValues;
+      for (int64_t i = 0; i < kPanelWidth; ++i) {
+        const uint16_t* row = src + (p * kPanelWidth + i) * weight.cols + b * kBlockInputs;
+        for (int64_t k = 0; k < kBlockInputs; ++k) {
+          const int64_t at = kPairs ? k / 2 * 32 + 2 * i + k % 2 : k * kPanelWidth + i;
+          block[at] = row[k];
+        }
+      }
+    }
+  }
+}
+
 // The panels of a Block32 type in format F.
 template <typename F>
 void PackBlock32Panels(const Weight& weight, PackedWeight& packed) {
@@ -399,6 +448,10 @@ auto WithFormat(DType dtype, Fn&& f) {
     case DType::kIQ4_NL:
     case DType::kIQ4_XS:
       return f(LevelsFormat{});
+    case DType::kF16:
+      return f(HalfFormat{});
+    case DType::kBF16:
+      return f(Bf16PairFormat{});
     default:
       return f(Q8_0Format{});
   }
@@ -407,9 +460,11 @@ auto WithFormat(DType dtype, Fn&& f) {
 }  // namespace
 
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols) {
+  const bool half = dtype == DType::kF16 || dtype == DType::kBF16;
   return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ8_0 ||
-          HasBlock32(dtype)) &&
-         rows > 0 && rows % kPanelWidth == 0 && cols > 0 && cols % Info(dtype).block_elements == 0;
+          HasBlock32(dtype) || half) &&
+         rows > 0 && rows % kPanelWidth == 0 && cols > 0 &&
+         cols % std::max<int64_t>(Info(dtype).block_elements, kBlockInputs) == 0;
 }
 
 int64_t PackedWeightBytes(DType dtype, int64_t rows, int64_t cols) {
@@ -444,6 +499,12 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
       break;
     case DType::kQ8_0:
       PackPanels<BlockQ8_0>(weight, *packed);
+      break;
+    case DType::kF16:
+      PackHalfPanels<false>(weight, *packed);
+      break;
+    case DType::kBF16:
+      PackHalfPanels<true>(weight, *packed);
       break;
     default:
       WithFormat(weight.dtype, [&](auto f) {

@@ -98,9 +98,25 @@ struct LevelsLayout {  // IQ4_NL, IQ4_XS: d halves, scale bytes, level index nib
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0;
   static constexpr int64_t kScale = 32, kQuants = 48, kBlockBytes = kQuants + 256;
 };
+// F16 and BF16: no scales, the 16 rows' 16-bit values. F16: 32 groups of
+// 32 bytes, group j the rows' halves of input j (one load, one conversion
+// to float). BF16: 16 groups of 64 bytes, 32-bit word i of group j row i's
+// inputs 2j (low half) and 2j + 1 (high): the order of the bfloat16 pair
+// products, so the bf16 mode multiplies them as they are stored.
+using HalfLayout = PlainLayout<1024>;
+
+// Whether a packed weight of this type is multiplied by the bfloat16
+// products in the bf16 mode: every packable type but F16 (whose 11-bit
+// significands bfloat16 cannot hold; it is multiplied by its float32 panels
+// in every mode).
+bool HasBf16Panels(DType dtype);
+// Whether it can have integer panels in the q8 mode: the quantized types,
+// not F16 or BF16 (their values are no integers; float32 panels there).
+bool HasInt8Panels(DType dtype);
 
 // Whether this build packs weights of this type and shape (AVX-512; Q4_0,
-// Q4_1, Q8_0 or a Block32 type; rows a multiple of 16, cols of 32).
+// Q4_1, Q8_0, a Block32 type, F16 or BF16; rows a multiple of 16, cols of
+// 32).
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols);
 
 // The bytes of PackWeight's copy. REQUIRES: CanPackWeight(dtype, rows, cols).
@@ -135,9 +151,10 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 //       acc = fma(D_b,r, inner, acc)
 //     with a minimum: acc = fma(M_b, sum of x~ over the block, acc)
 // (v = the nibble for Q4_1, the nibble - 8 for Q4_0, the byte for Q8_0, a
-// Block32's v(q); D = d, or d * scale; M = m for Q4_1, -(dmin * min) for the
-// Block32 types that have one), the same in both kernels, so rows stay batch
-// invariant.
+// Block32's v(q), the weight itself for BF16; D = d, or d * scale, or 1 for
+// BF16; M = m for Q4_1, -(dmin * min) for the Block32 types that have one),
+// the same in both kernels, so rows stay batch invariant. F16 weights are
+// not multiplied here (HasBf16Panels).
 
 // Whether this build has the AVX-512 BF16 instructions.
 bool HasBf16Products();

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/check.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/packed_matmul.h"
@@ -176,6 +177,21 @@ struct LevelsBf16 {
   }
   static __m512 D(const uint8_t* /*header*/, const uint8_t* block, int /*sub*/) {
     return _mm512_mul_ps(HalvesAt(block + L::kD), SignedBytesAt(block + L::kScale));
+  }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
+};
+
+// BF16 weights (HalfLayout, in pairs): the stored pairs themselves, D = 1.
+struct Bf16WeightsBf16 {
+  using L = HalfLayout;
+  static constexpr bool kHasMin = false;
+  static constexpr int kSubBlocks = 1;
+  static __m512i Table() { return _mm512_setzero_si512(); }
+  static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
+    return _mm512_loadu_si512(block + 64 * j);
+  }
+  static __m512 D(const uint8_t* /*header*/, const uint8_t* /*block*/, int /*sub*/) {
+    return _mm512_set1_ps(1.0f);
   }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
@@ -409,6 +425,11 @@ void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const 
     case DType::kIQ4_NL:
     case DType::kIQ4_XS:
       return Bf16Rows<LevelsBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kBF16:
+      return Bf16Rows<Bf16WeightsBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kF16:
+      TANDEM_CHECK(false, "F16 weights have no bfloat16 panels (HasBf16Panels)");
+      return;
     default:
       return Bf16Rows<Q8_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
   }
