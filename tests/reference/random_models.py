@@ -46,11 +46,24 @@ CONFIGS = {
 
 
 def write(path, arch, seed=0):
+    """`arch`: a family of CONFIGS, or FAMILY-bf16 for its matrices in BF16
+    (what converters write for bfloat16 checkpoints) instead of F16."""
+    arch, _, matrices = arch.partition("-")
     c = CONFIGS[arch]
     rng = np.random.default_rng(seed)
     source = gguf.GGUFReader(sdist.vocab_file(c["vocab"]) if "vocab" in c else probe.MODEL)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(path, arch)
+    if matrices == "bf16":  # every F16 tensor below becomes BF16
+        add_tensor = writer.add_tensor
+
+        def add_bf16(name, values, **kwargs):
+            if values.dtype != np.float16:
+                return add_tensor(name, values, **kwargs)
+            kind = gguf.GGMLQuantizationType.BF16
+            return add_tensor(name, gguf.quants.quantize(values.astype(np.float32), kind),
+                              raw_dtype=kind)
+        writer.add_tensor = add_bf16
     writer.add_name(f"random-{arch}")
     writer.add_block_count(c["layers"])
     writer.add_context_length(c["context"])

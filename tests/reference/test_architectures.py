@@ -31,11 +31,14 @@ import random_models
 TOKENS = 48
 LOGPROB_TOLERANCE = 0.005
 NEAR_TIE = 0.5
-ARCHITECTURES = ["qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "olmoe"]
+# qwen3-bf16: Qwen3's file with BF16 matrices (their own packed panels).
+ARCHITECTURES = ["qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "olmoe", "qwen3-bf16"]
 # The family's own operation, done wrong (numpy_reference.Session's mistakes).
 MISTAKES = {"qwen2": "no_qkv_bias", "qwen3": "no_qk_norm", "phi3": "up_gate_swapped",
             "gemma2": "no_window", "gemma3": "one_rope", "qwen3moe": "no_expert_norm",
-            "olmoe": "no_qk_norm"}
+            "olmoe": "no_qk_norm", "qwen3-bf16": "no_qk_norm"}
+# The bf16 mode (bfloat16 activations) against float64: as test_rounding.py.
+BF16_MIN_AGREEMENT = 0.95
 PROMPT = "The history of the printing press begins in"
 
 
@@ -79,6 +82,26 @@ def test_top5_logprobs_are_within_tolerance(arch_file, prompt):
         worst = max(worst, float(np.abs(ours[i][top5] - theirs[i][top5]).max()))
     print(f"largest top-5 logprob difference: {worst:.2e}")
     assert worst <= LOGPROB_TOLERANCE
+
+
+def test_the_bf16_mode_follows_float64_on_bf16_weights(tmp_path):
+    """BF16 weights in the bf16 mode (the default where it is fast) are
+    multiplied as stored by bfloat16 pair products: along the float64 pass's
+    greedy continuation, our choices agree at >= 95% of positions and every
+    miss is a near-tie of float64's."""
+    path = random_models.write(str(tmp_path / "random-qwen3-bf16.gguf"), "qwen3-bf16", seed=7)
+    with probe.using_model(path):
+        prompt = probe.tokenize([PROMPT], parse_special=False)[0]
+    reference, reference_logits = numpy_reference.greedy(prompt, TOKENS, path)
+    with probe.using_model(path):
+        ours = probe.logits([prompt + reference[:-1]], f"--positions={TOKENS}",
+                            "--matmul=bf16")[0].reshape(TOKENS, -1)
+    chosen = [int(np.argmax(row)) for row in ours]
+    misses = [(i, float(reference_logits[i][reference[i]] - reference_logits[i][chosen[i]]))
+              for i in range(TOKENS) if chosen[i] != reference[i]]
+    print(f"bf16 mode on BF16 weights: {TOKENS - len(misses)}/{TOKENS} agree; misses {misses}")
+    assert TOKENS - len(misses) >= BF16_MIN_AGREEMENT * TOKENS
+    assert all(gap <= NEAR_TIE for _, gap in misses)
 
 
 def test_llama_cpp_makes_the_same_choices(arch_file, prompt):
