@@ -405,6 +405,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   frontend_options.default_deadline = options.requests.default_deadline;
   frontend_options.slow_reader_timeout = options.requests.slow_reader_timeout;
   frontend_options.accepts_prompts = role != Role::kDecode;
+  frontend_options.arithmetic = p.model->kv_backend().arithmetic();
   v1::ModelInfo& info = frontend_options.model_info;
   info = p.model->Info();
   info.set_disagg_output_threshold(hands_off ? *threshold : -1);

@@ -134,6 +134,7 @@ v1::Load GenerationFrontend::Load() const {
   if (load.least_slack_ms.has_value()) out.set_slo_slack_ms(*load.least_slack_ms);
   out.set_running_remote(load.running_remote);
   out.set_accepts_prompts(options_.accepts_prompts);
+  out.set_arithmetic(options_.arithmetic);
   return out;
 }
 

@@ -39,6 +39,8 @@ struct FrontendOptions {
   // False on a decode daemon (--role=decode): prompts belong to prefill or
   // unified daemons, generation calls get FAILED_PRECONDITION.
   bool accepts_prompts = true;
+  // How the model's products round (Load.arithmetic).
+  std::string arithmetic;
   // --policy=slo with somewhere to hand requests to: GetModelInfo reports
   // the crossover (ModelInfo.slo_crossover_tokens).
   bool slo_paths = false;

@@ -29,6 +29,7 @@ absl::StatusOr<KvEndpoint> StartKvEndpoint(const kernels::Backend& backend,
   absl::StatusOr<std::string> metadata = endpoint.agent->LocalMetadata();
   if (!metadata.ok()) return metadata.status();
   endpoint.metadata = *std::move(metadata);
+  endpoint.arithmetic = backend.arithmetic();
   return endpoint;
 }
 

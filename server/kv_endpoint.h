@@ -20,6 +20,9 @@ struct KvEndpoint {
   uint32_t region = 0;          // the KV storage's region in `agent`
   kernels::KvCacheShape shape;  // its layout (blocks included)
   std::string metadata;         // agent->LocalMetadata()
+  // The backend's arithmetic() (kernels/backend.h): a handoff's pages are
+  // decoded from only by a daemon whose products round the same way.
+  std::string arithmetic;
 };
 
 // Starts a UCX agent on `transports` ("tcp", ...), listening for peers on

@@ -18,9 +18,16 @@
 namespace tandem::server {
 namespace {
 
-// What a handoff must agree on with this daemon's KV storage.
-absl::Status CheckSource(const v1::KvSource& kv, const kernels::KvCacheShape& mine,
-                         int32_t tokens) {
+// What a handoff must agree on with this daemon's KV storage and products.
+absl::Status CheckSource(const v1::KvSource& kv, const KvEndpoint& endpoint, int32_t tokens) {
+  const kernels::KvCacheShape& mine = endpoint.shape;
+  if (kv.arithmetic() != endpoint.arithmetic) {
+    return absl::FailedPreconditionError(
+        StrCat("kv.arithmetic: the prefill daemon's products round as '", kv.arithmetic(),
+               "' and this daemon's as '", endpoint.arithmetic,
+               "': decoding its pages here would give tokens neither daemon gives alone; give both "
+               "daemons the same --cpu_matmul (not auto, where their CPUs differ) and --device"));
+  }
   if (kv.layers() != mine.layers || kv.block_size() != mine.block_size ||
       kv.kv_heads() != mine.kv_heads || kv.head_dim() != mine.head_dim) {
     return absl::FailedPreconditionError(
@@ -300,7 +307,7 @@ absl::Status PeerService::Call::TakeOver() {
   sampling.top_p = h.top_p();
   sampling.seed = h.seed();
   if (absl::Status s = ValidateSampling(sampling, h.logprobs(), ""); !s.ok()) return s;
-  if (absl::Status s = CheckSource(h.kv(), service_->kv_->shape, length); !s.ok()) return s;
+  if (absl::Status s = CheckSource(h.kv(), *service_->kv_, length); !s.ok()) return s;
   absl::StatusOr<kvtransfer::PeerId> peer = service_->PeerFor(h.kv().agent_metadata());
   if (!peer.ok()) return peer.status();
   peer_ = *peer;

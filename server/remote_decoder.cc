@@ -301,6 +301,7 @@ void RemoteDecoder::Offer(scheduler::HandoffOffer offer) {
   kv->set_kv_heads(kv_->shape.kv_heads);
   kv->set_head_dim(kv_->shape.head_dim);
   kv->set_total_blocks(kv_->shape.blocks);
+  kv->set_arithmetic(kv_->arithmetic);
   for (int32_t b : offer.block_table) kv->add_block_ids(b);
   kv->set_lease_ms(absl::ToInt64Milliseconds(offer.lease_deadline - absl::Now()));
   // The peer may read these blocks' pages, and nothing else, until the
@@ -462,10 +463,30 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
       v1::Load load;
       const grpc::Status status = peer->peer->GetLoad(&context, v1::GetLoadRequest(), &load);
       absl::MutexLock lock(&mu_);
-      const bool ready = status.ok() && load.accepting();
-      if (ready != peer->ready) {
-        spdlog::info("decode peer {}: {}", peer->address,
-                     ready ? "ready" : StrCat("not ready (", status.error_message(), ")"));
+      // A peer whose products round otherwise would refuse every handoff
+      // (peer_service.cc): it is never chosen, and the log says why.
+      const bool same_arithmetic = load.arithmetic() == kv_->arithmetic;
+      const bool ready = status.ok() && load.accepting() && same_arithmetic;
+      // Logged when it changes (a peer starts not ready, so its first
+      // state is logged too).
+      std::string state = "ready";
+      if (!status.ok()) {
+        state = StrCat("not ready (", status.error_message(), ")");
+      } else if (!same_arithmetic) {
+        state = StrCat("not used: its products round as '", load.arithmetic(),
+                       "', this daemon's as '", kv_->arithmetic,
+                       "': give both daemons the same --cpu_matmul (not auto, where their CPUs "
+                       "differ) and --device");
+      } else if (!ready) {
+        state = "not ready (not accepting work)";
+      }
+      if (state != peer->state) {
+        if (status.ok() && !same_arithmetic) {
+          spdlog::error("decode peer {}: {}", peer->address, state);
+        } else {
+          spdlog::info("decode peer {}: {}", peer->address, state);
+        }
+        peer->state = std::move(state);
       }
       peer->ready = ready;
       peer->load = load;

@@ -437,6 +437,60 @@ TEST(MultiDaemonTest, AHandoffWithATokenOutsideTheVocabularyIsRefusedByField) {
   EXPECT_EQ(decode.Health(), "SERVING");
 }
 
+// Daemons whose products round differently (the decode daemon's
+// --cpu_matmul=q8, which auto never picks) hand nothing to each other: the
+// prefill daemon never chooses that peer, logs why, and serves the request
+// itself with its own tokens; a handoff sent anyway is refused naming both.
+TEST(MultiDaemonTest, DaemonsWhoseProductsRoundDifferentlyHandNothingToEachOther) {
+  Pool pool(1, {"--cpu_matmul=q8"});
+  Daemon& decode = *pool.decoders[0];
+  Daemon& prefill = *pool.prefill;
+  auto load_of = [](Daemon& daemon) {
+    v1::Load load;
+    grpc::ClientContext context;
+    EXPECT_TRUE(daemon.Stub()->GetLoad(&context, v1::GetLoadRequest(), &load).ok());
+    return load;
+  };
+  const std::string theirs = load_of(decode).arithmetic(), ours = load_of(prefill).arithmetic();
+  EXPECT_THAT(theirs, ::testing::MatchesRegex("cpu-[a-z0-9]+/q8"));
+  EXPECT_THAT(ours, ::testing::MatchesRegex("cpu-[a-z0-9]+/(f32|bf16)"));
+
+  auto stub = prefill.Stub();
+  const Generation g = Generate(*stub, Request(0, 40));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.token_ids, Reference(40, 1)[0]);
+  EXPECT_EQ(Metric(prefill, Handoffs("no_peer", "none")), 1);
+  EXPECT_THAT(prefill.Log(), ::testing::HasSubstr("not used: its products round as '" + theirs +
+                                                  "', this daemon's as '" + ours + "'"));
+
+  auto peer =
+      v1::Peer::NewStub(grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials()));
+  v1::DecodeControl control;
+  v1::HandoffRequest* h = control.mutable_handoff();
+  h->set_request_id("other-arithmetic");
+  for (uint32_t id : {1u, 2u, 3u, 4u}) h->add_token_ids(id);
+  h->set_prompt_tokens(3);
+  h->set_top_p(1.0f);
+  h->set_max_tokens(8);
+  h->mutable_kv()->set_arithmetic(ours);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = peer->Decode(&context);
+  ASSERT_TRUE(stream->Write(control));
+  v1::DecodeEvent event;
+  while (stream->Read(&event)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              ::testing::HasSubstr("kv.arithmetic: the prefill daemon's products round as '" +
+                                   ours + "' and this daemon's as '" + theirs + "'"));
+  EXPECT_EQ(
+      Metric(decode, "tandem_kv_transfer_failures_total{direction=\"in\",reason=\"refused\"}"), 1);
+  EXPECT_TRUE(Idle(decode));
+  EXPECT_TRUE(Idle(prefill));
+}
+
 TEST(MultiDaemonTest, ADecodeDaemonTakesNoPromptsAndAMissingPeerCostsNoRequest) {
   Daemon decode(With({"--role=decode"}));
   ASSERT_TRUE(decode.WaitServing()) << decode.Log();

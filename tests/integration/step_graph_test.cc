@@ -38,6 +38,7 @@ class RecordingCheckBackend final : public Backend {
   size_t keys() const { return logs_.size(); }
 
   std::string name() const override { return "recording check over " + cpu_.name(); }
+  std::string arithmetic() const override { return cpu_.arithmetic(); }
   absl::StatusOr<std::unique_ptr<kernels::DeviceBuffer>> Allocate(size_t bytes) override {
     return cpu_.Allocate(bytes);
   }

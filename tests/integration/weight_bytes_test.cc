@@ -40,6 +40,7 @@ class UploadCountingBackend final : public kernels::Backend {
   int64_t uploaded_bytes() const { return ledger_->bytes; }
 
   std::string name() const override { return "upload counter"; }
+  std::string arithmetic() const override { return "upload counter"; }
   int64_t WeightBytes(DType dtype, int64_t rows, int64_t cols) const override {
     const int64_t elements = rows * cols;  // bf16 copies; float32 stays, matrices also get bf16
     if (dtype != DType::kF32) return elements * 2;

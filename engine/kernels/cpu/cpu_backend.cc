@@ -25,6 +25,15 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
+// The kernels this build has (their arithmetic differs).
+#if defined(TANDEM_CPU_AVX512)
+constexpr std::string_view kIsa = "avx512";
+#elif defined(TANDEM_CPU_AVX2)
+constexpr std::string_view kIsa = "avx2";
+#else
+constexpr std::string_view kIsa = "portable";
+#endif
+
 // What a weight's upload derives from it (a packed copy, a widened one),
 // made once per process: the two workers of a daemon load the same model,
 // and two copies would double the memory and halve the cache both share.
@@ -77,15 +86,12 @@ CpuBackend::CpuBackend(int threads, MatMulMode matmul_mode)
                  LanePriority::kThroughput, matmul_mode) {}
 
 std::string CpuBackend::name() const {
-#if defined(TANDEM_CPU_AVX512)
-  constexpr std::string_view kIsa = "avx512";
-#elif defined(TANDEM_CPU_AVX2)
-  constexpr std::string_view kIsa = "avx2";
-#else
-  constexpr std::string_view kIsa = "portable";
-#endif
   return StrCat("cpu (", kIsa, ", ", lane_.size(), " threads, ", MatMulModeName(matmul_mode_),
                 " matmul)");
+}
+
+std::string CpuBackend::arithmetic() const {
+  return StrCat("cpu-", kIsa, "/", MatMulModeName(matmul_mode_));
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {

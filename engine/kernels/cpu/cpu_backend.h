@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads, MatMulMode matmul_mode = MatMulMode::kF32);
 
   std::string name() const override;
+  std::string arithmetic() const override;
   void BindCallingThread() override { lane_.PinCallingThread(); }
   absl::Duration BeginStep() override { return lane_.BeginStep(); }
   absl::Duration EndStep() override { return lane_.EndStep(); }

@@ -189,6 +189,9 @@ absl::Status CudaBackend::Init() {
   name_ = StrCat("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", ", multiprocessors_,
                  " SMs, ", lane_ == LanePriority::kLatency ? "high" : "low", "-priority stream",
                  partition, ", cuBLAS bf16 matmul)");
+  // cuBLAS chooses its algorithms by device (and its SM count): another
+  // model of GPU may round differently.
+  arithmetic_ = StrCat("cuda-", prop.name, "-", multiprocessors_, "sms/bf16");
   return absl::OkStatus();
 }
 

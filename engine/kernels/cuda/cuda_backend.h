@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return name_; }
+  std::string arithmetic() const override { return arithmetic_; }
   void BindCallingThread() override;
   // The latency lane marks the device's decode lane busy (lane_partition.h).
   absl::Duration BeginStep() override;
@@ -163,6 +164,7 @@ class CudaBackend final : public Backend {
   const LanePriority lane_;
   const int decode_sms_flag_;
   std::string name_;
+  std::string arithmetic_;
   int multiprocessors_ = 0;
   cudaStream_t stream_ = nullptr;      // where operations are issued now
   cudaStream_t own_stream_ = nullptr;  // the lane's stream on the whole device
