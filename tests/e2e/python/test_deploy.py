@@ -212,9 +212,11 @@ def test_the_prefill_pool_finds_the_decode_pool():
         assert flag(container(roles[role])["args"], "kv_transport_ports") == f"{low}-{high}"
         allowed = {(p["port"], p.get("endPort")) for p in peer_rule["ports"]}
         assert allowed == ({("peer", None), (low, high)} if role == "decode" else {(low, high)})
-    # The KV pages must mean the same on both sides.
-    for same in ("model", "block_size"):
+    # The KV pages must mean the same on both sides, and the products round
+    # alike (an explicit mode: auto may choose differently per node).
+    for same in ("model", "block_size", "cpu_matmul"):
         assert flag(prefill["args"], same, None) == flag(decode["args"], same, None), same
+    assert flag(prefill["args"], "cpu_matmul") in ("f32", "bf16", "q8")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
