@@ -48,6 +48,10 @@ struct Daemon::Parts {
   }
 
   DaemonOptions options;
+  // Declared before (so destroyed after) the KV endpoint and the lane mover:
+  // at shutdown the scheduler frees the blocks of transfers still landing
+  // (SchedulerCore::AbandonTransfers), which may write into the KV storage
+  // the model owns until those two are gone.
   std::unique_ptr<ServingModel> model;
   std::unique_ptr<scheduler::FaultInjectingWorker> faulty;  // --inject_fault
   std::shared_ptr<prometheus::Registry> registry;

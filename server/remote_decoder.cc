@@ -467,26 +467,29 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
       // (peer_service.cc): it is never chosen, and the log says why.
       const bool same_arithmetic = load.arithmetic() == kv_->arithmetic;
       const bool ready = status.ok() && load.accepting() && same_arithmetic;
-      // Logged when it changes (a peer starts not ready, so its first
-      // state is logged too).
-      std::string state = "ready";
+      // Logged when its kind changes (a peer starts with none, so its first
+      // state is logged too); a varying error text is not a new state.
+      std::string kind = "ready", detail;
       if (!status.ok()) {
-        state = StrCat("not ready (", status.error_message(), ")");
+        kind = "not ready";
+        detail = StrCat(" (", status.error_message(), ")");
       } else if (!same_arithmetic) {
-        state = StrCat("not used: its products round as '", load.arithmetic(),
-                       "', this daemon's as '", kv_->arithmetic,
-                       "': give both daemons the same --cpu_matmul (not auto, where their CPUs "
-                       "differ) and --device");
+        kind = StrCat("not used: its products round as '", load.arithmetic(), "'");
+        detail = StrCat(
+            load.arithmetic().empty() ? " (it predates reporting it: upgrade both pools)" : "",
+            ", this daemon's as '", kv_->arithmetic,
+            "': give both daemons the same --cpu_matmul (not auto, where their CPUs differ), "
+            "--device and version");
       } else if (!ready) {
-        state = "not ready (not accepting work)";
+        kind = "not ready (not accepting work)";
       }
-      if (state != peer->state) {
+      if (kind != peer->state) {
         if (status.ok() && !same_arithmetic) {
-          spdlog::error("decode peer {}: {}", peer->address, state);
+          spdlog::error("decode peer {}: {}{}", peer->address, kind, detail);
         } else {
-          spdlog::info("decode peer {}: {}", peer->address, state);
+          spdlog::info("decode peer {}: {}{}", peer->address, kind, detail);
         }
-        peer->state = std::move(state);
+        peer->state = std::move(kind);
       }
       peer->ready = ready;
       peer->load = load;

@@ -83,7 +83,7 @@ class RemoteDecoder final : public scheduler::RemoteDecodeLink {
   class Call;
   struct Peer {
     std::string address;  // as resolved: ip:port
-    std::string state;    // as last logged ("ready", "not ready (...)", ...)
+    std::string state;    // the kind last logged ("ready", "not ready", ...)
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Peer::Stub> peer;
     bool ready = false;

@@ -158,12 +158,13 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual std::string name() const = 0;
-  // What decides how this backend's results round, e.g. "cpu-avx512/bf16"
-  // (instruction set and --cpu_matmul mode; not the thread count, which
-  // changes no bit): two backends that report the same string compute the
-  // same bits from the same inputs, and daemons that hand requests to each
-  // other must (server/peer_service.cc), or a request's tokens would depend
-  // on where it ran.
+  // What decides how this backend's results round, e.g.
+  // "cpu-avx512/bf16/r1" (instruction set, --cpu_matmul mode and the
+  // kernels' revision, bumped whenever one's rounding changes; not the
+  // thread count, which changes no bit): two backends that report the same
+  // string compute the same bits from the same inputs, and daemons that
+  // hand requests to each other must (server/peer_service.cc), or a
+  // request's tokens would depend on where it ran.
   virtual std::string arithmetic() const = 0;
 
   // Binds the calling thread (the one that will run this backend's

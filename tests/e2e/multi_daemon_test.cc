@@ -452,8 +452,8 @@ TEST(MultiDaemonTest, DaemonsWhoseProductsRoundDifferentlyHandNothingToEachOther
     return load;
   };
   const std::string theirs = load_of(decode).arithmetic(), ours = load_of(prefill).arithmetic();
-  EXPECT_THAT(theirs, ::testing::MatchesRegex("cpu-[a-z0-9]+/q8"));
-  EXPECT_THAT(ours, ::testing::MatchesRegex("cpu-[a-z0-9]+/(f32|bf16)"));
+  EXPECT_THAT(theirs, ::testing::MatchesRegex("cpu-[a-z0-9+]+/q8/r[0-9]+"));
+  EXPECT_THAT(ours, ::testing::MatchesRegex("cpu-[a-z0-9]+/(f32|bf16)/r[0-9]+"));
 
   auto stub = prefill.Stub();
   const Generation g = Generate(*stub, Request(0, 40));

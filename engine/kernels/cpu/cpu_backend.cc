@@ -25,6 +25,11 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
+// Bump whenever a CPU kernel's rounding changes: daemons of different
+// revisions compute other bits with the same mode and instructions, and must
+// not hand requests to each other (arithmetic()).
+constexpr int kKernelRevision = 1;
+
 // The kernels this build has (their arithmetic differs).
 #if defined(TANDEM_CPU_AVX512)
 constexpr std::string_view kIsa = "avx512";
@@ -91,7 +96,10 @@ std::string CpuBackend::name() const {
 }
 
 std::string CpuBackend::arithmetic() const {
-  return StrCat("cpu-", kIsa, "/", MatMulModeName(matmul_mode_));
+  // q8 has integer panels only where the build has VNNI (without, the
+  // K-quants take float32 panels: other bits).
+  const std::string_view vnni = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products() ? "+vnni" : "";
+  return StrCat("cpu-", kIsa, vnni, "/", MatMulModeName(matmul_mode_), "/r", kKernelRevision);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {

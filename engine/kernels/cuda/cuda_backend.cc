@@ -19,6 +19,9 @@
 namespace tandem::kernels::cuda {
 namespace {
 
+// Bump whenever a CUDA kernel's rounding changes (arithmetic()).
+constexpr int kKernelRevision = 1;
+
 // Device memory that frees itself on its device.
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> DeviceAlloc(int device, size_t bytes,
                                                           const char* what) {
@@ -191,7 +194,7 @@ absl::Status CudaBackend::Init() {
                  partition, ", cuBLAS bf16 matmul)");
   // cuBLAS chooses its algorithms by device (and its SM count): another
   // model of GPU may round differently.
-  arithmetic_ = StrCat("cuda-", prop.name, "-", multiprocessors_, "sms/bf16");
+  arithmetic_ = StrCat("cuda-", prop.name, "-", multiprocessors_, "sms/bf16/r", kKernelRevision);
   return absl::OkStatus();
 }
 
