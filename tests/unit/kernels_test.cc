@@ -74,7 +74,7 @@ class MatMulTest : public ::testing::TestWithParam<MatMulCase> {};
 TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCount) {
   const auto [type, mode] = GetParam();
   std::mt19937 rng(11);
-  const int64_t k = 512, m = 37;
+  const int64_t k = 512, m = 72;
   for (const int64_t n : kMatMulOutputs) {
     std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
     const std::vector<float> x = RandomRows(m, k, rng);
@@ -88,9 +88,12 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
     for (int threads : {1, 3}) {
       CpuBackend backend(threads, mode);
       const Weight w = Upload(backend, type, n, k, bytes);
-      // Batches on both sides of every kernel switch: decoding on the fly
-      // (up to 4 rows) and dequantized panels in tiles of 8 with remainders.
-      for (int64_t batch : {2, 3, 4, 5, 8, 16, 37}) {
+      // Batches on both sides of every kernel switch, with remainders: f32
+      // decodes on the fly up to 4 rows and multiplies dequantized panels in
+      // tiles of 8 above; bf16 decodes on the fly four panels at a time for
+      // up to 2 rows, two panels for tiles of up to 8 rows up to 64 rows,
+      // and multiplies decoded panels above; q8 takes tiles of up to 4 rows.
+      for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 37, 64, 65, 72}) {
         std::vector<int64_t> order(static_cast<size_t>(m));
         std::iota(order.begin(), order.end(), 0);
         std::shuffle(order.begin(), order.end(), rng);

@@ -41,6 +41,31 @@ inline __m512i Q6KPairWords(const uint8_t* block, int j) {
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + Q6KLayout::kQuants + 32 * j)));
 }
 
+// Software prefetch for the kernels that stream a product's panels from
+// memory once (few activation rows). The hardware prefetchers ramp up per
+// stream, and a small model's panels end before they have (SmolLM2-135M's
+// are 5.8 KB in Q4_1): without this a decode step's 30 layers of products
+// read at ~19 GB/s on the 2-core Zen 4 of docs/performance.md, with it ~30
+// (`tandem-matmul-bench --rows=1 --lm_head=false`).
+//
+// A tile multiplies P consecutive panels block by block, so it reads P
+// streams. For panel p of the tile starting at `tile`, this prefetches the
+// bytes kPrefetchDistance past block b (its header included), and past the
+// panel's end the same place in the next tile's panel p, which the next
+// tile reads. Addresses past the weight's end are harmless: a prefetch never
+// faults.
+inline constexpr int64_t kPrefetchDistance = 2048;
+
+template <typename L, int P>
+inline void PrefetchAhead(const uint8_t* tile, int64_t panel_bytes, int p, int64_t b) {
+  int64_t at = BlockOffset<L>(b) + kPrefetchDistance;
+  if (at >= panel_bytes) at += (P - 1) * panel_bytes;
+  const uint8_t* first = tile + p * panel_bytes + at;
+  for (int64_t line = 0; line < L::kHeaderBytes + L::kBlockBytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(first + line), _MM_HINT_T0);
+  }
+}
+
 }  // namespace tandem::kernels::cpu
 #endif  // TANDEM_CPU_AVX512
 

@@ -248,6 +248,7 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
       const uint8_t* at = panel + p * panel_bytes;
       block[p] = at + BlockOffset<typename F::L>(b);
       scales[p] = F::Load(at + HeaderOffset<typename F::L>(b), block[p]);
+      PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
     }
     for (int j = 0; j < kBlockInputs / 2; ++j) {
       __m512 w0[P], w1[P];

@@ -17,7 +17,15 @@ namespace {
 
 constexpr int64_t kBlockInputs = 32;
 constexpr int kPairs = kBlockInputs / 2;
-constexpr int64_t kOnTheFlyMaxRows = 4;
+// Up to this many activation rows (a decode step, a verification of drafted
+// tokens, a short prompt chunk) each block is decoded inside the product, in
+// tiles of up to 8 rows x 2 panels (4 panels for 1-2 rows), the later tiles
+// of rows reading the panels from cache. Above, each pair of panels is
+// decoded into scratch once. Measured with `tandem-matmul-bench` (SmolLM2's
+// shapes, 2 threads): decoding on the fly costs half of the scratch
+// kernel's time at 5-32 rows, the same at 64 and ~4% more at 128.
+constexpr int64_t kOnTheFlyMaxRows = 64;
+constexpr int kOnTheFlyTileRows = 8;
 // The scratch kernel's tile: 8 rows x 2 panels of block-local sums in
 // registers (16), their running totals in an L1 array.
 constexpr int kGemmRows = 8;
@@ -228,10 +236,15 @@ inline void Store(const float (&acc)[R][P][16], const Matrix& out, int64_t row0,
   }
 }
 
+// out rows [row0, row0 + R) x panels [n, n + 16P), decoding each block as it
+// goes; `first` says whether this is the first tile of rows over these
+// panels (the one that reads them from memory, and prefetches).
 template <typename F, int R, int P>
 void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, const uint16_t* xb,
-                  const float* sums, int64_t cols, const Matrix& out, int64_t n,
-                  const float* bias) {
+                  const float* sums, int64_t cols, int64_t row0, bool first, const Matrix& out,
+                  int64_t n, const float* bias) {
+  xb += row0 * cols;
+  sums += row0 * blocks;
   const auto table = F::Table();
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r) {
@@ -243,6 +256,7 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
     for (int p = 0; p < P; ++p) {
       header[p] = panel + p * panel_bytes + HeaderOffset<typename F::L>(b);
       block[p] = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
+      if (first) PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
     }
     for (int sub = 0; sub < F::kSubBlocks; ++sub) {
       __m512 inner[R][P];
@@ -275,7 +289,7 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) _mm512_storeu_ps(totals[r][p], acc[r][p]);
   }
-  Store<R, P>(totals, out, 0, n, bias);
+  Store<R, P>(totals, out, row0, n, bias);
 }
 
 // Scratch for P panels: per block, the 16 pair vectors of each panel, then
@@ -358,12 +372,17 @@ void Bf16Rows(const PackedWeight& weight, const uint16_t* xb, const float* sums,
     const int64_t max_panels = rows <= 2 ? 4 : 2;
     for (int64_t n = n0; n < n1;) {
       const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelWidth));
-      WithConstant<4>(static_cast<int>(rows), [&](auto r) {
-        WithConstant<4>(panels, [&](auto p) {
-          OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, xb, sums, weight.cols,
-                                    out, n, bias);
+      for (int64_t r0 = 0; r0 < rows; r0 += kOnTheFlyTileRows) {
+        const int tile = static_cast<int>(std::min<int64_t>(kOnTheFlyTileRows, rows - r0));
+        WithConstant<kOnTheFlyTileRows>(tile, [&](auto r) {
+          WithConstant<4>(panels, [&](auto p) {
+            if constexpr (r() * p() <= 16) {
+              OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, xb, sums,
+                                        weight.cols, r0, r0 == 0, out, n, bias);
+            }
+          });
         });
-      });
+      }
       n += panels * kPanelWidth;
     }
     return;

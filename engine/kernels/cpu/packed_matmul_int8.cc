@@ -233,6 +233,7 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
     for (int p = 0; p < P; ++p) {
       header[p] = panel + p * panel_bytes + HeaderOffset<typename F::L>(b);
       block[p] = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
+      if (row0 == 0) PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
     }
     const ActivationBlock* a[R];
     for (int r = 0; r < R; ++r) a[r] = activations + (row0 + r) * blocks + b;
