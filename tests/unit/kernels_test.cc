@@ -89,11 +89,11 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
       CpuBackend backend(threads, mode);
       const Weight w = Upload(backend, type, n, k, bytes);
       // Batches on both sides of every kernel switch, with remainders: f32
-      // decodes on the fly up to 4 rows and multiplies dequantized panels in
-      // tiles of 8 above; bf16 decodes on the fly four panels at a time for
-      // up to 2 rows, two panels for tiles of up to 8 rows up to 64 rows,
-      // and multiplies decoded panels above; q8 takes tiles of up to 4 rows.
-      for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 37, 64, 65, 72}) {
+      // and bf16 decode on the fly, four panels at a time for up to 2 rows
+      // and two panels for tiles of up to 8 rows, up to 16 rows (f32) or 64
+      // (bf16), and multiply dequantized panels in tiles of 8 rows above; q8
+      // takes tiles of up to 4 rows.
+      for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65, 72}) {
         std::vector<int64_t> order(static_cast<size_t>(m));
         std::iota(order.begin(), order.end(), 0);
         std::shuffle(order.begin(), order.end(), rng);

@@ -23,9 +23,15 @@ namespace {
 
 constexpr int64_t kBlockInputs = 32;
 // Up to this many activation rows the weights are decoded inside the product
-// (each decoded vector serves every row); with more, each pair of panels is
+// in tiles of up to 8 rows (each decoded vector serves the tile's rows, the
+// later tiles read the panels from cache); with more, each pair of panels is
 // dequantized into scratch once and every tile of rows reads it from cache.
-constexpr int64_t kOnTheFlyMaxRows = 4;
+// Measured with `tandem-matmul-bench --cpu_matmul=f32` (SmolLM2's shapes):
+// on the fly takes half the scratch kernel's time at 5 rows, ~0.8x at 8,
+// about the same at 16, and more from 32 rows on (its float decoding costs
+// as much as the float32 products it feeds).
+constexpr int64_t kOnTheFlyMaxRows = 16;
+constexpr int kOnTheFlyTileRows = 8;
 // The scratch kernel's register tile: 8 rows x 2 panels = 16 accumulators.
 constexpr int kGemmRows = 8;
 constexpr int kGemmPanels = 2;
@@ -233,10 +239,12 @@ inline void StoreTile(__m512 (&acc)[R][P], const Matrix& out, int64_t row0, int6
   }
 }
 
-// out rows [0, R) x panels [n, n + 16P): decodes each block as it goes.
+// out rows [row0, row0 + R) x panels [n, n + 16P): decodes each block as it
+// goes; `first` says whether this is the first tile of rows over these
+// panels (the one that reads them from memory, and prefetches).
 template <typename F, int R, int P>
 void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, const Matrix& x,
-                  const Matrix& out, int64_t n, const float* bias) {
+                  int64_t row0, bool first, const Matrix& out, int64_t n, const float* bias) {
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
@@ -248,13 +256,13 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
       const uint8_t* at = panel + p * panel_bytes;
       block[p] = at + BlockOffset<typename F::L>(b);
       scales[p] = F::Load(at + HeaderOffset<typename F::L>(b), block[p]);
-      PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
+      if (first) PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
     }
     for (int j = 0; j < kBlockInputs / 2; ++j) {
       __m512 w0[P], w1[P];
       for (int p = 0; p < P; ++p) F::DecodePair(block[p], scales[p], j, &w0[p], &w1[p]);
       for (int r = 0; r < R; ++r) {
-        const float* xr = x.Row(r) + b * kBlockInputs + 2 * j;
+        const float* xr = x.Row(row0 + r) + b * kBlockInputs + 2 * j;
         const __m512 x0 = _mm512_set1_ps(xr[0]);
         for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(x0, w0[p], acc[r][p]);
         const __m512 x1 = _mm512_set1_ps(xr[1]);
@@ -262,7 +270,7 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
       }
     }
   }
-  StoreTile<R, P>(acc, out, 0, n, bias);
+  StoreTile<R, P>(acc, out, row0, n, bias);
 }
 
 // dst[k][16P] = the weights of input k for the P panels' rows, in order.
@@ -313,16 +321,22 @@ void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t
   auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
   if (x.rows <= kOnTheFlyMaxRows) {
     // Few rows: four panels at a time for one or two rows (enough
-    // independent chains to hide the FMA latency), two for more.
-    const int rows = static_cast<int>(x.rows);
-    const int64_t max_panels = rows <= 2 ? 4 : 2;
+    // independent chains to hide the FMA latency), two for more, in tiles
+    // of up to 8 rows.
+    const int64_t max_panels = x.rows <= 2 ? 4 : 2;
     for (int64_t n = n0; n < n1;) {
       const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelWidth));
-      WithConstant<4>(rows, [&](auto r) {
-        WithConstant<4>(panels, [&](auto p) {
-          OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, x, out, n, bias);
+      for (int64_t r0 = 0; r0 < x.rows; r0 += kOnTheFlyTileRows) {
+        const int tile = static_cast<int>(std::min<int64_t>(kOnTheFlyTileRows, x.rows - r0));
+        WithConstant<kOnTheFlyTileRows>(tile, [&](auto r) {
+          WithConstant<4>(panels, [&](auto p) {
+            if constexpr (r() * p() <= 16) {
+              OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, x, r0, r0 == 0,
+                                        out, n, bias);
+            }
+          });
         });
-      });
+      }
       n += panels * kPanelWidth;
     }
     return;
