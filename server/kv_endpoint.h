@@ -25,6 +25,13 @@ struct KvEndpoint {
   std::string arithmetic;
 };
 
+// What to do about two daemons whose arithmetic differs, as both sides of a
+// refused handoff say it (the prefill daemon's log, the decode daemon's
+// error).
+inline constexpr char kSameArithmeticAdvice[] =
+    "give both daemons the same --cpu_matmul (not auto, where their CPUs differ), --device and "
+    "version";
+
 // Starts a UCX agent on `transports` ("tcp", ...), listening for peers on
 // a port of `tcp_ports` ("LOW-HIGH"; empty: any), and registers `backend`'s
 // KV storage (host or device memory) in it.

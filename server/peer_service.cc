@@ -25,9 +25,8 @@ absl::Status CheckSource(const v1::KvSource& kv, const KvEndpoint& endpoint, int
     return absl::FailedPreconditionError(
         StrCat("kv.arithmetic: the prefill daemon's products round as '", kv.arithmetic(),
                "' and this daemon's as '", endpoint.arithmetic,
-               "': decoding its pages here would give tokens neither daemon gives alone; give both "
-               "daemons the same --cpu_matmul (not auto, where their CPUs differ), --device and "
-               "version"));
+               "': decoding its pages here would give tokens neither daemon gives alone; ",
+               kSameArithmeticAdvice));
   }
   if (kv.layers() != mine.layers || kv.block_size() != mine.block_size ||
       kv.kv_heads() != mine.kv_heads || kv.head_dim() != mine.head_dim) {

@@ -477,9 +477,7 @@ void RemoteDecoder::PollLoop(std::promise<void>* first_round) {
         kind = StrCat("not used: its products round as '", load.arithmetic(), "'");
         detail = StrCat(
             load.arithmetic().empty() ? " (it predates reporting it: upgrade both pools)" : "",
-            ", this daemon's as '", kv_->arithmetic,
-            "': give both daemons the same --cpu_matmul (not auto, where their CPUs differ), "
-            "--device and version");
+            ", this daemon's as '", kv_->arithmetic, "': ", kSameArithmeticAdvice);
       } else if (!ready) {
         kind = "not ready (not accepting work)";
       }

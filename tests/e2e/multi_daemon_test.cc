@@ -395,14 +395,30 @@ TEST(MultiDaemonTest, PagesWhoseLeaseExpiredAreNeverDecodedFrom) {
   EXPECT_TRUE(Idle(decode));
 }
 
+// Sends `control` (a handoff) to `decode`'s Peer service as a prefill daemon
+// would, and returns how the decode daemon ends the stream. The stream stays
+// open until it does, as a prefill daemon's does (it answers the lease on
+// it): a half-close would race the answer with "the prefill daemon went
+// away" (CANCELLED).
+grpc::Status SendHandoff(Daemon& decode, const v1::DecodeControl& control) {
+  auto peer =
+      v1::Peer::NewStub(grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = peer->Decode(&context);
+  if (!stream->Write(control)) return stream->Finish();
+  v1::DecodeEvent event;
+  while (stream->Read(&event)) {
+  }
+  return stream->Finish();
+}
+
 // A handoff is input from another process: token ids outside the model's
 // vocabulary (which would index past the embedding table) are refused with
 // the field named, before any block is reserved, and the daemon serves on.
 TEST(MultiDaemonTest, AHandoffWithATokenOutsideTheVocabularyIsRefusedByField) {
   Daemon decode(With({"--role=decode"}));
   ASSERT_TRUE(decode.WaitServing()) << decode.Log();
-  auto peer =
-      v1::Peer::NewStub(grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials()));
   constexpr uint32_t kVocab = 49152;  // SmolLM2-135M
   for (const auto& [field, bad_id] : std::vector<std::pair<std::string, uint32_t>>{
            {"token_ids[2]", kVocab}, {"stop_token_ids[1]", kVocab + 7}}) {
@@ -415,17 +431,7 @@ TEST(MultiDaemonTest, AHandoffWithATokenOutsideTheVocabularyIsRefusedByField) {
     h->set_max_tokens(8);
     h->add_stop_token_ids(2);
     h->add_stop_token_ids(field == "stop_token_ids[1]" ? bad_id : 0u);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto stream = peer->Decode(&context);
-    ASSERT_TRUE(stream->Write(control));
-    // The stream stays open, as a prefill daemon's does (it answers the
-    // lease on it): a half-close now would race the refusal with "the
-    // prefill daemon went away" (CANCELLED).
-    v1::DecodeEvent event;
-    while (stream->Read(&event)) {
-    }
-    const grpc::Status status = stream->Finish();
+    const grpc::Status status = SendHandoff(decode, control);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
     EXPECT_THAT(status.error_message(),
                 ::testing::HasSubstr(field + ": token id " + std::to_string(bad_id) +
@@ -463,8 +469,6 @@ TEST(MultiDaemonTest, DaemonsWhoseProductsRoundDifferentlyHandNothingToEachOther
   EXPECT_THAT(prefill.Log(), ::testing::HasSubstr("not used: its products round as '" + theirs +
                                                   "', this daemon's as '" + ours + "'"));
 
-  auto peer =
-      v1::Peer::NewStub(grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials()));
   v1::DecodeControl control;
   v1::HandoffRequest* h = control.mutable_handoff();
   h->set_request_id("other-arithmetic");
@@ -473,14 +477,7 @@ TEST(MultiDaemonTest, DaemonsWhoseProductsRoundDifferentlyHandNothingToEachOther
   h->set_top_p(1.0f);
   h->set_max_tokens(8);
   h->mutable_kv()->set_arithmetic(ours);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto stream = peer->Decode(&context);
-  ASSERT_TRUE(stream->Write(control));
-  v1::DecodeEvent event;
-  while (stream->Read(&event)) {
-  }
-  const grpc::Status status = stream->Finish();
+  const grpc::Status status = SendHandoff(decode, control);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
   EXPECT_THAT(status.error_message(),
               ::testing::HasSubstr("kv.arithmetic: the prefill daemon's products round as '" +
