@@ -12,8 +12,9 @@
 // draft adds the most expected tokens per ms of its own row; every total D
 // of drafts so far is priced as a whole step, and the D with the most
 // expected tokens per ms wins. Pricing totals, not single tokens, lets the
-// drafts of several sequences together cross a jump of the row curve (the
-// CPU's from 4 to 5 rows) that no one sequence's drafts pay for. So
+// drafts of several sequences together cross a jump of the row curve (where
+// a tile of rows of the CPU's kernels ends) that no one sequence's drafts
+// pay for. So
 // speculation shrinks as the batch grows (the fixed cost, reading the
 // weights, is already shared) and stops where the step becomes
 // compute-bound; drafts stay within the rows the kernels verify cheaply

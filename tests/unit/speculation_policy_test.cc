@@ -179,10 +179,11 @@ TEST(AllocateDraftsTest, ADraftModelsCostShortensItsDrafts) {
   EXPECT_LT(Allocate(one, 128, model, draft)[0], Allocate(one, 128, model)[0]);
 }
 
-// The CPU's products of up to 4 rows cost little more than one; from 5 rows
-// the weights are decoded into scratch first (a jump of most of a step),
-// and past that each row adds little. (Timings of this shape measured on
-// the default model at batch 1: tandem-bench --verify_widths.) The policy
+// A row curve with a jump: products of up to 4 rows cost little more than
+// one; from 5 rows the weights are decoded into scratch first (a jump of
+// most of a step), and past that each row adds little. (Timings of this
+// shape measured on the default model at batch 1 with the CPU kernels of
+// 2026-12-04: tandem-bench --verify_widths.) The policy
 // drafts within the cheap rows at a moderate acceptance, and crosses the
 // jump when acceptance pays for it: one sequence's drafts, or the drafts of
 // a batch together.
