@@ -77,7 +77,7 @@ double RowCurve::operator()(int64_t rows) const {
 std::string RowCurve::Describe() const {
   if (effective_.empty()) return "the identity";
   std::string out;
-  for (int32_t n : {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64}) {
+  for (int32_t n : {1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 48, 64}) {
     if (n > widest()) break;
     absl::StrAppendFormat(&out, "%s%d:%.2f", out.empty() ? "" : " ", n, (*this)(n));
   }

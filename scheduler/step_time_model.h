@@ -21,10 +21,10 @@
 // are `shared_reads`, with a coefficient of their own.
 //
 // R is the backend's row curve (RowCurve): a product's cost is not linear in
-// its rows for small counts (on the CPU in bf16, up to 2 rows cost about
-// what one does, and each tile of up to 8 rows decodes each weight once for
-// all of its rows, so the cost steps where a tile ends; other kernels step
-// elsewhere: f32 and q8 at 4-5 rows, a GPU's where its tiles end). It
+// its rows for small counts (on the CPU, up to 2 rows cost about what one
+// does, and in bf16 and f32 each tile of up to 8 rows decodes each weight
+// once for all of its rows, so the cost steps where a tile ends (8/9, 16/17;
+// f32 takes dequantized panels from 17 rows); q8's tiles are of 4 rows). It
 // is measured once at start-up (a step of one sequence at each of a few
 // widths up to 32 rows) and scaled to R(1) = 1, R(widest) = widest, so
 // the fitted per_token keeps its meaning and R is the identity past the

@@ -83,8 +83,10 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
                                            int draft_layers, int rounds) {
   // Up to 32 rows: a verification drafts at most 32 by default, and the
   // widths past it cost most of the measurement (steps past the widest
-  // are fitted as linear).
-  constexpr std::array<int, 10> kWidths = {1, 2, 3, 4, 5, 6, 8, 12, 16, 32};
+  // are fitted as linear). Both sides of each step of the CPU kernels: 2/3
+  // (four panels at a time to two), 4/5 (q8's tiles of 4), 8/9 and 16/17
+  // (tiles of 8).
+  constexpr std::array<int, 12> kWidths = {1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 32};
   constexpr int kSharedWidth = 8;
   const int widest = kWidths.back();
   const int block_size = model.block_size();

@@ -60,9 +60,11 @@ std::vector<float> RunMatMul(CpuBackend& backend, const Weight& w, const std::ve
   return out;
 }
 
-// Output-feature counts of the matmul tests: 80 is a whole number of packed
-// panels (5 x 16: a group of four and one), 72 is not (the unpacked kernels).
-constexpr int64_t kMatMulOutputs[] = {80, 72};
+// Output-feature counts of the matmul tests. 80, 112 and 144 are whole
+// numbers of packed panels; on one thread a product of one or two rows is
+// split into tasks of 32, 48 and 64 of them (matmul.cc), so its tiles take
+// two, three and four panels at a time. 72 is not (the unpacked kernels).
+constexpr int64_t kMatMulOutputs[] = {80, 72, 112, 144};
 
 struct MatMulCase {
   DType type;
@@ -118,9 +120,10 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
   std::mt19937 rng(5);
   const int64_t k = 768;
   for (const int64_t n : kMatMulOutputs) {
-    // One row (decoded on the fly) and nine (dequantized panels, a tile of
-    // eight and a remainder of one).
-    for (const int64_t m : {1, 9}) {
+    // One row, and tiles of eight with a remainder of one: decoded on the
+    // fly (9; 17 in bf16) and from dequantized panels (17 in f32; 65 in
+    // bf16).
+    for (const int64_t m : {1, 9, 17, 65}) {
       std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
       const std::vector<float> x = RandomRows(m, k, rng);
       std::vector<float> wf(static_cast<size_t>(n * k));
@@ -330,7 +333,8 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
                                 !(mode == MatMulMode::kBf16 && HasBf16Panels(type)) &&
                                 !(int8_panels && HasInt8Panels(type));
       if (!float_panels) continue;
-      for (const int64_t m : {1, 9}) {  // decoded on the fly; dequantized panels
+      // Decoded on the fly (1, 9) and from dequantized panels (17).
+      for (const int64_t m : {1, 9, 17}) {
         const std::vector<float> x = RandomRows(m, k, rng);
         std::vector<int64_t> all(static_cast<size_t>(m));
         std::iota(all.begin(), all.end(), 0);

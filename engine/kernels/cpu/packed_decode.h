@@ -50,19 +50,21 @@ inline __m512i Q6KPairWords(const uint8_t* block, int j) {
 //
 // A tile multiplies P consecutive panels block by block, so it reads P
 // streams. For panel p of the tile starting at `tile`, this prefetches the
-// bytes kPrefetchDistance past block b (its header included), and past the
-// panel's end the same place in the next tile's panel p, which the next
-// tile reads. Addresses past the weight's end are harmless: a prefetch never
-// faults.
+// bytes kPrefetchDistance past block b (its header included); a line past
+// the panel's end is taken at the same place in the next tile's panel p,
+// which the next tile reads. Addresses past the weight's end are harmless
+// (a prefetch never faults; they are computed as integers).
 inline constexpr int64_t kPrefetchDistance = 2048;
 
 template <typename L, int P>
 inline void PrefetchAhead(const uint8_t* tile, int64_t panel_bytes, int p, int64_t b) {
-  int64_t at = BlockOffset<L>(b) + kPrefetchDistance;
-  if (at >= panel_bytes) at += (P - 1) * panel_bytes;
-  const uint8_t* first = tile + p * panel_bytes + at;
+  const uintptr_t panel =
+      reinterpret_cast<uintptr_t>(tile) + static_cast<uintptr_t>(p * panel_bytes);
   for (int64_t line = 0; line < L::kHeaderBytes + L::kBlockBytes; line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(first + line), _MM_HINT_T0);
+    int64_t offset = BlockOffset<L>(b) + kPrefetchDistance + line;
+    if (offset >= panel_bytes) offset += (P - 1) * panel_bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(panel + static_cast<uintptr_t>(offset)),
+                 _MM_HINT_T0);
   }
 }
 

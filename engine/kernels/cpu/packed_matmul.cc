@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/check.h"
 #include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_decode.h"
@@ -330,9 +331,12 @@ void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t
         const int tile = static_cast<int>(std::min<int64_t>(kOnTheFlyTileRows, x.rows - r0));
         WithConstant<kOnTheFlyTileRows>(tile, [&](auto r) {
           WithConstant<4>(panels, [&](auto p) {
-            if constexpr (r() * p() <= 16) {
+            // More than two panels only for one or two rows.
+            if constexpr (r() <= 2 || p() <= 2) {
               OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, x, r0, r0 == 0,
                                         out, n, bias);
+            } else {
+              TANDEM_CHECK(false, "no tile of more than two rows takes more than two panels");
             }
           });
         });

@@ -22,8 +22,9 @@ constexpr int kPairs = kBlockInputs / 2;
 // tiles of up to 8 rows x 2 panels (4 panels for 1-2 rows), the later tiles
 // of rows reading the panels from cache. Above, each pair of panels is
 // decoded into scratch once. Measured with `tandem-matmul-bench` (SmolLM2's
-// shapes, 2 threads): decoding on the fly costs half of the scratch
-// kernel's time at 5-32 rows, the same at 64 and ~4% more at 128.
+// shapes, 2 threads): decoding on the fly costs 0.35-0.75x the scratch
+// kernel's time at 5-32 rows, the same at 64 and ~4% more at 128 (not yet
+// measured for long rows, where two panels outgrow L1).
 constexpr int64_t kOnTheFlyMaxRows = 64;
 constexpr int kOnTheFlyTileRows = 8;
 // The scratch kernel's tile: 8 rows x 2 panels of block-local sums in
@@ -376,9 +377,12 @@ void Bf16Rows(const PackedWeight& weight, const uint16_t* xb, const float* sums,
         const int tile = static_cast<int>(std::min<int64_t>(kOnTheFlyTileRows, rows - r0));
         WithConstant<kOnTheFlyTileRows>(tile, [&](auto r) {
           WithConstant<4>(panels, [&](auto p) {
-            if constexpr (r() * p() <= 16) {
+            // More than two panels only for one or two rows.
+            if constexpr (r() <= 2 || p() <= 2) {
               OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, xb, sums,
                                         weight.cols, r0, r0 == 0, out, n, bias);
+            } else {
+              TANDEM_CHECK(false, "no tile of more than two rows takes more than two panels");
             }
           });
         });
