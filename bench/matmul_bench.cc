@@ -9,7 +9,7 @@
 // GFLOP/s (2 * rows * weights), to compare with tandem-roofline's bounds
 // (bf16_dot_gflops for --cpu_matmul=bf16, fp32_fma_gflops for f32).
 //
-//   build/bin/tandem-matmul-bench --rows=1,4,5,8,16,32 && build/bin/tandem-roofline
+//   build/bin/tandem-matmul-bench && build/bin/tandem-roofline
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -28,7 +28,9 @@
 #include "engine/kernels/half.h"
 
 ABSL_FLAG(std::vector<std::string>, rows,
-          std::vector<std::string>({"1", "4", "5", "8", "16", "32"}), "activation rows per pass");
+          std::vector<std::string>({"1", "2", "3", "4", "5", "8", "9", "16", "17", "32", "64",
+                                    "65"}),
+          "activation rows per pass (the defaults: both sides of each kernel switch)");
 ABSL_FLAG(int, hidden, 576, "model width (SmolLM2-135M: 576)");
 ABSL_FLAG(int, kv_width, 192, "K and V projection width (SmolLM2-135M: 3 KV heads of 64)");
 ABSL_FLAG(int, ffn, 1536, "feed-forward width (SmolLM2-135M: 1536)");
