@@ -14,9 +14,8 @@
 // expected tokens per ms wins. Pricing totals, not single tokens, lets the
 // drafts of several sequences together cross a jump of the row curve (where
 // a tile of rows of the CPU's kernels ends) that no one sequence's drafts
-// pay for. So
-// speculation shrinks as the batch grows (the fixed cost, reading the
-// weights, is already shared) and stops where the step becomes
+// pay for. So speculation shrinks as the batch grows (the fixed cost,
+// reading the weights, is already shared) and stops where the step becomes
 // compute-bound; drafts stay within the rows the kernels verify cheaply
 // unless acceptance pays for the next jump; sequences whose drafts keep
 // failing stop drafting, and start again when their estimate recovers.

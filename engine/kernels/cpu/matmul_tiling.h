@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/check.h"
 #include "engine/kernels/backend.h"
 
 namespace tandem::kernels::cpu {
@@ -49,6 +50,35 @@ inline void WithConstant(int value, Fn&& fn) {
     (void)((value == I + 1 ? (fn(std::integral_constant<int, I + 1>{}), true) : false) || ...);
   }
   (std::make_integer_sequence<int, kMax>{});
+}
+
+// The loop nest of the kernels that decode the weights inside the product
+// (few activation rows, packed panels): for each run of P panels in the
+// weight rows [n0, n1) (multiples of kPanelRows) and each tile of up to
+// kTileRows activation rows from row0, calls tile(R, P, n, row0), R and P
+// as std::integral_constant. P is 4 for one or two rows (enough independent
+// chains to hide the products' latency) and 2 for more (the tile's sums
+// fill the registers); so no tile of more than two rows takes more than two
+// panels, and those are not instantiated.
+template <typename Tile>
+void ForEachOnTheFlyTile(int64_t rows, int64_t n0, int64_t n1, Tile&& tile) {
+  const int64_t max_panels = rows <= 2 ? 4 : 2;
+  for (int64_t n = n0; n < n1;) {
+    const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelRows));
+    for (int64_t row0 = 0; row0 < rows; row0 += kTileRows) {
+      const int tile_rows = static_cast<int>(std::min<int64_t>(kTileRows, rows - row0));
+      WithConstant<kTileRows>(tile_rows, [&](auto r) {
+        WithConstant<4>(panels, [&](auto p) {
+          if constexpr (r() <= 2 || p() <= 2) {
+            tile(r, p, n, row0);
+          } else {
+            TANDEM_CHECK(false, "no tile of more than two rows takes more than two panels");
+          }
+        });
+      });
+    }
+    n += panels * kPanelRows;
+  }
 }
 
 // Computes out[r][n] (+ bias[n]) for every activation row r < rows and weight

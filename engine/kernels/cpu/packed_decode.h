@@ -5,11 +5,15 @@
 
 #include <cstdint>
 
+#include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/simd.h"
 
 #ifdef TANDEM_CPU_AVX512
 namespace tandem::kernels::cpu {
+
+// The tiling's panels (ForEachOnTheFlyTile) are the packed panels.
+static_assert(kPanelRows == kPanelWidth);
 
 // 16 half floats as floats.
 inline __m512 HalvesAt(const uint8_t* p) {

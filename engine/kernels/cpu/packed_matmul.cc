@@ -7,7 +7,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "common/check.h"
 #include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_decode.h"
@@ -24,15 +23,15 @@ namespace {
 
 constexpr int64_t kBlockInputs = 32;
 // Up to this many activation rows the weights are decoded inside the product
-// in tiles of up to 8 rows (each decoded vector serves the tile's rows, the
-// later tiles read the panels from cache); with more, each pair of panels is
-// dequantized into scratch once and every tile of rows reads it from cache.
+// in tiles of up to 8 rows (ForEachOnTheFlyTile: each decoded vector serves
+// the tile's rows, the later tiles read the panels from cache); with more,
+// each pair of panels is dequantized into scratch once and every tile of
+// rows reads it from cache.
 // Measured with `tandem-matmul-bench --cpu_matmul=f32` (SmolLM2's shapes):
 // on the fly takes half the scratch kernel's time at 5 rows, ~0.8x at 8,
 // about the same at 16, and more from 32 rows on (its float decoding costs
 // as much as the float32 products it feeds).
 constexpr int64_t kOnTheFlyMaxRows = 16;
-constexpr int kOnTheFlyTileRows = 8;
 // The scratch kernel's register tile: 8 rows x 2 panels = 16 accumulators.
 constexpr int kGemmRows = 8;
 constexpr int kGemmPanels = 2;
@@ -321,28 +320,10 @@ void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t
   const uint8_t* base = weight.data.get();
   auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
   if (x.rows <= kOnTheFlyMaxRows) {
-    // Few rows: four panels at a time for one or two rows (enough
-    // independent chains to hide the FMA latency), two for more, in tiles
-    // of up to 8 rows.
-    const int64_t max_panels = x.rows <= 2 ? 4 : 2;
-    for (int64_t n = n0; n < n1;) {
-      const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelWidth));
-      for (int64_t r0 = 0; r0 < x.rows; r0 += kOnTheFlyTileRows) {
-        const int tile = static_cast<int>(std::min<int64_t>(kOnTheFlyTileRows, x.rows - r0));
-        WithConstant<kOnTheFlyTileRows>(tile, [&](auto r) {
-          WithConstant<4>(panels, [&](auto p) {
-            // More than two panels only for one or two rows.
-            if constexpr (r() <= 2 || p() <= 2) {
-              OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, x, r0, r0 == 0,
-                                        out, n, bias);
-            } else {
-              TANDEM_CHECK(false, "no tile of more than two rows takes more than two panels");
-            }
-          });
-        });
-      }
-      n += panels * kPanelWidth;
-    }
+    ForEachOnTheFlyTile(x.rows, n0, n1, [&](auto r, auto p, int64_t n, int64_t row0) {
+      OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, x, row0, row0 == 0, out, n,
+                                bias);
+    });
     return;
   }
   scratch.resize(static_cast<size_t>(weight.cols * kPanelWidth * kGemmPanels));

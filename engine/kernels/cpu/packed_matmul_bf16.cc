@@ -19,14 +19,14 @@ constexpr int64_t kBlockInputs = 32;
 constexpr int kPairs = kBlockInputs / 2;
 // Up to this many activation rows (a decode step, a verification of drafted
 // tokens, a short prompt chunk) each block is decoded inside the product, in
-// tiles of up to 8 rows x 2 panels (4 panels for 1-2 rows), the later tiles
-// of rows reading the panels from cache. Above, each pair of panels is
-// decoded into scratch once. Measured with `tandem-matmul-bench` (SmolLM2's
-// shapes, 2 threads): decoding on the fly costs 0.35-0.75x the scratch
-// kernel's time at 5-32 rows, the same at 64 and ~4% more at 128 (not yet
-// measured for long rows, where two panels outgrow L1).
+// tiles of up to 8 rows x 2 panels (4 panels for 1-2 rows; matmul_tiling.h),
+// the later tiles of rows reading the panels from cache. Above, each pair
+// of panels is decoded into scratch once. Measured with
+// `tandem-matmul-bench` (2 threads): decoding on the fly costs 0.35-0.75x
+// the scratch kernel's time at 5-32 rows on SmolLM2's shapes (0.4-0.8x on
+// 1B and 8B shapes, where two panels outgrow L1), about the same at 64 and
+// ~4% more at 128.
 constexpr int64_t kOnTheFlyMaxRows = 64;
-constexpr int kOnTheFlyTileRows = 8;
 // The scratch kernel's tile: 8 rows x 2 panels of block-local sums in
 // registers (16), their running totals in an L1 array.
 constexpr int kGemmRows = 8;
@@ -370,25 +370,10 @@ void Bf16Rows(const PackedWeight& weight, const uint16_t* xb, const float* sums,
   const uint8_t* base = weight.data.get();
   auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
   if (rows <= kOnTheFlyMaxRows) {
-    const int64_t max_panels = rows <= 2 ? 4 : 2;
-    for (int64_t n = n0; n < n1;) {
-      const int panels = static_cast<int>(std::min(max_panels, (n1 - n) / kPanelWidth));
-      for (int64_t r0 = 0; r0 < rows; r0 += kOnTheFlyTileRows) {
-        const int tile = static_cast<int>(std::min<int64_t>(kOnTheFlyTileRows, rows - r0));
-        WithConstant<kOnTheFlyTileRows>(tile, [&](auto r) {
-          WithConstant<4>(panels, [&](auto p) {
-            // More than two panels only for one or two rows.
-            if constexpr (r() <= 2 || p() <= 2) {
-              OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, xb, sums,
-                                        weight.cols, r0, r0 == 0, out, n, bias);
-            } else {
-              TANDEM_CHECK(false, "no tile of more than two rows takes more than two panels");
-            }
-          });
-        });
-      }
-      n += panels * kPanelWidth;
-    }
+    ForEachOnTheFlyTile(rows, n0, n1, [&](auto r, auto p, int64_t n, int64_t row0) {
+      OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, xb, sums, weight.cols,
+                                row0, row0 == 0, out, n, bias);
+    });
     return;
   }
   scratch.resize(static_cast<size_t>(blocks * ScratchFloatsPerBlock<kGemmPanels>()));
