@@ -336,7 +336,13 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     if (cap <= 0) continue;
     steps.push_back(i);
     seqs.push_back(seq);
-    candidates.push_back({seq->acceptance.rate(), cap, length, seq->acceptance.probe_due()});
+    DraftCandidate candidate{seq->acceptance.rate(), cap, length, seq->acceptance.probe_due()};
+    if (seq->copy_agreed > 0) {
+      candidate.reach =
+          copy_acceptance_.Reach(seq->copy_source, seq->copy_agreed, candidate.acceptance,
+                                 std::min(cap, options_.speculation.max_draft));
+    }
+    candidates.push_back(std::move(candidate));
   }
   if (candidates.empty()) return 0;
   const std::vector<int32_t> k = AllocateDrafts(candidates, budget, StepShape::Of(plan),
@@ -435,7 +441,20 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     seq->tokens.insert(seq->tokens.end(), r.sampled.begin(), r.sampled.begin() + accepted);
     seq->computed += static_cast<int32_t>(s.tokens.size()) + accepted;
     Kv(lane).Commit(seq->id, seq->tokens, seq->computed);
-    if (s.draft_limit > 0) seq->acceptance.Record(r.drafted, accepted);
+    if (s.draft_limit > 0) {
+      seq->acceptance.Record(r.drafted, accepted);
+      copy_acceptance_.Record(r.draft_source, r.draft_match, r.drafted, accepted);
+      // A copy whose drafts were all accepted is taken to go on through the
+      // sampled token after them too (if that token left it, the next draft
+      // comes from a new match, and its verification corrects the table).
+      const bool copy_goes_on = r.draft_match > 0 && r.drafted > 0 && accepted == r.drafted;
+      seq->copy_agreed = copy_goes_on ? r.draft_match + accepted + 1 : 0;
+      seq->copy_source = r.draft_source;
+    } else if (s.sample) {
+      // Decoded without drafts: the proposer sees these tokens only when it
+      // drafts next, so whether the copy still goes on is unknown.
+      seq->copy_agreed = 0;
+    }
     if (r.drafted > 0) {
       seq->drafted += r.drafted;
       seq->accepted += accepted;

@@ -343,6 +343,12 @@ class SchedulerCore {
     Timeline timeline;
     step::Proposer proposer = step::Proposer::kNone;  // its speculation (kNone: off)
     AcceptanceEstimate acceptance;
+    // Its copying proposer's copy, as its last verification left it: the
+    // tokens the copy will have agreed with when it drafts next (0: none
+    // known: no copy, a rejection, or a step without drafts since), and
+    // where it copies from. Its drafts are then priced by copy_acceptance_.
+    int32_t copy_agreed = 0;
+    step::DraftSource copy_source = step::DraftSource::kRequest;
     int32_t drafted = 0;  // drafted tokens verified, over its life
     int32_t accepted = 0;
     // Remote decode: in remote_ (handed to a decode daemon); its blocks held
@@ -458,6 +464,9 @@ class SchedulerCore {
   // machine, swung from 0 to 2.5 ms a row within one run (measured with
   // tandem-spec-bench): at 0, drafts look free.
   StepTimeModel draft_time_model_;
+  // Acceptance by copy source and agreement length, from every sequence's
+  // verifications (PlanDrafts prices continuing copies by it).
+  CopyAcceptance copy_acceptance_;
   // The last arrivals (when, prompt tokens), for the prompt arrival rate.
   std::deque<std::pair<absl::Time, int64_t>> recent_arrivals_;
   int32_t peer_decoding_ = 0;

@@ -1,6 +1,7 @@
 #include "scheduler/speculation_policy.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <queue>
 #include <utility>
@@ -14,6 +15,9 @@ constexpr double kDecay = 0.8;
 constexpr double kPriorWeight = 2.0;
 // Per idle step, the share of the evidence kept (the rest becomes prior).
 constexpr double kIdleRecovery = 0.95;
+// CopyAcceptance: per drafted token observed in a bucket, the share of the
+// bucket's older evidence kept (it remembers roughly the last 50 tokens).
+constexpr double kCopyDecay = 0.98;
 
 }  // namespace
 
@@ -34,6 +38,56 @@ void AcceptanceEstimate::Idle() {
 }
 
 double AcceptanceEstimate::rate() const { return accepted_ / (accepted_ + rejected_); }
+
+int CopyAcceptance::Bucket(int32_t agreed) {
+  if (agreed <= 1) return 0;
+  return std::min(kBuckets - 1,
+                  static_cast<int>(std::bit_width(static_cast<uint32_t>(agreed))) - 1);
+}
+
+int CopyAcceptance::SourceIndex(step::DraftSource source) {
+  return source == step::DraftSource::kGlobal ? 1 : 0;
+}
+
+void CopyAcceptance::Record(step::DraftSource source, int32_t match, int32_t drafted,
+                            int32_t accepted) {
+  if (match <= 0 || source == step::DraftSource::kModel) return;
+  auto& buckets = counts_[static_cast<size_t>(SourceIndex(source))];
+  // Token j was drafted with match + j tokens agreed; the first rejection
+  // ends the copy's evidence (what a rejected token's successors would have
+  // been is unknown).
+  for (int32_t j = 0; j < drafted && j <= accepted; ++j) {
+    Counts& c = buckets[static_cast<size_t>(Bucket(match + j))];
+    c.continued *= kCopyDecay;
+    c.ended *= kCopyDecay;
+    (j < accepted ? c.continued : c.ended) += 1.0;
+  }
+}
+
+double CopyAcceptance::Continues(step::DraftSource source, int32_t agreed, double prior) const {
+  const Counts& c = counts_[static_cast<size_t>(SourceIndex(source))]
+                           [static_cast<size_t>(Bucket(std::max(agreed, 1)))];
+  return (c.continued + prior * kPriorWeight) / (c.continued + c.ended + kPriorWeight);
+}
+
+std::vector<double> CopyAcceptance::Reach(step::DraftSource source, int32_t agreed, double prior,
+                                          int32_t length) const {
+  std::vector<double> reach(static_cast<size_t>(std::max(length, 0)));
+  double all = 1.0;
+  for (size_t j = 0; j < reach.size(); ++j) {
+    all *= Continues(source, agreed + static_cast<int32_t>(j), prior);
+    reach[j] = all;
+  }
+  return reach;
+}
+
+double DraftCandidate::Reach(int32_t n) const {
+  if (n <= 0) return 1.0;
+  if (reach.empty()) return std::pow(acceptance, n);
+  const auto known = static_cast<int32_t>(reach.size());
+  if (n <= known) return reach[static_cast<size_t>(n - 1)];
+  return reach.back() * std::pow(acceptance, n - known);
+}
 
 std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, int32_t budget,
                                     const StepShape& step, const StepTimeModel& time,
@@ -58,7 +112,7 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
     const double context = static_cast<double>(candidates[i].context + k[i]);
     double row_ms = c.per_token + c.per_kilo_shared_read * (context + 1.0) / 1000.0;
     if (draft_model) row_ms += d.per_token + d.per_context * context;
-    return std::pow(candidates[i].acceptance, k[i] + 1) / std::max(row_ms, 1e-9);
+    return candidates[i].Reach(k[i] + 1) / std::max(row_ms, 1e-9);
   };
   auto room = [&](size_t i) { return k[i] < std::min(candidates[i].max_draft, options.max_draft); };
   std::priority_queue<std::pair<double, size_t>> next;
@@ -79,7 +133,7 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
     const size_t i = next.top().second;
     next.pop();
     const DraftCandidate& candidate = candidates[i];
-    yield += std::pow(candidate.acceptance, k[i] + 1);
+    yield += candidate.Reach(k[i] + 1);
     // Draft k[i] + 1 sits at position context + k[i], after the decode row
     // at context - 1.
     shape.AddFollowingRows(static_cast<int64_t>(candidate.context) + k[i], 1);
@@ -104,7 +158,7 @@ std::vector<int32_t> AllocateDrafts(std::span<const DraftCandidate> candidates, 
     // same and each draft yields no more than the last: once a draft adds
     // less than the step's rate, none after it can raise the rate again.
     if (shape.tokens > time.row_curve().widest() && order.size() > best_total &&
-        std::pow(candidate.acceptance, k[i]) * ms <= yield * (ms - previous_ms)) {
+        candidate.Reach(k[i]) * ms <= yield * (ms - previous_ms)) {
       break;
     }
   }

@@ -1,9 +1,12 @@
 // How many tokens each decoding sequence drafts in a step.
 //
 // Verifying k drafted tokens costs the target a forward pass over k more
-// tokens; it pays when the expected accepted tokens outweigh that cost. With
-// a per-position acceptance rate a, a draft of k tokens yields on average
-// 1 + a + a^2 + ... + a^k tokens, so the (j+1)-th draft token adds a^(j+1).
+// tokens; it pays when the expected accepted tokens outweigh that cost. A
+// draft of k tokens yields on average 1 + r(1) + ... + r(k) tokens, where
+// r(j) is the chance that its first j tokens are all accepted: a^j for a
+// sequence's per-position acceptance rate a, or, while a copying proposer's
+// copy goes on, the product of the chances that a copy of each agreement
+// length continues (CopyAcceptance), so a long copy drafts long at once.
 // The step's time is the step-time model's prediction for the whole step
 // (scheduler/step_time_model.h, as measured at start-up: the scheduler
 // passes its frozen copy, SchedulerCore::draft_time_model_), including the
@@ -22,6 +25,7 @@
 #ifndef TANDEM_SCHEDULER_SPECULATION_POLICY_H_
 #define TANDEM_SCHEDULER_SPECULATION_POLICY_H_
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -83,11 +87,57 @@ class AcceptanceEstimate {
   int32_t idle_steps_ = 0;  // decode steps since the last verification
 };
 
+// Acceptance by where a copy comes from and how long it has agreed, for
+// copying proposers (suffix), learned across the lane's sequences. A copy
+// that has followed the sequence for 40 tokens is far likelier to go on
+// than one found a token ago, whatever the sequence's average says: an
+// output rewriting a file copies long stretches between short, failing
+// matches. So each drafted token is evidence for the agreement length it
+// was drafted at (the copy's match plus the drafts before it): continued
+// when accepted, ended at the first rejection. Buckets of agreement
+// lengths double in width (1, 2-3, 4-7, ..., 256 and more), per source
+// (the sequence's own tokens, or earlier requests' text); older evidence
+// fades, and where a bucket has little, the sequence's own rate decides.
+class CopyAcceptance {
+ public:
+  // A verification of `drafted` tokens copied from `source`, whose copy
+  // had agreed with `match` tokens when it drafted, of which the first
+  // `accepted` were accepted. match 0 (a proposer that does not copy)
+  // records nothing.
+  void Record(step::DraftSource source, int32_t match, int32_t drafted, int32_t accepted);
+  // The chance that a copy from `source` having agreed with `agreed`
+  // tokens gives one more the target accepts; `prior` (the sequence's own
+  // rate) stands in for missing evidence, with the weight of two tokens.
+  double Continues(step::DraftSource source, int32_t agreed, double prior) const;
+  // reach[j]: the chance that all of the first j + 1 tokens of a draft
+  // copied from `source`, its copy having agreed with `agreed` tokens, are
+  // accepted; `length` entries.
+  std::vector<double> Reach(step::DraftSource source, int32_t agreed, double prior,
+                            int32_t length) const;
+
+  static constexpr int kBuckets = 9;  // agreement 1, 2-3, 4-7, ..., 256+
+  static int Bucket(int32_t agreed);
+
+ private:
+  struct Counts {
+    double continued = 0.0;
+    double ended = 0.0;
+  };
+  static int SourceIndex(step::DraftSource source);
+  std::array<std::array<Counts, kBuckets>, 2> counts_{};  // request, global
+};
+
 struct DraftCandidate {
   double acceptance = 0.0;  // AcceptanceEstimate::rate()
   int32_t max_draft = 0;    // the most this sequence may draft (context, max_tokens, KV)
   int32_t context = 0;      // tokens its attention reads (its length)
   bool probe = false;       // AcceptanceEstimate::probe_due(): draft one token whatever it costs
+  // When not empty: reach[j] is the chance that its first j + 1 drafted
+  // tokens are all accepted (CopyAcceptance::Reach, for a sequence whose
+  // copy is known to go on); otherwise acceptance^(j + 1). Non-increasing.
+  std::vector<double> reach{};
+  // The chance that its first `n` drafted tokens are all accepted (1 at 0).
+  double Reach(int32_t n) const;
 };
 
 // Draft lengths for the decode sequences of one step (same order), using at

@@ -34,6 +34,9 @@ struct Draft {
   // Empty when each drafted token is a certain guess (a point mass).
   std::vector<std::vector<float>> probabilities;
   step::DraftSource source = step::DraftSource::kRequest;
+  // A copying proposer's: the tokens the copy agreed with when it drafted
+  // (step::SequenceResult::draft_match); 0 otherwise.
+  int32_t match = 0;
 };
 
 class DraftProposer {

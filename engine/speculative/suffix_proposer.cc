@@ -139,6 +139,7 @@ SuffixDraft SuffixMatcher::Draft(int32_t limit, const SuffixDraftOptions& option
     if (bound < static_cast<double>(limit)) count = static_cast<int64_t>(bound);
   }
   SuffixDraft draft;
+  draft.match = agreed_;
   if (copying_ == Where::kOwn) {
     const int64_t end = std::min(static_cast<int64_t>(tokens_.size()), source_ + count);
     draft.tokens.assign(tokens_.begin() + source_, tokens_.begin() + end);
@@ -183,6 +184,7 @@ absl::Status SuffixProposer::Propose(std::span<const DraftRequest> requests,
     SuffixDraft draft = tracked.matcher.Draft(requests[i].limit, options);
     (*drafts)[i].tokens = std::move(draft.tokens);
     (*drafts)[i].source = draft.source;
+    (*drafts)[i].match = draft.match;
   }
   // Sequences that stopped asking (finished, or drafting nothing for long)
   // are dropped; one that asks again rebuilds its matcher.

@@ -46,6 +46,9 @@ struct SuffixDraftOptions {
 struct SuffixDraft {
   std::vector<TokenId> tokens;
   step::DraftSource source = step::DraftSource::kRequest;
+  // The tokens the copy agreed with the stream when it drafted: its match,
+  // then each token followed since.
+  int32_t match = 0;
 };
 
 // One token stream and the place its drafts copy from.

@@ -123,6 +123,10 @@ struct SequenceResult {
   // drafts, nothing more.
   Proposer proposer = Proposer::kNone;
   DraftSource draft_source = DraftSource::kRequest;
+  // A copying proposer's (suffix): the tokens its copy had agreed with the
+  // sequence when it drafted (match plus tokens followed since); 0 when the
+  // proposer does not copy. The scheduler prices drafts by it.
+  int32_t draft_match = 0;
   int32_t drafted = 0;
   int32_t accepted = 0;
 };

@@ -228,6 +228,7 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
         r.sampled = std::move(v.tokens);
         r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
         r.draft_source = draft.source;
+        r.draft_match = draft.match;
         r.drafted = static_cast<int32_t>(draft.tokens.size());
         r.accepted = v.accepted;
         row += rows;
@@ -270,6 +271,7 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
       r.sampled = std::move(v.tokens);
       r.proposer = s.draft_limit > 0 ? s.proposer : step::Proposer::kNone;
       r.draft_source = draft.source;
+      r.draft_match = draft.match;
       r.drafted = static_cast<int32_t>(draft.tokens.size());
       r.accepted = v.accepted;
       row += rows;

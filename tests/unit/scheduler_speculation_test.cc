@@ -6,7 +6,9 @@
 // computed and never cached.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "scheduler/scheduler_core.h"
 #include "tests/unit/fake_worker.h"
@@ -314,6 +316,81 @@ TEST(SchedulerSpeculationTest, FinishedRequestsLeaveTheirTextUnderTheirSalt) {
   EXPECT_EQ(failed->finish->reason, FinishReason::kError);
   EXPECT_EQ(texts.size(), 2u);
   EXPECT_EQ(core.free_blocks(), 128);
+}
+
+// The worker side of a copying proposer, without tokens: verifications go
+// in cycles of 12, a copy found at a 12-token match and followed for 4
+// verifications, each accepted whole, then 8 fresh one-token matches, each
+// rejected at once. With `reports_match` false its drafts say nothing of
+// their copies (as the n-gram proposer's).
+class CopyingWorker {
+ public:
+  explicit CopyingWorker(bool reports_match) : reports_match_(reports_match) {}
+
+  step::StepResult Execute(const step::StepPlan& plan) {
+    step::StepResult result;
+    for (const step::SequenceStep& s : plan.sequences) {
+      step::SequenceResult r;
+      r.sequence_id = s.sequence_id;
+      if (s.sample && s.draft_limit > 0) {
+        const int phase = verifications_++ % 12;
+        const bool copy = phase < 4;
+        if (phase == 0) agreed_ = 12;
+        if (phase >= 1 && phase < 4) continuing_limits.push_back(s.draft_limit);
+        r.proposer = s.proposer;
+        r.drafted = s.draft_limit;
+        r.accepted = copy ? s.draft_limit : 0;
+        r.draft_match = reports_match_ ? (copy ? agreed_ : 1) : 0;
+        if (copy) agreed_ += s.draft_limit + 1;
+      }
+      if (s.sample) r.sampled.assign(static_cast<size_t>(r.accepted) + 1, 7);
+      result.sequences.push_back(r);
+    }
+    return result;
+  }
+
+  // The draft limits of the verifications that continued a copy accepted
+  // whole (the 2nd to 4th of each copy).
+  std::vector<int32_t> continuing_limits;
+
+ private:
+  bool reports_match_;
+  int verifications_ = 0;
+  int32_t agreed_ = 0;
+};
+
+// The scheduler learns from the drafts' agreement lengths (CopyAcceptance):
+// a copy accepted whole drafts long in its next step although the
+// sequence's average acceptance is middling; without agreement lengths the
+// same verifications get the average's short drafts.
+TEST(SchedulerSpeculationTest, AContinuingCopyDraftsByHowLongItHasAgreed) {
+  auto continuing_limits = [](bool reports_match) {
+    SchedulerOptions o = Options(512, 700, step::Proposer::kSuffix, 16);
+    o.speculation.adaptive = true;
+    o.step_time_prior = {10.0, 1.0, 0.0, 0.0};
+    o.fit_step_time = false;
+    o.context_length = 2400;
+    SchedulerCore core(o);
+    CopyingWorker worker(reports_match);
+    auto sink = std::make_shared<Record>();
+    core.Add(1, MakeRequest(8, 2000, sink, 1));
+    for (int steps = 0; core.HasWork() && steps < 5000; ++steps) {
+      step::StepPlan plan = core.Schedule(Lane::kPrefill);
+      core.Update(Lane::kPrefill, plan, worker.Execute(plan));
+    }
+    EXPECT_FALSE(core.HasWork());
+    EXPECT_EQ(core.free_blocks(), 700);
+    std::vector<int32_t> limits = worker.continuing_limits;
+    std::sort(limits.begin(), limits.end());
+    return limits;
+  };
+  const std::vector<int32_t> by_agreement = continuing_limits(true);
+  const std::vector<int32_t> by_average = continuing_limits(false);
+  ASSERT_GE(by_agreement.size(), 10u);
+  ASSERT_GE(by_average.size(), 10u);
+  // Medians (measured: 16 of at most 16, against 3).
+  EXPECT_EQ(by_agreement[by_agreement.size() / 2], 16);
+  EXPECT_LE(by_average[by_average.size() / 2], 5);
 }
 
 }  // namespace

@@ -219,5 +219,92 @@ TEST(AllocateDraftsTest, DraftsFollowTheBackendsRowCurve) {
   EXPECT_EQ(Allocate(poor, 128, model, o), (std::vector<int32_t>{0, 0, 0, 0}));
 }
 
+TEST(CopyAcceptanceTest, LongCopiesGoOnAndFreshMatchesEndPerSource) {
+  CopyAcceptance table;
+  // Nothing known: the sequence's own rate.
+  EXPECT_DOUBLE_EQ(table.Continues(step::DraftSource::kRequest, 40, 0.6), 0.6);
+  for (int i = 0; i < 20; ++i) {
+    table.Record(step::DraftSource::kRequest, 32, 16, 16);  // a long copy, all accepted
+    table.Record(step::DraftSource::kRequest, 1, 4, 0);     // a one-token match, wrong at once
+  }
+  EXPECT_GT(table.Continues(step::DraftSource::kRequest, 40, 0.5), 0.9);
+  EXPECT_LT(table.Continues(step::DraftSource::kRequest, 1, 0.5), 0.1);
+  // The other source learned nothing.
+  EXPECT_DOUBLE_EQ(table.Continues(step::DraftSource::kGlobal, 40, 0.5), 0.5);
+  // Agreement lengths outside the evidence: the prior.
+  EXPECT_DOUBLE_EQ(table.Continues(step::DraftSource::kRequest, 5, 0.5), 0.5);
+  // Old evidence fades: a run of rejections at 40 turns the estimate.
+  for (int i = 0; i < 200; ++i) table.Record(step::DraftSource::kRequest, 40, 1, 0);
+  EXPECT_LT(table.Continues(step::DraftSource::kRequest, 40, 0.5), 0.1);
+}
+
+TEST(CopyAcceptanceTest, TokensAfterTheFirstRejectionAndNonCopiesTeachNothing) {
+  CopyAcceptance table;
+  // Drafted at agreement 2 and rejected there: the tokens drafted at 3-7
+  // were never judged.
+  table.Record(step::DraftSource::kRequest, 2, 6, 0);
+  EXPECT_LT(table.Continues(step::DraftSource::kRequest, 2, 0.5), 0.5);
+  EXPECT_DOUBLE_EQ(table.Continues(step::DraftSource::kRequest, 5, 0.5), 0.5);
+  // A proposer that does not copy (match 0), or a draft model, records nothing.
+  table.Record(step::DraftSource::kRequest, 0, 8, 8);
+  table.Record(step::DraftSource::kModel, 8, 8, 8);
+  EXPECT_DOUBLE_EQ(table.Continues(step::DraftSource::kRequest, 8, 0.5), 0.5);
+  // Buckets double: 1 | 2-3 | 4-7 | ... | 128-255 | 256 and more.
+  EXPECT_EQ(CopyAcceptance::Bucket(1), 0);
+  EXPECT_EQ(CopyAcceptance::Bucket(3), 1);
+  EXPECT_EQ(CopyAcceptance::Bucket(4), 2);
+  EXPECT_EQ(CopyAcceptance::Bucket(255), 7);
+  EXPECT_EQ(CopyAcceptance::Bucket(100000), CopyAcceptance::kBuckets - 1);
+}
+
+TEST(CopyAcceptanceTest, ReachMultipliesTheChancesOfEachAgreementLength) {
+  CopyAcceptance table;
+  for (int i = 0; i < 50; ++i) table.Record(step::DraftSource::kGlobal, 8, 8, 8);
+  const std::vector<double> reach = table.Reach(step::DraftSource::kGlobal, 14, 0.5, 4);
+  ASSERT_EQ(reach.size(), 4u);
+  // Agreement 14 and 15 (bucket 8-15, all continued), then 16 and 17 (no
+  // evidence: the prior).
+  const double c = table.Continues(step::DraftSource::kGlobal, 14, 0.5);
+  EXPECT_GT(c, 0.95);
+  EXPECT_DOUBLE_EQ(reach[0], c);
+  EXPECT_DOUBLE_EQ(reach[1], c * c);
+  EXPECT_DOUBLE_EQ(reach[2], c * c * 0.5);
+  EXPECT_DOUBLE_EQ(reach[3], c * c * 0.25);
+  // A candidate's reach past its table goes on at its own rate.
+  DraftCandidate candidate{0.5, 100};
+  candidate.reach = reach;
+  EXPECT_DOUBLE_EQ(candidate.Reach(0), 1.0);
+  EXPECT_DOUBLE_EQ(candidate.Reach(2), c * c);
+  EXPECT_DOUBLE_EQ(candidate.Reach(6), c * c * 0.25 * 0.25);
+}
+
+// A sequence whose average acceptance is middling (its copies break at
+// fresh one-token matches) but whose copy is known to go on after 40
+// agreed tokens drafts across the row curve's jump; one at a fresh match
+// drafts nothing, though its average says 0.8.
+TEST(AllocateDraftsTest, AContinuingCopyIsPricedByItsAgreementLength) {
+  const std::vector<RowCurve::Timing> timings = {{1, 6.0},  {2, 6.5},   {4, 8.5},  {5, 15.0},
+                                                 {8, 16.0}, {16, 22.0}, {32, 42.0}};
+  const double per_token = (42.0 - 6.0) / 31.0;
+  const StepTimeModel model = Model(6.0 - per_token, per_token, 0, 0, RowCurve(timings));
+  SpeculationOptions o = Ngram();
+  o.proposer = step::Proposer::kSuffix;
+  o.max_draft = 32;
+  CopyAcceptance table;
+  for (int i = 0; i < 40; ++i) {
+    table.Record(step::DraftSource::kRequest, 32, 32, 32);
+    table.Record(step::DraftSource::kRequest, 64, 32, 32);
+    table.Record(step::DraftSource::kRequest, 1, 4, 0);
+  }
+  DraftCandidate copying{0.6, 100};
+  EXPECT_LE(Allocate({copying}, 128, model, o)[0], 3);  // by its average alone
+  copying.reach = table.Reach(step::DraftSource::kRequest, 40, copying.acceptance, 32);
+  EXPECT_GE(Allocate({copying}, 128, model, o)[0], 15);
+  DraftCandidate fresh{0.8, 100};
+  EXPECT_EQ(Allocate({fresh}, 128, model, o)[0], 3);
+  fresh.reach = table.Reach(step::DraftSource::kRequest, 1, fresh.acceptance, 32);
+  EXPECT_EQ(Allocate({fresh}, 128, model, o)[0], 0);
+}
+
 }  // namespace
 }  // namespace tandem::scheduler

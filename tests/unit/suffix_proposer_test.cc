@@ -77,6 +77,25 @@ TEST(SuffixMatcherTest, ACopyResumesJustPastWhereItDiverged) {
   EXPECT_EQ(Drafted(matcher, 2, 1), (Tokens{6, 60}));
 }
 
+// The scheduler prices a draft by how long its copy has agreed with the
+// stream (scheduler::CopyAcceptance): the match it started from, then each
+// token followed since; a resumed copy starts again from its new match.
+TEST(SuffixMatcherTest, ADraftReportsHowLongItsCopyHasAgreed) {
+  SuffixDraftOptions options;
+  SuffixMatcher matcher = MatcherOf(kSource);
+  matcher.Append(Tokens{1, 2});
+  SuffixDraft draft = matcher.Draft(2, options);
+  EXPECT_EQ(draft.tokens, (Tokens{50, 3}));
+  EXPECT_EQ(draft.match, 2);  // "1 2"
+  matcher.Append(Tokens{60, 3});
+  draft = matcher.Draft(3, options);
+  EXPECT_EQ(draft.tokens, (Tokens{4, 5, 6}));
+  EXPECT_EQ(draft.match, 1);  // resumed at "3"
+  matcher.Append(Tokens{4, 5});
+  draft = matcher.Draft(2, options);
+  EXPECT_EQ(draft.match, 3);  // "3", then 4 and 5 followed
+}
+
 TEST(SuffixMatcherTest, WithoutAnEarlierCopyADivergedTailSearchesAfresh) {
   SuffixMatcher matcher = MatcherOf(kSource);
   matcher.Append(Tokens{60, 3});
@@ -117,6 +136,8 @@ TEST(SuffixProposerTest, EachSequenceDraftsFromItsOwnTokensAcrossSteps) {
   ASSERT_EQ(drafts.size(), 2u);
   EXPECT_EQ(drafts[0].tokens, (Tokens{50, 3}));
   EXPECT_EQ(drafts[1].tokens, (Tokens{9, 7, 8}));
+  EXPECT_EQ(drafts[0].match, 2);  // with each draft, how long its copy has agreed
+  EXPECT_EQ(drafts[1].match, 2);
   EXPECT_TRUE(drafts[0].probabilities.empty());
   // The next step of sequence 1 grows its matcher: the divergence and the
   // resumed copy are seen (as in ACopyResumesJustPastWhereItDiverged).
@@ -124,6 +145,7 @@ TEST(SuffixProposerTest, EachSequenceDraftsFromItsOwnTokensAcrossSteps) {
   sa = Step(1, a);
   ASSERT_TRUE(proposer.Propose(std::vector<DraftRequest>{{&sa, 3}}, &drafts).ok());
   EXPECT_EQ(drafts[0].tokens, (Tokens{4, 5, 6}));
+  EXPECT_EQ(drafts[0].match, 1);
   EXPECT_EQ(proposer.tracked(), 2u);
   // A sequence whose tokens are not what its matcher holds starts over.
   sa = Step(1, {5, 6, 5});
