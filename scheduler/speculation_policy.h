@@ -88,7 +88,7 @@ class AcceptanceEstimate {
 };
 
 // Acceptance by where a copy comes from and how long it has agreed, for
-// copying proposers (suffix), learned across the lane's sequences. A copy
+// copying proposers (suffix), learned across the scheduler's sequences. A copy
 // that has followed the sequence for 40 tokens is far likelier to go on
 // than one found a token ago, whatever the sequence's average says: an
 // output rewriting a file copies long stretches between short, failing
