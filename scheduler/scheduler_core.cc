@@ -337,7 +337,9 @@ int32_t SchedulerCore::PlanDrafts(Lane lane, step::StepPlan& plan, int32_t budge
     steps.push_back(i);
     seqs.push_back(seq);
     DraftCandidate candidate{seq->acceptance.rate(), cap, length, seq->acceptance.probe_due()};
-    if (seq->copy_agreed > 0) {
+    // Each lane's worker has its own proposer: on another lane the copy is
+    // found afresh.
+    if (seq->copy_agreed > 0 && seq->copy_lane == lane) {
       candidate.reach =
           copy_acceptance_.Reach(seq->copy_source, seq->copy_agreed, candidate.acceptance,
                                  std::min(cap, options_.speculation.max_draft));
@@ -444,12 +446,11 @@ void SchedulerCore::Update(Lane lane, const step::StepPlan& plan, const step::St
     if (s.draft_limit > 0) {
       seq->acceptance.Record(r.drafted, accepted);
       copy_acceptance_.Record(r.draft_source, r.draft_match, r.drafted, accepted);
-      // A copy whose drafts were all accepted is taken to go on through the
-      // sampled token after them too (if that token left it, the next draft
-      // comes from a new match, and its verification corrects the table).
-      const bool copy_goes_on = r.draft_match > 0 && r.drafted > 0 && accepted == r.drafted;
-      seq->copy_agreed = copy_goes_on ? r.draft_match + accepted + 1 : 0;
+      // A copy that goes on has agreed with its match, the drafts and the
+      // sampled token after them when this lane's proposer drafts next.
+      seq->copy_agreed = r.draft_copy_goes_on ? r.draft_match + accepted + 1 : 0;
       seq->copy_source = r.draft_source;
+      seq->copy_lane = lane;
     } else if (s.sample) {
       // Decoded without drafts: the proposer sees these tokens only when it
       // drafts next, so whether the copy still goes on is unknown.

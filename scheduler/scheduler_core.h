@@ -343,12 +343,15 @@ class SchedulerCore {
     Timeline timeline;
     step::Proposer proposer = step::Proposer::kNone;  // its speculation (kNone: off)
     AcceptanceEstimate acceptance;
-    // Its copying proposer's copy, as its last verification left it: the
-    // tokens the copy will have agreed with when it drafts next (0: none
-    // known: no copy, a rejection, or a step without drafts since), and
-    // where it copies from. Its drafts are then priced by copy_acceptance_.
+    // Its copying proposer's copy, as its last verification on copy_lane
+    // left it: the tokens the copy will have agreed with when that lane's
+    // proposer drafts next (0: none known: no copy, a rejection or the
+    // copy left by the sampled token, or a step without drafts since), and
+    // where it copies from. Its drafts there are then priced by
+    // copy_acceptance_.
     int32_t copy_agreed = 0;
     step::DraftSource copy_source = step::DraftSource::kRequest;
+    Lane copy_lane = Lane::kPrefill;
     int32_t drafted = 0;  // drafted tokens verified, over its life
     int32_t accepted = 0;
     // Remote decode: in remote_ (handed to a decode daemon); its blocks held

@@ -96,8 +96,9 @@ class AcceptanceEstimate {
 // was drafted at (the copy's match plus the drafts before it): continued
 // when accepted, ended at the first rejection. Buckets of agreement
 // lengths double in width (1, 2-3, 4-7, ..., 256 and more), per source
-// (the sequence's own tokens, or earlier requests' text); older evidence
-// fades, and where a bucket has little, the sequence's own rate decides.
+// (the sequence's own tokens, or earlier requests' text); a bucket's older
+// evidence fades as new evidence arrives in it, and where a bucket has
+// little, the sequence's own rate decides.
 class CopyAcceptance {
  public:
   // A verification of `drafted` tokens copied from `source`, whose copy

@@ -35,8 +35,10 @@ struct Draft {
   std::vector<std::vector<float>> probabilities;
   step::DraftSource source = step::DraftSource::kRequest;
   // A copying proposer's: the tokens the copy agreed with when it drafted
-  // (step::SequenceResult::draft_match); 0 otherwise.
+  // (step::SequenceResult::draft_match), 0 otherwise; and the copy's token
+  // after the draft, -1 when none.
   int32_t match = 0;
+  TokenId copy_next = -1;
 };
 
 class DraftProposer {

@@ -141,12 +141,19 @@ SuffixDraft SuffixMatcher::Draft(int32_t limit, const SuffixDraftOptions& option
   SuffixDraft draft;
   draft.match = agreed_;
   if (copying_ == Where::kOwn) {
-    const int64_t end = std::min(static_cast<int64_t>(tokens_.size()), source_ + count);
+    const auto size = static_cast<int64_t>(tokens_.size());
+    const int64_t end = std::min(size, source_ + count);
     draft.tokens.assign(tokens_.begin() + source_, tokens_.begin() + end);
+    // The copy's next token is the stream's at `end` once the draft is
+    // appended: where the copy reaches the stream's end, a drafted one.
+    draft.next = end < size ? tokens_[static_cast<size_t>(end)]
+                            : draft.tokens[static_cast<size_t>(end - size)];
   } else {
-    const int64_t end = std::min(static_cast<int64_t>(cache_copy_.size()), source_ + count);
+    const auto size = static_cast<int64_t>(cache_copy_.size());
+    const int64_t end = std::min(size, source_ + count);
     draft.tokens.assign(cache_copy_.begin() + source_, cache_copy_.begin() + end);
     draft.source = step::DraftSource::kGlobal;
+    if (end < size) draft.next = cache_copy_[static_cast<size_t>(end)];
   }
   return draft;
 }
@@ -185,6 +192,7 @@ absl::Status SuffixProposer::Propose(std::span<const DraftRequest> requests,
     (*drafts)[i].tokens = std::move(draft.tokens);
     (*drafts)[i].source = draft.source;
     (*drafts)[i].match = draft.match;
+    (*drafts)[i].copy_next = draft.next;
   }
   // Sequences that stopped asking (finished, or drafting nothing for long)
   // are dropped; one that asks again rebuilds its matcher.

@@ -49,6 +49,10 @@ struct SuffixDraft {
   // The tokens the copy agreed with the stream when it drafted: its match,
   // then each token followed since.
   int32_t match = 0;
+  // The copy's token after the draft, which the stream must take next for
+  // the copy to go on; -1 when the copy ends with the draft (a cache copy
+  // used up).
+  TokenId next = -1;
 };
 
 // One token stream and the place its drafts copy from.

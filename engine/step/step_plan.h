@@ -127,6 +127,9 @@ struct SequenceResult {
   // sequence when it drafted (match plus tokens followed since); 0 when the
   // proposer does not copy. The scheduler prices drafts by it.
   int32_t draft_match = 0;
+  // Its copy goes on: every drafted token was accepted, and the sampled
+  // token after them is the copy's next one too.
+  bool draft_copy_goes_on = false;
   int32_t drafted = 0;
   int32_t accepted = 0;
 };

@@ -231,6 +231,8 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
         r.draft_match = draft.match;
         r.drafted = static_cast<int32_t>(draft.tokens.size());
         r.accepted = v.accepted;
+        r.draft_copy_goes_on = r.draft_match > 0 && r.drafted > 0 && r.accepted == r.drafted &&
+                               draft.copy_next >= 0 && r.sampled.back() == draft.copy_next;
         row += rows;
       }
       result.sequences.push_back(std::move(r));
@@ -274,6 +276,8 @@ step::StepResult ModelWorker::Run(const step::StepPlan& plan) {
       r.draft_match = draft.match;
       r.drafted = static_cast<int32_t>(draft.tokens.size());
       r.accepted = v.accepted;
+      r.draft_copy_goes_on = r.draft_match > 0 && r.drafted > 0 && r.accepted == r.drafted &&
+                             draft.copy_next >= 0 && r.sampled.back() == draft.copy_next;
       row += rows;
     }
     result.sequences.push_back(std::move(r));

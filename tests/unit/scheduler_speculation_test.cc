@@ -321,11 +321,16 @@ TEST(SchedulerSpeculationTest, FinishedRequestsLeaveTheirTextUnderTheirSalt) {
 // The worker side of a copying proposer, without tokens: verifications go
 // in cycles of 12, a copy found at a 12-token match and followed for 4
 // verifications, each accepted whole, then 8 fresh one-token matches, each
-// rejected at once. With `reports_match` false its drafts say nothing of
-// their copies (as the n-gram proposer's).
+// rejected at once. Reported as the suffix proposer and the worker would
+// (what a copy has agreed with grows by the drafts and the sampled token
+// after them: SuffixMatcherTest.ADraftReportsHowLongItsCopyHasAgreed),
+// or, with `reports_match` false, saying nothing of the copies (as the
+// n-gram proposer), or with `sampled_leaves_copy`, every copy accepted
+// whole but left by the sampled token after it.
 class CopyingWorker {
  public:
-  explicit CopyingWorker(bool reports_match) : reports_match_(reports_match) {}
+  explicit CopyingWorker(bool reports_match, bool sampled_leaves_copy = false)
+      : reports_match_(reports_match), sampled_leaves_copy_(sampled_leaves_copy) {}
 
   step::StepResult Execute(const step::StepPlan& plan) {
     step::StepResult result;
@@ -341,6 +346,7 @@ class CopyingWorker {
         r.drafted = s.draft_limit;
         r.accepted = copy ? s.draft_limit : 0;
         r.draft_match = reports_match_ ? (copy ? agreed_ : 1) : 0;
+        r.draft_copy_goes_on = r.draft_match > 0 && copy && !sampled_leaves_copy_;
         if (copy) agreed_ += s.draft_limit + 1;
       }
       if (s.sample) r.sampled.assign(static_cast<size_t>(r.accepted) + 1, 7);
@@ -355,23 +361,25 @@ class CopyingWorker {
 
  private:
   bool reports_match_;
+  bool sampled_leaves_copy_;
   int verifications_ = 0;
   int32_t agreed_ = 0;
 };
 
 // The scheduler learns from the drafts' agreement lengths (CopyAcceptance):
-// a copy accepted whole drafts long in its next step although the
-// sequence's average acceptance is middling; without agreement lengths the
-// same verifications get the average's short drafts.
+// a copy that goes on drafts long in its next step although the sequence's
+// average acceptance is middling; without agreement lengths, or when the
+// sampled token left the copy, the same verifications get the average's
+// short drafts.
 TEST(SchedulerSpeculationTest, AContinuingCopyDraftsByHowLongItHasAgreed) {
-  auto continuing_limits = [](bool reports_match) {
+  auto continuing_limits = [](bool reports_match, bool sampled_leaves_copy = false) {
     SchedulerOptions o = Options(512, 700, step::Proposer::kSuffix, 16);
     o.speculation.adaptive = true;
     o.step_time_prior = {10.0, 1.0, 0.0, 0.0};
     o.fit_step_time = false;
     o.context_length = 2400;
     SchedulerCore core(o);
-    CopyingWorker worker(reports_match);
+    CopyingWorker worker(reports_match, sampled_leaves_copy);
     auto sink = std::make_shared<Record>();
     core.Add(1, MakeRequest(8, 2000, sink, 1));
     for (int steps = 0; core.HasWork() && steps < 5000; ++steps) {
@@ -386,11 +394,14 @@ TEST(SchedulerSpeculationTest, AContinuingCopyDraftsByHowLongItHasAgreed) {
   };
   const std::vector<int32_t> by_agreement = continuing_limits(true);
   const std::vector<int32_t> by_average = continuing_limits(false);
+  const std::vector<int32_t> left = continuing_limits(true, true);
   ASSERT_GE(by_agreement.size(), 10u);
   ASSERT_GE(by_average.size(), 10u);
-  // Medians (measured: 16 of at most 16, against 3).
+  ASSERT_GE(left.size(), 10u);
+  // Medians (measured: 16 of at most 16, against 3 and 3).
   EXPECT_EQ(by_agreement[by_agreement.size() / 2], 16);
   EXPECT_LE(by_average[by_average.size() / 2], 5);
+  EXPECT_LE(left[left.size() / 2], 5);
 }
 
 }  // namespace

@@ -190,12 +190,15 @@ TEST(SuffixMatcherCacheTest, CopiesAnEarlierRequestsTextWhenItMatchesLonger) {
   SuffixDraft draft = matcher.Draft(3, WithCache(cache, ""));
   EXPECT_EQ(draft.tokens, (Tokens{14, 15, 16}));
   EXPECT_EQ(draft.source, step::DraftSource::kGlobal);
+  EXPECT_EQ(draft.next, 17);
   // Following the copy: the next draft goes on where it is, to the end of
-  // that text.
+  // that text, where the copy ends (no next token).
   matcher.Append(Tokens{14, 15});
   draft = matcher.Draft(5, WithCache(cache, ""));
   EXPECT_EQ(draft.tokens, (Tokens{16, 17}));
   EXPECT_EQ(draft.source, step::DraftSource::kGlobal);
+  EXPECT_EQ(draft.match, 5);  // "11 12 13", then 14 and 15
+  EXPECT_EQ(draft.next, -1);
   // The same stream with another salt finds nothing to copy.
   SuffixMatcher other;
   other.Append(Tokens{1, 11, 12, 13});

@@ -80,6 +80,8 @@ TEST(SuffixMatcherTest, ACopyResumesJustPastWhereItDiverged) {
 // The scheduler prices a draft by how long its copy has agreed with the
 // stream (scheduler::CopyAcceptance): the match it started from, then each
 // token followed since; a resumed copy starts again from its new match.
+// With the draft comes the copy's next token: a stream that takes the draft
+// and that token has its copy agree with match + drafted + 1 tokens.
 TEST(SuffixMatcherTest, ADraftReportsHowLongItsCopyHasAgreed) {
   SuffixDraftOptions options;
   SuffixMatcher matcher = MatcherOf(kSource);
@@ -87,6 +89,18 @@ TEST(SuffixMatcherTest, ADraftReportsHowLongItsCopyHasAgreed) {
   SuffixDraft draft = matcher.Draft(2, options);
   EXPECT_EQ(draft.tokens, (Tokens{50, 3}));
   EXPECT_EQ(draft.match, 2);  // "1 2"
+  EXPECT_EQ(draft.next, 4);
+  {
+    SuffixMatcher followed = matcher;
+    followed.Append(Tokens{50, 3, 4});
+    const SuffixDraft after = followed.Draft(1, options);
+    EXPECT_EQ(after.match, 2 + 2 + 1);
+    EXPECT_EQ(after.tokens, (Tokens{5}));
+  }
+  // A copy that reaches the stream's end goes on into its own draft.
+  const SuffixDraft periodic = MatcherOf({7, 8, 7, 8}).Draft(5, options);
+  EXPECT_EQ(periodic.tokens, (Tokens{7, 8}));
+  EXPECT_EQ(periodic.next, 7);
   matcher.Append(Tokens{60, 3});
   draft = matcher.Draft(3, options);
   EXPECT_EQ(draft.tokens, (Tokens{4, 5, 6}));
