@@ -187,11 +187,19 @@ TEST(AllocateDraftsTest, ADraftModelsCostShortensItsDrafts) {
 // drafts within the cheap rows at a moderate acceptance, and crosses the
 // jump when acceptance pays for it: one sequence's drafts, or the drafts of
 // a batch together.
+const std::vector<RowCurve::Timing> kStaircase = {{1, 6.0},  {2, 6.5},   {4, 8.5},  {5, 15.0},
+                                                  {8, 16.0}, {16, 22.0}, {32, 42.0}};
+constexpr double kStaircasePerToken = (42.0 - 6.0) / 31.0;
+
+// A step-time model through kStaircase's widths.
+StepTimeModel Staircase() {
+  return Model(6.0 - kStaircasePerToken, kStaircasePerToken, 0, 0, RowCurve(kStaircase));
+}
+
 TEST(AllocateDraftsTest, DraftsFollowTheBackendsRowCurve) {
-  const std::vector<RowCurve::Timing> timings = {{1, 6.0},  {2, 6.5},   {4, 8.5},  {5, 15.0},
-                                                 {8, 16.0}, {16, 22.0}, {32, 42.0}};
-  const double per_token = (42.0 - 6.0) / 31.0;
-  const StepTimeModel model = Model(6.0 - per_token, per_token, 0, 0, RowCurve(timings));
+  const std::vector<RowCurve::Timing>& timings = kStaircase;
+  const double per_token = kStaircasePerToken;
+  const StepTimeModel model = Staircase();
   SpeculationOptions o = Ngram();
   o.max_draft = 32;
   // The model predicts the measured widths.
@@ -283,10 +291,7 @@ TEST(CopyAcceptanceTest, ReachMultipliesTheChancesOfEachAgreementLength) {
 // agreed tokens drafts across the row curve's jump; one at a fresh match
 // drafts nothing, though its average says 0.8.
 TEST(AllocateDraftsTest, AContinuingCopyIsPricedByItsAgreementLength) {
-  const std::vector<RowCurve::Timing> timings = {{1, 6.0},  {2, 6.5},   {4, 8.5},  {5, 15.0},
-                                                 {8, 16.0}, {16, 22.0}, {32, 42.0}};
-  const double per_token = (42.0 - 6.0) / 31.0;
-  const StepTimeModel model = Model(6.0 - per_token, per_token, 0, 0, RowCurve(timings));
+  const StepTimeModel model = Staircase();
   SpeculationOptions o = Ngram();
   o.proposer = step::Proposer::kSuffix;
   o.max_draft = 32;
