@@ -153,7 +153,9 @@ SuffixDraft SuffixMatcher::Draft(int32_t limit, const SuffixDraftOptions& option
     const int64_t end = std::min(size, source_ + count);
     draft.tokens.assign(cache_copy_.begin() + source_, cache_copy_.begin() + end);
     draft.source = step::DraftSource::kGlobal;
-    if (end < size) draft.next = cache_copy_[static_cast<size_t>(end)];
+    // Taking the copy's last token uses it up (Append): then the next draft
+    // searches afresh, so a draft ending one short of it has no next either.
+    if (end + 1 < size) draft.next = cache_copy_[static_cast<size_t>(end)];
   }
   return draft;
 }

@@ -50,8 +50,8 @@ struct SuffixDraft {
   // then each token followed since.
   int32_t match = 0;
   // The copy's token after the draft, which the stream must take next for
-  // the copy to go on; -1 when the copy ends with the draft (a cache copy
-  // used up).
+  // the copy to go on; -1 when the copy ends with the draft or the token
+  // after it (a cache copy used up).
   TokenId next = -1;
 };
 

@@ -190,7 +190,13 @@ TEST(SuffixMatcherCacheTest, CopiesAnEarlierRequestsTextWhenItMatchesLonger) {
   SuffixDraft draft = matcher.Draft(3, WithCache(cache, ""));
   EXPECT_EQ(draft.tokens, (Tokens{14, 15, 16}));
   EXPECT_EQ(draft.source, step::DraftSource::kGlobal);
-  EXPECT_EQ(draft.next, 17);
+  // Taking 17 after it would use the copy up: no next token to go on with.
+  EXPECT_EQ(draft.next, -1);
+  {
+    SuffixMatcher shorter;
+    shorter.Append(Tokens{1, 11, 12, 13});
+    EXPECT_EQ(shorter.Draft(2, WithCache(cache, "")).next, 16);
+  }
   // Following the copy: the next draft goes on where it is, to the end of
   // that text, where the copy ends (no next token).
   matcher.Append(Tokens{14, 15});
