@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "bench/row_cost.h"
 #include "engine/kernels/cpu/attention.h"
+#include "engine/kernels/cpu/attention_bf16.h"
 #include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/half.h"
 
@@ -31,6 +32,11 @@ ABSL_FLAG(int, head_dim, 64, "head dimension");
 ABSL_FLAG(int, layers, 30, "layers per step (the time printed is one step's, all layers)");
 ABSL_FLAG(int, threads, 2, "compute threads");
 ABSL_FLAG(int, repeats, 21, "timed steps per row count (the median is printed)");
+ABSL_FLAG(std::vector<std::string>, caches, std::vector<std::string>({"half", "bf16"}),
+          "KV caches to time, one table each: half (the f32 and q8 modes' cache and "
+          "kernels) or bf16 (the bf16 mode's, where the build has AVX-512 BF16)");
+ABSL_FLAG(int, passes, 1,
+          "times to run the tables in turn (caches alternated, for comparing them)");
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -46,20 +52,22 @@ int Main() {
     max_rows = std::max(max_rows, std::stoi(r));
   const int positions = context + max_rows;
   const int blocks = (positions + kBlockSize - 1) / kBlockSize;
-  // Random keys and values (halves), blocks in a shuffled order as a
-  // running cache holds them.
+  // Random keys and values (halves, and the same rounded to bfloat16),
+  // blocks in a shuffled order as a running cache holds them.
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t pool_halves = static_cast<size_t>(blocks) * kBlockSize * kv_heads * head_dim;
-  std::vector<uint16_t> k(pool_halves), v(pool_halves);
-  for (size_t i = 0; i < pool_halves; ++i) {
-    k[i] = FloatToHalf(normal(rng));
-    v[i] = FloatToHalf(normal(rng));
+  const size_t pool_words = static_cast<size_t>(blocks) * kBlockSize * kv_heads * head_dim;
+  std::vector<uint16_t> k(pool_words), v(pool_words), k_bf16(pool_words), v_bf16(pool_words);
+  for (size_t i = 0; i < pool_words; ++i) {
+    const float key = normal(rng), value = normal(rng);
+    k[i] = FloatToHalf(key);
+    v[i] = FloatToHalf(value);
+    k_bf16[i] = FloatToBf16(key);
+    v_bf16[i] = FloatToBf16(value);
   }
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = b;
   std::shuffle(table.begin(), table.end(), rng);
-  const KvLayerView kv{k.data(), v.data(), kBlockSize, kv_heads, head_dim};
   const AttentionShape shape{heads, kv_heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
   std::vector<float> q(static_cast<size_t>(max_rows) * heads * head_dim),
       out(static_cast<size_t>(max_rows) * heads * head_dim);
@@ -70,21 +78,38 @@ int Main() {
   std::vector<std::vector<float>> scratch;
   std::printf("context %d, %d heads, %d KV heads, head_dim %d, %d layers, %d threads\n", context,
               heads, kv_heads, head_dim, layers, pool.size());
-  std::printf("%5s %10s %9s %14s\n", "rows", "step ms", "vs 1 row", "ms/extra row");
-  double one_row = 0;
-  for (const std::string& text : absl::GetFlag(FLAGS_rows)) {
-    const int rows = std::stoi(text);
-    const AttentionSpan span{0, rows, context, table};
-    const Matrix qm{q.data(), rows, int64_t{heads} * head_dim};
-    const Matrix om{out.data(), rows, int64_t{heads} * head_dim};
-    const double median = bench::MedianMs(absl::GetFlag(FLAGS_repeats), [&] {
-      for (int l = 0; l < layers; ++l) {
-        PagedAttention(lane, scratch, kv, qm, shape, std::span<const AttentionSpan>(&span, 1), om);
+  for (int pass = 0; pass < absl::GetFlag(FLAGS_passes); ++pass) {
+    for (const std::string& cache : absl::GetFlag(FLAGS_caches)) {
+      const bool bf16 = cache == "bf16";
+      if (bf16 && !bf16_attention::Supported(head_dim)) {
+        std::printf("cache bf16: not in this build or for head_dim %d\n", head_dim);
+        continue;
       }
-    });
-    if (rows == 1) one_row = median;
-    bench::PrintRowCost(rows, median, one_row);
-    std::printf("\n");
+      const KvLayerView kv{bf16 ? k_bf16.data() : k.data(),
+                           bf16 ? v_bf16.data() : v.data(),
+                           kBlockSize,
+                           kv_heads,
+                           head_dim,
+                           bf16};
+      std::printf("cache %s\n%5s %10s %9s %14s\n", bf16 ? "bf16" : "half", "rows", "step ms",
+                  "vs 1 row", "ms/extra row");
+      double one_row = 0;
+      for (const std::string& text : absl::GetFlag(FLAGS_rows)) {
+        const int rows = std::stoi(text);
+        const AttentionSpan span{0, rows, context, table};
+        const Matrix qm{q.data(), rows, int64_t{heads} * head_dim};
+        const Matrix om{out.data(), rows, int64_t{heads} * head_dim};
+        const double median = bench::MedianMs(absl::GetFlag(FLAGS_repeats), [&] {
+          for (int l = 0; l < layers; ++l) {
+            PagedAttention(lane, scratch, kv, qm, shape, std::span<const AttentionSpan>(&span, 1),
+                           om);
+          }
+        });
+        if (rows == 1) one_row = median;
+        bench::PrintRowCost(rows, median, one_row);
+        std::printf("\n");
+      }
+    }
   }
   return 0;
 }

@@ -34,11 +34,14 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/bench/file_edits.h"
+#include "engine/kernels/cpu/matmul.h"
 #include "scheduler/scheduler.h"
 #include "server/serving_model.h"
 
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "GGUF model file");
 ABSL_FLAG(int, threads, 2, "CPU threads of the (single, colocated) worker");
+ABSL_FLAG(std::string, cpu_matmul, "auto",
+          "CPU matmul mode: auto (the daemon's default), f32, bf16 or q8");
 ABSL_FLAG(std::string, code_file, "scheduler/scheduler_core.cc",
           "source file whose first --code_lines lines the code-editing prompt holds");
 ABSL_FLAG(int, code_lines, 300, "lines of --code_file in the prompt");
@@ -299,9 +302,16 @@ std::string FileHead(const std::string& path, int lines) {
 }
 
 int Main() {
+  const absl::StatusOr<kernels::cpu::MatMulMode> matmul_mode =
+      kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_cpu_matmul));
+  if (!matmul_mode.ok()) {
+    std::fprintf(stderr, "--cpu_matmul: %s\n", std::string(matmul_mode.status().message()).c_str());
+    return 2;
+  }
   server::ServingModelOptions options;
   options.model_path = absl::GetFlag(FLAGS_model);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.matmul_mode = *matmul_mode;
   options.decode_worker = false;
   options.kv_cache_bytes = int64_t{1} << 30;
   options.draft_layers = absl::GetFlag(FLAGS_draft_layers);
@@ -315,10 +325,12 @@ int Main() {
   Bench bench(model->get());
   const server::StepCosts& c = (*model)->step_costs();
   std::printf(
-      "model %s, %d threads, step time %s, row curve %s, self-draft %d layers (%.2f ms + %.2f "
-      "ms/sequence a round), max draft %d, %s, suffix length factor %.2f, suffix cache %lld "
-      "bytes\n",
-      options.model_path.c_str(), options.threads, scheduler::DescribeStepTime(c.linear, 0).c_str(),
+      "model %s, %d threads, --cpu_matmul=%s, step time %s, row curve %s, self-draft %d layers "
+      "(%.2f ms + %.2f ms/sequence a round), max draft %d, %s, suffix length factor %.2f, suffix "
+      "cache %lld bytes\n",
+      options.model_path.c_str(), options.threads,
+      std::string(kernels::cpu::MatMulModeName(options.matmul_mode)).c_str(),
+      scheduler::DescribeStepTime(c.linear, 0).c_str(),
       c.rows.Describe().c_str(), options.draft_layers, c.draft.fixed, c.draft.per_token,
       absl::GetFlag(FLAGS_max_draft),
       absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length",

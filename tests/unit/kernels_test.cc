@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/kernels/cpu/attention_bf16.h"
 #include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/cpu_backend.h"
 #include "engine/kernels/cpu/dequantize.h"
@@ -716,6 +717,8 @@ struct AttentionCase {
   int length;
   int window = 0;
   float softcap = 0.0f;
+  // The bf16 mode: a bfloat16 cache and BF16 dot products (attention_bf16.h).
+  bool bf16 = false;
 };
 
 class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
@@ -726,7 +729,11 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
     head_dim_ = GetParam().head_dim;
     block_size_ = GetParam().block_size;
     length_ = GetParam().length;
-    backend_ = std::make_unique<CpuBackend>(3);
+    if (GetParam().bf16 && !bf16_attention::Supported(head_dim_)) {
+      GTEST_SKIP() << "this build has no AVX-512 BF16 attention";
+    }
+    backend_ =
+        std::make_unique<CpuBackend>(3, GetParam().bf16 ? MatMulMode::kBf16 : MatMulMode::kF32);
     ASSERT_TRUE(backend_->CreateKvCache({1, kBlocks, block_size_, kKvHeads, head_dim_}).ok());
     std::mt19937 rng(4);
     q_ = RandomRows(length_, kHeads * head_dim_, rng);
@@ -792,13 +799,20 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
-    ::testing::Values(AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150},
-                      AttentionCase{16, 4, 23, 5, 0.0f}, AttentionCase{64, 16, 150, 37, 0.0f},
-                      AttentionCase{64, 16, 150, 70, 1.5f}, AttentionCase{16, 4, 23, 0, 0.8f},
-                      // The head sizes of most models from 1.5B up
-                      // (128) and of Gemma (256).
-                      AttentionCase{128, 16, 150}, AttentionCase{128, 16, 150, 37, 1.5f},
-                      AttentionCase{256, 16, 70}));
+    ::testing::Values(
+        AttentionCase{16, 4, 23}, AttentionCase{64, 16, 150}, AttentionCase{16, 4, 23, 5, 0.0f},
+        AttentionCase{64, 16, 150, 37, 0.0f}, AttentionCase{64, 16, 150, 70, 1.5f},
+        AttentionCase{16, 4, 23, 0, 0.8f},
+        // The head sizes of most models from 1.5B up
+        // (128) and of Gemma (256).
+        AttentionCase{128, 16, 150}, AttentionCase{128, 16, 150, 37, 1.5f},
+        AttentionCase{256, 16, 70},
+        // The bf16 mode, for each head size it has kernels for;
+        // windows of odd and even length (its keys go in pairs
+        // from even positions), an odd sequence length.
+        AttentionCase{64, 16, 150, 0, 0.0f, true}, AttentionCase{64, 16, 151, 37, 0.0f, true},
+        AttentionCase{64, 8, 150, 70, 1.5f, true}, AttentionCase{128, 16, 149, 0, 0.0f, true},
+        AttentionCase{128, 16, 150, 37, 1.5f, true}, AttentionCase{256, 16, 71, 0, 0.0f, true}));
 
 TEST_P(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
   const std::vector<float> whole = Run(0, length_, false);
@@ -834,13 +848,22 @@ TEST_P(AttentionTest, AVerificationsRowsGetTheBitsEachHasAlone) {
   }
 }
 
+// Against float64 with the operands rounded as the mode rounds them: the
+// cache's halves, or bfloat16 in the bf16 mode, which also rounds the query.
+// What is left is float32 summation and exp (1e-5), and in the bf16 mode
+// the rounding of each softmax numerator to bfloat16 for the value sum: at
+// most 2^-8 of each key's weight (bfloat16's unit roundoff), so an output
+// may be off by 2^-8 of the weighted sum of its values' magnitudes, and no
+// more.
 TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
   const std::vector<float> out = Run(0, length_, false);
   const int window = GetParam().window;
   const double cap = GetParam().softcap;
-  auto half = [](float f) {
-    return double{HalfToFloat(FloatToHalf(f))};
-  };  // the cache stores halves
+  const bool bf16 = GetParam().bf16;
+  auto stored = [bf16](float f) {
+    return bf16 ? double{Bf16ToFloat(FloatToBf16(f))} : double{HalfToFloat(FloatToHalf(f))};
+  };
+  auto query = [bf16](float f) { return bf16 ? double{Bf16ToFloat(FloatToBf16(f))} : double{f}; };
   for (int t = 0; t < length_; ++t) {
     for (int h = 0; h < kHeads; ++h) {
       const int kv = h / (kHeads / kKvHeads);
@@ -850,8 +873,8 @@ TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
       for (int j = lowest; j <= t; ++j) {
         double s = 0;
         for (int d = 0; d < head_dim_; ++d) {
-          s += double{q_[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)]} *
-               half(k_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
+          s += query(q_[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)]) *
+               stored(k_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
         }
         s /= std::sqrt(static_cast<double>(head_dim_));
         if (cap > 0) s = cap * std::tanh(s / cap);
@@ -864,12 +887,14 @@ TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
         total += (s = std::exp(s - max));
       }
       for (int d = 0; d < head_dim_; ++d) {
-        double expected = 0;
+        double expected = 0, magnitude = 0;
         for (int j = lowest; j <= t; ++j) {
-          expected += scores[static_cast<size_t>(j)] / total *
-                      half(v_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
+          const double value = stored(v_[static_cast<size_t>((j * kKvHeads + kv) * head_dim_ + d)]);
+          expected += scores[static_cast<size_t>(j)] / total * value;
+          magnitude += scores[static_cast<size_t>(j)] / total * std::abs(value);
         }
-        ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)], expected, 1e-5)
+        const double tolerance = 1e-5 + (bf16 ? magnitude / 256 : 0.0);
+        ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * head_dim_ + d)], expected, tolerance)
             << "token " << t << " head " << h << " dim " << d;
       }
     }

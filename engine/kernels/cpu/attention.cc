@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "engine/kernels/cpu/attention_bf16.h"
 #include "engine/kernels/cpu/elementwise.h"
 #include "engine/kernels/cpu/simd.h"
 
@@ -69,27 +70,6 @@ inline __m256 DotLanes(const __m256* q, const T* k) {
     acc1 = _mm256_fmadd_ps(q[c + 1], Load8(k + 8 * c + 8), acc1);
   }
   return _mm256_add_ps(acc0, acc1);
-}
-
-// The HorizontalSum of each of v[0..8), as the lanes of one vector: the
-// same additions in the same association ((l0+l4)+(l2+l6)) + ((l1+l5)+
-// (l3+l7)), eight at a time (so bitwise equal to summing each alone, with
-// 15 shuffles and 7 additions where eight sums take 24 of each).
-inline __m256 HorizontalSums8(const __m256* v) {
-  __m256 halves[4];  // [v(2i) l0+l4 .. l3+l7 | v(2i+1) l0+l4 .. l3+l7]
-  for (int i = 0; i < 4; ++i) {
-    halves[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
-                              _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
-  }
-  // Per 128-bit lane, of keys (a, b): [a s0+s2, a s1+s3, b s0+s2, b s1+s3].
-  const __m256 pairs0 = _mm256_add_ps(_mm256_shuffle_ps(halves[0], halves[1], 0x44),
-                                      _mm256_shuffle_ps(halves[0], halves[1], 0xEE));
-  const __m256 pairs1 = _mm256_add_ps(_mm256_shuffle_ps(halves[2], halves[3], 0x44),
-                                      _mm256_shuffle_ps(halves[2], halves[3], 0xEE));
-  // Sums of v0, v2, v4, v6 | v1, v3, v5, v7, then in key order.
-  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs0, pairs1, 0x88),
-                                    _mm256_shuffle_ps(pairs0, pairs1, 0xDD));
-  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 // scores[j] = scale * (q . rows[j]) for j in [0, n). The same operations
@@ -315,10 +295,16 @@ void HalfRows(const uint16_t* pool, const KvLayerView& kv, std::span<const int32
   const int64_t token_stride = int64_t{kv.kv_heads} * kv.head_dim;
   const int64_t block_stride = token_stride * kv.block_size;
   const uint16_t* head = pool + int64_t{kv_head} * kv.head_dim;
+  // Walks the block table with counters, as ConvertBlock does.
+  size_t block = static_cast<size_t>(first / kv.block_size);
+  int slot = static_cast<int>(first % kv.block_size);
+  const uint16_t* block_start = head + table[block] * block_stride;
   for (int j = 0; j < n; ++j) {
-    const int64_t key = first + j;
-    rows[j] = head + table[static_cast<size_t>(key / kv.block_size)] * block_stride +
-              key % kv.block_size * token_stride;
+    rows[j] = block_start + slot * token_stride;
+    if (++slot == kv.block_size && j + 1 < n) {
+      slot = 0;
+      block_start = head + table[++block] * block_stride;
+    }
   }
 }
 
@@ -409,6 +395,119 @@ void AccumulateQueries(const TaskQueries& tq, const T* const* rows, int64_t firs
 }
 #endif
 
+#ifdef TANDEM_CPU_BF16_ATTENTION
+// The rest of RunTask over a bfloat16 cache (attention_bf16.h), for heads of
+// kDim: `tq` holds the task's queries, whose score rows have room for keys
+// [0, max_keys rounded up to even); `task_lowest` is the first key the
+// task's first query sees. Keys are read from the even position at or below
+// it, so a query's value pairs are the same in every task.
+template <int kDim>
+void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& shape,
+                 const AttentionSpan& span, TaskQueries& tq, int64_t max_keys,
+                 int64_t task_lowest) {
+  namespace b16 = bf16_attention;
+  const int queries = static_cast<int>(tq.q.size());
+  const int64_t start = task_lowest & ~int64_t{1};
+  const size_t stride = static_cast<size_t>(max_keys + 1) & ~size_t{1};
+  // Per query: its bfloat16 form, then its bfloat16 probabilities by key.
+  thread_local std::vector<uint16_t> words;
+  words.resize(static_cast<size_t>(queries) * (kDim + stride));
+  auto query_words = [&](int i) { return words.data() + static_cast<size_t>(i) * kDim; };
+  auto probabilities = [&](int i) {
+    return words.data() + static_cast<size_t>(queries) * kDim + static_cast<size_t>(i) * stride;
+  };
+  for (int i = 0; i < queries; ++i)
+    b16::QueryToBf16<kDim>(tq.q[static_cast<size_t>(i)], query_words(i));
+  auto keys = [&](int i) { return tq.keys[static_cast<size_t>(i)]; };
+  auto lowest = [&](int i) {
+    return shape.window > 0 ? std::max<int64_t>(0, keys(i) - shape.window) : int64_t{0};
+  };
+
+  // Runs kernel(begin, count, offset, many) over consecutive queries in
+  // groups of `group`, jointly over the `units` (keys or pairs of a block)
+  // they all see, then each alone over the rest of its own.
+  auto for_groups = [&](int group, auto units, auto kernel) {
+    for (int begin = 0; begin < queries; begin += group) {
+      const int count = std::min(group, queries - begin);
+      int common = 0;
+      if (count == group) {
+        common = units(begin);
+        for (int b = 1; b < count; ++b) common = std::min(common, units(begin + b));
+        if (common > 0) kernel(begin, group, 0, common);
+      }
+      for (int b = 0; b < count; ++b) {
+        const int rest = units(begin + b) - common;
+        if (rest > 0) kernel(begin + b, 1, common, rest);
+      }
+    }
+  };
+
+  constexpr int kScoreGroup = 2;
+  const uint16_t* rows[kKeyBlock + 1];
+  for (int64_t first = start; first < max_keys; first += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
+    HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, rows);
+    auto seen = [&](int i) { return static_cast<int>(std::clamp<int64_t>(keys(i) - first, 0, n)); };
+    for_groups(kScoreGroup, seen, [&](int begin, int count, int offset, int many) {
+      const uint16_t* q[kScoreGroup];
+      float* scores[kScoreGroup];
+      for (int b = 0; b < count; ++b) {
+        q[b] = query_words(begin + b);
+        scores[b] = tq.scores[static_cast<size_t>(begin + b)] + first + offset;
+      }
+      if (count == kScoreGroup) {
+        b16::ScoreRows<kScoreGroup, kDim>(q, rows + offset, many, shape.scale, scores);
+      } else {
+        b16::ScoreRows<1, kDim>(q, rows + offset, many, shape.scale, scores);
+      }
+    });
+  }
+  // The softmax's numerators in bfloat16 (keys below a query's window get
+  // 0) and their float32 sum.
+  for (int i = 0; i < queries; ++i) {
+    float* scores = tq.scores[static_cast<size_t>(i)];
+    const int64_t low = lowest(i);
+    if (shape.softcap > 0.0f) SoftcapRow(scores + low, keys(i) - low, shape.softcap);
+    uint16_t* p = probabilities(i);
+    std::fill(p + start, p + low, uint16_t{0});
+    tq.sums.push_back(b16::ExpToBf16(scores + low, keys(i) - low, p + low));
+    // The probability of the pair's second key a query does not see.
+    if ((keys(i) - start) % 2 != 0) p[keys(i)] = 0;
+    std::memset(tq.out[static_cast<size_t>(i)], 0, sizeof(float) * kDim);
+  }
+  // Value sums over pairs of keys: consecutive queries in groups over the
+  // pairs they all see, then each alone over the rest of its own.
+  constexpr int kGroup = kAccumulateGroup<kDim>;
+  for (int64_t first = start; first < max_keys; first += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
+    HalfRows(kv.v, kv, span.block_table, task.kv_head, first, n, rows);
+    if (n % 2 != 0) rows[n] = b16::kZeroRow;
+    auto pairs = [&](int i) {
+      return static_cast<int>((std::clamp<int64_t>(keys(i) - first, 0, n) + 1) / 2);
+    };
+    for_groups(kGroup, pairs, [&](int begin, int count, int offset, int many) {
+      float* acc[kGroup];
+      const uint16_t* p[kGroup];
+      for (int b = 0; b < count; ++b) {
+        acc[b] = tq.out[static_cast<size_t>(begin + b)];
+        p[b] = probabilities(begin + b) + first + 2 * offset;
+      }
+      if (count == kGroup) {
+        b16::AccumulatePairs<kGroup, kDim>(acc, p, rows + 2 * offset, many);
+      } else {
+        b16::AccumulatePairs<1, kDim>(acc, p, rows + 2 * offset, many);
+      }
+    });
+  }
+  for (int i = 0; i < queries; ++i) {
+    float* out = tq.out[static_cast<size_t>(i)];
+    float acc[kDim];
+    std::memcpy(acc, out, sizeof(acc));
+    b16::UninterleaveDims<kDim>(acc, 1.0f / tq.sums[static_cast<size_t>(i)], out);
+  }
+}
+#endif
+
 void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
              const AttentionSpan& span, std::vector<float>& scratch, Matrix out) {
   const int head_dim = shape.head_dim;
@@ -416,7 +515,8 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   const int rows = task.row_end - task.row_begin;
   const int queries = heads * rows;
   const int64_t max_keys = int64_t{span.first_position} + task.row_end;
-  const size_t score_stride = static_cast<size_t>(max_keys);
+  // (Rounded up to even: the bfloat16 kernels read keys in pairs.)
+  const size_t score_stride = static_cast<size_t>(max_keys + 1) & ~size_t{1};
   scratch.resize(score_stride * static_cast<size_t>(queries) +
                  static_cast<size_t>(kKeyBlock) * static_cast<size_t>(head_dim));
   float* block = scratch.data() + score_stride * static_cast<size_t>(queries);
@@ -444,6 +544,14 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
                             : int64_t{0};
   };
   const int64_t task_lowest = lowest(0);
+#ifdef TANDEM_CPU_BF16_ATTENTION
+  if (kv.bf16) {
+    WithHeadDim(head_dim, [&](auto dim) {
+      RunBf16Task<dim()>(task, kv, shape, span, tq, max_keys, task_lowest);
+    });
+    return;
+  }
+#endif
 #ifdef TANDEM_CPU_AVX512
   const bool vector = HasVectorKernels(head_dim);
 #endif

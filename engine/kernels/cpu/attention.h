@@ -8,6 +8,9 @@
 // depends only on its own query and the cached keys and values, so chunked
 // and batched prefill give bitwise the same result.
 //
+// Over a bfloat16 cache (the bf16 mode) the products are bfloat16 dot
+// products summed in float32 (attention_bf16.h), with the same guarantees.
+//
 // The queries that read the same keys (the heads of one KV group, and the
 // rows of one sequence: a prompt chunk, or a decode token with its drafts,
 // in tiles when the threads need more tasks) run as one task that converts
@@ -26,13 +29,15 @@
 
 namespace tandem::kernels::cpu {
 
-// One layer's K and V pools: [blocks][block_size][kv_heads][head_dim] halves.
+// One layer's K and V pools: [blocks][block_size][kv_heads][head_dim]
+// halves, or bfloat16 (`bf16`: the bf16 mode's cache, attention_bf16.h).
 struct KvLayerView {
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
   int block_size = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  bool bf16 = false;
 };
 
 void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,

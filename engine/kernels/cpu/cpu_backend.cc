@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/strings.h"
 #include "engine/kernels/cpu/attention.h"
+#include "engine/kernels/cpu/attention_bf16.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/elementwise.h"
 #include "engine/kernels/cpu/matmul_q8.h"
@@ -28,7 +29,14 @@ constexpr size_t kAlignment = 64;
 // Bump whenever a CPU kernel's rounding changes: daemons of different
 // revisions compute other bits with the same mode and instructions, and must
 // not hand requests to each other (arithmetic()).
-constexpr int kKernelRevision = 1;
+// 2: the bf16 mode's KV cache in bfloat16 and its attention in BF16 dot products.
+constexpr int kKernelRevision = 2;
+
+// Whether a KV cache for heads of `head_dim` is kept in bfloat16 (the bf16
+// mode, where its attention kernels exist) rather than in halves.
+bool KvInBf16(MatMulMode mode, int head_dim) {
+  return mode == MatMulMode::kBf16 && bf16_attention::Supported(head_dim);
+}
 
 // The kernels this build has (their arithmetic differs).
 #if defined(TANDEM_CPU_AVX512)
@@ -174,6 +182,7 @@ absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
   kv_storage_ =
       std::make_shared<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
   kv_shape_ = shape;
+  kv_bf16_ = KvInBf16(matmul_mode_, shape.head_dim);
   return absl::OkStatus();
 }
 
@@ -183,8 +192,16 @@ absl::Status CpuBackend::ShareKvCache(const Backend& other) {
     return absl::FailedPreconditionError(
         "KV storage can be shared only with a CPU backend that has one");
   }
+  if (KvInBf16(matmul_mode_, cpu->kv_shape_.head_dim) != cpu->kv_bf16_) {
+    return absl::FailedPreconditionError(
+        StrCat("KV storage can be shared only between CPU backends that store it alike: this one's "
+               "mode '",
+               MatMulModeName(matmul_mode_), "' and the other's '",
+               MatMulModeName(cpu->matmul_mode_), "' differ"));
+  }
   kv_storage_ = cpu->kv_storage_;
   kv_shape_ = cpu->kv_shape_;
+  kv_bf16_ = cpu->kv_bf16_;
   return absl::OkStatus();
 }
 
@@ -256,6 +273,19 @@ void CpuBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
     uint16_t* kd = k_pool + int64_t{slots[r]} * per_token;
     uint16_t* vd = v_pool + int64_t{slots[r]} * per_token;
     int64_t i = 0;
+#ifdef TANDEM_CPU_BF16_ATTENTION
+    if (kv_bf16_) {  // rounded to nearest even; rows are whole vectors (Supported)
+      for (; i < per_token; i += 16) {
+        const __m256bh kb = _mm512_cvtneps_pbh(_mm512_loadu_ps(kr + i));
+        const __m256bh vb = _mm512_cvtneps_pbh(_mm512_loadu_ps(vr + i));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(kd + i),
+                            reinterpret_cast<const __m256i&>(kb));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(vd + i),
+                            reinterpret_cast<const __m256i&>(vb));
+      }
+      continue;
+    }
+#endif
 #ifdef TANDEM_CPU_AVX512
     // The hardware conversion rounds to nearest even, as FloatToHalf does
     // (they differ only in NaN payloads).
@@ -284,6 +314,7 @@ void CpuBackend::Attention(int layer, const Matrix& q, const AttentionShape& sha
   view.block_size = kv_shape_.block_size;
   view.kv_heads = kv_shape_.kv_heads;
   view.head_dim = kv_shape_.head_dim;
+  view.bf16 = kv_bf16_;
   PagedAttention(lane_, attention_scratch_, view, q, shape, spans, out);
 }
 

@@ -89,6 +89,8 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> attention_scratch_;
   KvCacheShape kv_shape_;
   std::shared_ptr<DeviceBuffer> kv_storage_;  // shared by the backends of one daemon
+  // K and V in bfloat16 (the bf16 mode, attention_bf16.h), else halves.
+  bool kv_bf16_ = false;
   // Packed copies of the uploaded weights (packed_matmul.h), shared with every
   // other CPU backend of the process that uploaded the same weight.
   std::vector<std::shared_ptr<const PackedWeight>> packed_weights_;

@@ -79,6 +79,27 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The HorizontalSum of each of v[0..8), as the lanes of one vector: the
+// same additions in the same association ((l0+l4)+(l2+l6)) + ((l1+l5)+
+// (l3+l7)), eight at a time (so bitwise equal to summing each alone, with
+// 15 shuffles and 7 additions where eight sums take 24 of each).
+inline __m256 HorizontalSums8(const __m256* v) {
+  __m256 halves[4];  // [v(2i) l0+l4 .. l3+l7 | v(2i+1) l0+l4 .. l3+l7]
+  for (int i = 0; i < 4; ++i) {
+    halves[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                              _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  // Per 128-bit lane, of keys (a, b): [a s0+s2, a s1+s3, b s0+s2, b s1+s3].
+  const __m256 pairs0 = _mm256_add_ps(_mm256_shuffle_ps(halves[0], halves[1], 0x44),
+                                      _mm256_shuffle_ps(halves[0], halves[1], 0xEE));
+  const __m256 pairs1 = _mm256_add_ps(_mm256_shuffle_ps(halves[2], halves[3], 0x44),
+                                      _mm256_shuffle_ps(halves[2], halves[3], 0xEE));
+  // Sums of v0, v2, v4, v6 | v1, v3, v5, v7, then in key order.
+  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs0, pairs1, 0x88),
+                                    _mm256_shuffle_ps(pairs0, pairs1, 0xDD));
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 inline float HorizontalMax(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v);
   const __m128 hi = _mm256_extractf128_ps(v, 1);
