@@ -330,9 +330,8 @@ int Main() {
       "cache %lld bytes\n",
       options.model_path.c_str(), options.threads,
       std::string(kernels::cpu::MatMulModeName(options.matmul_mode)).c_str(),
-      scheduler::DescribeStepTime(c.linear, 0).c_str(),
-      c.rows.Describe().c_str(), options.draft_layers, c.draft.fixed, c.draft.per_token,
-      absl::GetFlag(FLAGS_max_draft),
+      scheduler::DescribeStepTime(c.linear, 0).c_str(), c.rows.Describe().c_str(),
+      options.draft_layers, c.draft.fixed, c.draft.per_token, absl::GetFlag(FLAGS_max_draft),
       absl::GetFlag(FLAGS_adaptive) ? "adaptive" : "fixed draft length",
       options.suffix_length_factor, static_cast<long long>(options.speculation_cache_bytes));
 

@@ -82,8 +82,9 @@ class DeviceBuffer {
 };
 
 // The paged KV storage: for each layer, K and V pools of `blocks` blocks,
-// each holding `block_size` token slots of [kv_heads][head_dim] half floats.
-// Slot s of the pool is token (s % block_size) of block (s / block_size).
+// each holding `block_size` token slots of [kv_heads][head_dim] 16-bit
+// floats: halves, or bfloat16 where the backend's arithmetic says so (the CPU
+// bf16 mode). Slot s of the pool is token (s % block_size) of block (s / block_size).
 struct KvCacheShape {
   int layers = 0;
   int blocks = 0;
@@ -97,7 +98,7 @@ struct KvCacheShape {
 };
 
 // The paged KV storage as one block of backend memory: [layer][K, V][block]
-// [slot][kv head][head dim] half floats, so block b of layer l's K pool
+// [slot][kv head][head dim] 16-bit floats, so block b of layer l's K pool
 // starts at ((2 * l) * blocks + b) * (BytesPerBlock() / (2 * layers)) bytes
 // and its V pool one pool later. What a KV-transfer agent registers.
 struct KvStorage {

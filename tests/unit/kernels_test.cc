@@ -901,6 +901,44 @@ TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
   }
 }
 
+// The cache's format follows the mode: bfloat16 in the bf16 mode (for the
+// head sizes its attention kernels take), halves otherwise, each value
+// rounded to nearest even at its slot; and backends share a cache only in
+// the format they would read.
+TEST(CpuBackendKvCacheTest, StoresTheModesFormatAndSharesItOnlyWithTheSameMode) {
+  if (!bf16_attention::Supported(64)) GTEST_SKIP() << "this build has no AVX-512 BF16 attention";
+  const KvCacheShape shape{1, 4, 2, 1, 64};  // 1 layer, 4 blocks of 2 slots, 1 KV head of 64
+  std::mt19937 rng(3);
+  std::vector<float> k = RandomRows(1, 64, rng), v = RandomRows(1, 64, rng);
+  const std::vector<int32_t> slot = {5};  // block 2, its second slot
+  for (const MatMulMode mode : {MatMulMode::kBf16, MatMulMode::kF32}) {
+    CpuBackend backend(1, mode);
+    ASSERT_TRUE(backend.CreateKvCache(shape).ok());
+    backend.WriteKv(0, View(k, 1, 64), View(v, 1, 64), slot);
+    const auto* words = static_cast<const uint16_t*>(backend.kv_storage().data);
+    const size_t pool = 4 * 2 * 64;  // one layer's K (then V) pool
+    for (size_t d = 0; d < 64; ++d) {
+      const uint16_t want_k = mode == MatMulMode::kBf16 ? FloatToBf16(k[d]) : FloatToHalf(k[d]);
+      const uint16_t want_v = mode == MatMulMode::kBf16 ? FloatToBf16(v[d]) : FloatToHalf(v[d]);
+      ASSERT_EQ(words[5 * 64 + d], want_k) << MatMulModeName(mode) << " K dim " << d;
+      ASSERT_EQ(words[pool + 5 * 64 + d], want_v) << MatMulModeName(mode) << " V dim " << d;
+    }
+    for (size_t i = 0; i < 2 * pool; ++i) {
+      if (i % pool / 64 != 5) {
+        ASSERT_EQ(words[i], 0) << "word " << i << " was written";
+      }
+    }
+  }
+  CpuBackend bf16(1, MatMulMode::kBf16), f32(1, MatMulMode::kF32), other_bf16(1, MatMulMode::kBf16);
+  ASSERT_TRUE(bf16.CreateKvCache(shape).ok());
+  const absl::Status refused = f32.ShareKvCache(bf16);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("'f32' and the other's 'bf16'"), std::string::npos)
+      << refused.message();
+  EXPECT_TRUE(other_bf16.ShareKvCache(bf16).ok());
+  EXPECT_EQ(other_bf16.kv_storage().data, bf16.kv_storage().data);
+}
+
 TEST(BackendArgMaxRowsTest, PicksTheLargestLogitLowestIdOnTies) {
   CpuBackend backend(1);
   std::vector<float> x = {0.5f,  2.0f,  2.0f,  -1.0f,  // tie: 1 before 2
