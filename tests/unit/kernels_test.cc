@@ -937,6 +937,13 @@ TEST(CpuBackendKvCacheTest, StoresTheModesFormatAndSharesItOnlyWithTheSameMode) 
       << refused.message();
   EXPECT_TRUE(other_bf16.ShareKvCache(bf16).ok());
   EXPECT_EQ(other_bf16.kv_storage().data, bf16.kv_storage().data);
+  // The other way round too; a refused share leaves the backend's own cache.
+  ASSERT_TRUE(f32.CreateKvCache(shape).ok());
+  const void* own = f32.kv_storage().data;
+  EXPECT_EQ(other_bf16.ShareKvCache(f32).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(other_bf16.kv_storage().data, bf16.kv_storage().data);
+  EXPECT_EQ(f32.ShareKvCache(bf16).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f32.kv_storage().data, own);
 }
 
 TEST(BackendArgMaxRowsTest, PicksTheLargestLogitLowestIdOnTies) {

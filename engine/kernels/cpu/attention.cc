@@ -289,7 +289,8 @@ void ConvertBlock(const uint16_t* pool, const KvLayerView& kv, std::span<const i
   }
 }
 
-// rows[j] = the K or V row (halves) of key first + j of one KV head.
+// rows[j] = the K or V row (16-bit floats: halves, or bfloat16 in the bf16
+// mode) of key first + j of one KV head.
 void HalfRows(const uint16_t* pool, const KvLayerView& kv, std::span<const int32_t> table,
               int kv_head, int64_t first, int n, const uint16_t** rows) {
   const int64_t token_stride = int64_t{kv.kv_heads} * kv.head_dim;

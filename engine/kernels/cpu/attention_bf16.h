@@ -77,9 +77,10 @@ inline void QueryToBf16(const float* q, uint16_t* out) {
 // exp(x) for x <= 0 (scores less their maximum), to about 3e-6 relative:
 // the probabilities are rounded to bfloat16 (3.9e-3) before they are used,
 // and only their float32 sum keeps more. Range reduction x = n ln2 + r with
-// |r| <= ln2 / 2, a degree-5 Taylor polynomial in r, and 2^n by scalef (so
-// scores far below the maximum give 0).
+// |r| <= ln2 / 2, a degree-5 Taylor polynomial in r, and 2^n by scalef;
+// below -87.3 (and for -inf) 0, as the float32 kernels' exp.
 inline __m512 Exp16(__m512 x) {
+  const __mmask16 above_underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -90,7 +91,7 @@ inline __m512 Exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_mov_ps(above_underflow, _mm512_scalef_ps(p, n));
 }
 
 // The softmax numerators of scores[0..n) (n >= 1): out[j] = bfloat16(
