@@ -94,11 +94,16 @@ def test_a_wrong_model_fails_the_tolerance(prompts, reference, wrong):
     assert (centered > CENTERED_MAX).any() or (kl > KL_MAX).any()
 
 
-def test_chunked_and_batched_logits_are_bitwise_identical(prompts):
-    whole = probe.logits(prompts)
+@pytest.mark.parametrize("matmul", ["f32", "bf16"])
+def test_chunked_and_batched_logits_are_bitwise_identical(prompts, matmul):
+    """In the exact mode and in the default one (bf16: bfloat16 activations,
+    a bfloat16 KV cache and its attention in BF16 dot products)."""
+    whole = probe.logits(prompts, f"--matmul={matmul}")
     for chunk in ["1", "7", "64"]:
-        np.testing.assert_array_equal(probe.logits(prompts, f"--chunk={chunk}"), whole)
-    np.testing.assert_array_equal(probe.logits(prompts, "--threads=1"), whole)
+        np.testing.assert_array_equal(
+            probe.logits(prompts, f"--matmul={matmul}", f"--chunk={chunk}"), whole)
+    np.testing.assert_array_equal(probe.logits(prompts, f"--matmul={matmul}", "--threads=1"),
+                                  whole)
 
 
 def test_model_config_matches_the_gguf_metadata():
