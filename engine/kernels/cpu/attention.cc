@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "engine/kernels/cpu/attention_bf16.h"
@@ -335,30 +336,38 @@ constexpr int kScoreGroup = kDim == 64 ? 2 : 1;
 template <int kDim>
 constexpr int kAccumulateGroup = kDim <= 128 ? 256 / kDim : 1;
 
-// Runs kernel(begin, count, offset, n) over the queries that see keys of
-// the block [first, first + n): consecutive queries in groups of `group`
-// jointly over the keys they all see, then each alone over the rest of its
-// own (a query's arithmetic does not depend on which way a key is reached).
-template <int group, typename Kernel>
-void ForQueryGroups(const TaskQueries& tq, int64_t first, int n, Kernel kernel) {
-  const int queries = static_cast<int>(tq.keys.size());
-  auto visible = [&](int i) {
-    return static_cast<int>(std::clamp<int64_t>(tq.keys[static_cast<size_t>(i)] - first, 0, n));
-  };
+// Runs kernel(begin, count, offset, many) over `queries` queries, of which
+// query i has units(i) units (keys or key pairs) of a block to go:
+// consecutive queries in groups of `group` jointly over the units they all
+// have, then each alone over the rest of its own (a query's arithmetic does
+// not depend on which way a key is reached).
+template <int group, typename Units, typename Kernel>
+void ForQueryGroupsOf(int queries, Units units, Kernel kernel) {
   for (int begin = 0; begin < queries; begin += group) {
     const int count = std::min(group, queries - begin);
-    int common = n;
-    for (int b = 0; b < count; ++b) common = std::min(common, visible(begin + b));
+    int common = std::numeric_limits<int>::max();
+    for (int b = 0; b < count; ++b) common = std::min(common, units(begin + b));
     if (count == group && common > 0) {
       kernel(begin, group, 0, common);
     } else {
       common = 0;
     }
     for (int b = 0; b < count; ++b) {
-      const int rest = visible(begin + b) - common;
+      const int rest = units(begin + b) - common;
       if (rest > 0) kernel(begin + b, 1, common, rest);
     }
   }
+}
+
+// ForQueryGroupsOf over the keys of the block [first, first + n) each query sees.
+template <int group, typename Kernel>
+void ForQueryGroups(const TaskQueries& tq, int64_t first, int n, Kernel kernel) {
+  ForQueryGroupsOf<group>(
+      static_cast<int>(tq.keys.size()),
+      [&](int i) {
+        return static_cast<int>(std::clamp<int64_t>(tq.keys[static_cast<size_t>(i)] - first, 0, n));
+      },
+      kernel);
 }
 
 template <int kDim, typename T>
@@ -424,32 +433,12 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
     return shape.window > 0 ? std::max<int64_t>(0, keys(i) - shape.window) : int64_t{0};
   };
 
-  // Runs kernel(begin, count, offset, many) over consecutive queries in
-  // groups of `group`, jointly over the `units` (keys or pairs of a block)
-  // they all see, then each alone over the rest of its own.
-  auto for_groups = [&](int group, auto units, auto kernel) {
-    for (int begin = 0; begin < queries; begin += group) {
-      const int count = std::min(group, queries - begin);
-      int common = 0;
-      if (count == group) {
-        common = units(begin);
-        for (int b = 1; b < count; ++b) common = std::min(common, units(begin + b));
-        if (common > 0) kernel(begin, group, 0, common);
-      }
-      for (int b = 0; b < count; ++b) {
-        const int rest = units(begin + b) - common;
-        if (rest > 0) kernel(begin + b, 1, common, rest);
-      }
-    }
-  };
-
   constexpr int kScoreGroup = 2;
   const uint16_t* rows[kKeyBlock + 1];
   for (int64_t first = start; first < max_keys; first += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
     HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, rows);
-    auto seen = [&](int i) { return static_cast<int>(std::clamp<int64_t>(keys(i) - first, 0, n)); };
-    for_groups(kScoreGroup, seen, [&](int begin, int count, int offset, int many) {
+    ForQueryGroups<kScoreGroup>(tq, first, n, [&](int begin, int count, int offset, int many) {
       const uint16_t* q[kScoreGroup];
       float* scores[kScoreGroup];
       for (int b = 0; b < count; ++b) {
@@ -486,7 +475,7 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
     auto pairs = [&](int i) {
       return static_cast<int>((std::clamp<int64_t>(keys(i) - first, 0, n) + 1) / 2);
     };
-    for_groups(kGroup, pairs, [&](int begin, int count, int offset, int many) {
+    ForQueryGroupsOf<kGroup>(queries, pairs, [&](int begin, int count, int offset, int many) {
       float* acc[kGroup];
       const uint16_t* p[kGroup];
       for (int b = 0; b < count; ++b) {
