@@ -188,11 +188,10 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest, ::testing::ValuesIn(AllMatMulCase
                                   std::string(MatMulModeName(info.param.mode));
                          });
 
-TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValues) {
-  // Q5_0 in every mode; IQ4_NL where it gets no level panels of its own: in
-  // q8 without integer panels (for the Q8_0 block kernel) and with rows that
-  // are not whole panels (40). 48 rows of IQ4_NL elsewhere keep their type,
-  // packed.
+TEST(MatMulTest, Q5_0AndIq4NlWithoutPanelsOfTheirOwnBecomeQ8_0BlocksOfExactlyTheirValues) {
+  // Where they get no panels of their own: in q8 without integer panels (for
+  // the Q8_0 block kernel) and with rows that are not whole panels (40). 48
+  // rows elsewhere keep their type, packed.
   std::mt19937 rng(5);
   const int64_t k = 96;
   for (DType type : {DType::kQ5_0, DType::kIQ4_NL}) {
@@ -205,11 +204,10 @@ TEST(MatMulTest, Q5_0AndUnpanelledIq4NlWeightsBecomeQ8_0BlocksOfExactlyTheirValu
         CpuBackend a(1, mode), b(1, mode);
         const Weight wa = Upload(a, type, n, k, bytes);
         const Weight wb = Upload(b, type, n, k, bytes);
-        const bool level_panels = type == DType::kIQ4_NL &&
-                                  (mode != MatMulMode::kQ8 || HasInt8Products()) &&
-                                  CanPackWeight(type, n, k);
-        if (level_panels) {
-          EXPECT_EQ(wa.dtype, DType::kIQ4_NL);
+        const bool own_panels =
+            (mode != MatMulMode::kQ8 || HasInt8Products()) && CanPackWeight(type, n, k);
+        if (own_panels) {
+          EXPECT_EQ(wa.dtype, type);
           EXPECT_NE(wa.packed, nullptr);
           continue;
         }
@@ -371,8 +369,15 @@ struct IntegerBlock {
 IntegerBlock ReadIntegerBlock(DType type, const uint8_t* row, int64_t b) {
   IntegerBlock out;
   auto nibble = [](const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; };
-  if (type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0) {
-    if (type == DType::kQ8_0) {
+  if (type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ5_0 ||
+      type == DType::kQ8_0) {
+    if (type == DType::kQ5_0) {
+      const auto& block = reinterpret_cast<const BlockQ5_0*>(row)[b];
+      out.d[0] = HalfToFloat(block.d);
+      int q[32];
+      FiveBitValues(block.qs, block.qh, q);
+      for (int j = 0; j < 32; ++j) out.v[j] = q[j] - 16;
+    } else if (type == DType::kQ8_0) {
       const auto& block = reinterpret_cast<const BlockQ8_0*>(row)[b];
       out.d[0] = HalfToFloat(block.d);
       for (int j = 0; j < 32; ++j) out.v[j] = block.qs[j];
@@ -410,8 +415,8 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
   if (!HasInt8Products()) GTEST_SKIP() << "no AVX-512 VNNI in this build";
   std::mt19937 rng(37);
   const int64_t n = 80, k = 768, blocks = k / 32;
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K,
-                     DType::kQ6_K, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS}) {
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K,
+                     DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS}) {
     std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
     CpuBackend backend(2, MatMulMode::kQ8);
     const Weight w = Upload(backend, type, n, k, bytes);
@@ -448,6 +453,93 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
   }
 }
 
+TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
+  // packed_matmul.h's bf16 arithmetic, computed here by scalar code from the
+  // GGUF blocks: per run of inputs fma(D, dot, acc), then fma(M, block sum of
+  // x, acc). The activations are small integers, so every pair product and
+  // every partial sum of a run is exact and the dot product has one value
+  // whatever the instruction's internal order: the bits then check each
+  // panel's decoding (a nibble, a fifth bit, a level, a scale or a minimum
+  // taken wrongly changes them). 1, 3 and 9 rows decode on the fly, 70 from
+  // decoded panels.
+  if (!HasBf16Products()) GTEST_SKIP() << "no AVX-512 BF16 in this build";
+  std::mt19937 rng(41);
+  const int64_t n = 80, k = 768, blocks = k / 32;
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K,
+                     DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS}) {
+    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+    CpuBackend backend(2, MatMulMode::kBf16);
+    const Weight w = Upload(backend, type, n, k, bytes);
+    ASSERT_NE(w.packed, nullptr) << Info(type).name;
+    ASSERT_EQ(w.dtype, type) << "multiplied by panels of its own";
+    for (const int64_t m : {1, 3, 9, 70}) {
+      std::uniform_int_distribution<int> small(-8, 8);
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (float& v : x) v = static_cast<float>(small(rng));
+      std::vector<int64_t> all(static_cast<size_t>(m));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<float> out = RunMatMul(backend, w, x, all);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* xr = &x[static_cast<size_t>(r * k)];
+        for (int64_t c = 0; c < n; ++c) {
+          const uint8_t* row = bytes.data() + static_cast<size_t>(c) * RowBytes(type, k);
+          float acc = 0.0f;
+          for (int64_t b = 0; b < blocks; ++b) {
+            const IntegerBlock block = ReadIntegerBlock(type, row, b);
+            const float* xb = xr + b * 32;
+            const int run_inputs = 32 / block.runs;
+            for (int run = 0; run < block.runs; ++run) {
+              float dot = 0.0f;
+              for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
+                dot += static_cast<float>(block.v[j]) * xb[j];
+              }
+              acc = std::fma(block.d[run], dot, acc);
+            }
+            if (block.has_min) {
+              float sum = 0.0f;
+              for (int j = 0; j < 32; ++j) sum += xb[j];
+              acc = std::fma(block.m, sum, acc);
+            }
+          }
+          ASSERT_EQ(Float2Bits(out[static_cast<size_t>(r * n + c)]), Float2Bits(acc))
+              << Info(type).name << " at [" << r << "][" << c << "] of " << m << " rows";
+        }
+      }
+    }
+  }
+}
+
+TEST(PackedMatMulTest, Q5_0PanelsGiveExactlyTheBitsOfTheQ8_0BlocksItWidensTo) {
+  // Q5_0 kept its arithmetic when it got panels of its own: in every mode,
+  // at every row count on both sides of each kernel switch, its products are
+  // bitwise those of the same weight widened to Q8_0 blocks.
+  std::mt19937 rng(43);
+  const int64_t n = 80, k = 768;
+  const std::vector<uint8_t> bytes = RandomWeights(DType::kQ5_0, n, k, rng);
+  std::vector<uint8_t> widened(static_cast<size_t>(n) * RowBytes(DType::kQ8_0, k));
+  WidenToQ8_0(DType::kQ5_0, bytes.data(), n * k / 32, reinterpret_cast<BlockQ8_0*>(widened.data()));
+  for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+    if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
+    CpuBackend a(2, mode), b(2, mode);
+    const Weight own = Upload(a, DType::kQ5_0, n, k, bytes);
+    const Weight as_q8_0 = Upload(b, DType::kQ8_0, n, k, widened);
+#ifdef TANDEM_CPU_AVX512
+    // Q8_0 blocks in q8 without integer panels (its block kernel).
+    EXPECT_EQ(own.dtype == DType::kQ5_0, mode != MatMulMode::kQ8 || HasInt8Products())
+        << MatMulModeName(mode);
+#endif
+    for (const int64_t m : {1, 4, 9, 17, 33, 70}) {
+      const std::vector<float> x = RandomRows(m, k, rng);
+      std::vector<int64_t> all(static_cast<size_t>(m));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<float> got = RunMatMul(a, own, x, all);
+      const std::vector<float> want = RunMatMul(b, as_q8_0, x, all);
+      ASSERT_TRUE(SameBits(got.data(), want.data(), m * n))
+          << MatMulModeName(mode) << ", " << m << " rows";
+    }
+  }
+}
+
 TEST(PackedMatMulTest, WeightBytesCountThePanelsAndWidenedBlocksEachModeMakes) {
   // What --kv_cache_memory_fraction takes off the free memory for a 64 x 512
   // weight (32,768 weights): the panels' bytes a weight (docs/architecture.md,
@@ -469,10 +561,16 @@ TEST(PackedMatMulTest, WeightBytesCountThePanelsAndWidenedBlocksEachModeMakes) {
       // Q6_K and Q5_K: a nibble plane and two or one planes of top bits.
       {DType::kQ6_K, w * (32 + 8 * 544) / 4096, w * (32 + 8 * 544) / 4096,
        w * (32 + 8 * 416) / 4096},
-      {DType::kQ5_K, w * 608 / 512, w * 608 / 512, w * 416 / 512},
+      // Q5_K and Q5_1: nibbles and a plane of fifth bits; Q5_K's d and dmin
+      // once per 8 blocks.
+      {DType::kQ5_K, w * (64 + 8 * 352) / 4096, w * (64 + 8 * 352) / 4096,
+       w * (64 + 8 * 352) / 4096},
+      {DType::kQ5_1, w * 416 / 512, w * 416 / 512, w * 416 / 512},
       {DType::kIQ4_XS, w * 304 / 512, w * 304 / 512, w * 304 / 512},
       {DType::kIQ4_NL, w * 304 / 512, w * 34 / 32, w * 304 / 512},  // q8: widened, as blocks
-      {DType::kQ5_0, w * 34 / 32 + w * 544 / 512, w * 34 / 32, w * 34 / 32 + w * 544 / 512},
+      // Q5_0: its own panels (d, five bits), or widened to Q8_0 blocks for
+      // q8's block kernel.
+      {DType::kQ5_0, w * 352 / 512, w * 34 / 32, w * 352 / 512},
       // F16 and BF16: their 16-bit values, in float32 (or bfloat16) panels.
       {DType::kF16, w * 2, w * 2, w * 2},
       {DType::kBF16, w * 2, w * 2, w * 2},

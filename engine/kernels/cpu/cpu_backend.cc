@@ -76,9 +76,10 @@ std::shared_ptr<const PackedWeight> SharedPackedWeight(const Weight& weight, boo
 }
 
 // A Q5_0 or IQ4_NL weight widened to Q8_0 blocks of exactly its values
-// (WidenToQ8_0), so that it takes the packed Q8_0 kernels of every mode
-// instead of the dequantizing fallback (Q5_0 is what llama-quantize's Q4_K_M
-// writes where rows are not a multiple of 256, IQ4_NL what IQ4_XS writes).
+// (WidenToQ8_0), where it has no panels of its own, so that it takes the
+// Q8_0 kernels instead of the dequantizing fallback (Q5_0 is what
+// llama-quantize's Q4_K_M writes where rows are not a multiple of 256,
+// IQ4_NL what IQ4_XS writes).
 std::shared_ptr<const std::vector<BlockQ8_0>> SharedWidenedToQ8_0(const Weight& weight) {
   return SharedPerProcess<std::vector<BlockQ8_0>>(weight, 0, [](const Weight& w) {
     const int64_t blocks = w.rows * w.cols / BlockQ8_0::kElements;
@@ -124,13 +125,13 @@ CpuBackend::UploadPlan CpuBackend::PlanUpload(DType dtype, int64_t rows, int64_t
   // q8 multiplies packed weights by integer panels where the CPU has the
   // instructions (packed_matmul_int8.h).
   const bool int8_panels = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products();
-  // Q5_0 always becomes Q8_0 blocks; IQ4_NL only where it has no panels of
-  // its own (unpackable shapes, or q8 without integer panels, which has a
-  // block kernel for Q8_0).
-  const bool iq4_panels = dtype == DType::kIQ4_NL &&
-                          (matmul_mode_ != MatMulMode::kQ8 || int8_panels) &&
+  // Q5_0 and IQ4_NL become Q8_0 blocks only where they have no panels of
+  // their own (unpackable shapes, or q8 without integer panels, which has a
+  // block kernel for Q8_0). Their panels multiply as the Q8_0 kernels would
+  // (the same values and scales), in less than half the memory.
+  const bool own_panels = WidensToQ8_0(dtype) && (matmul_mode_ != MatMulMode::kQ8 || int8_panels) &&
                           CanPackWeight(dtype, rows, cols);
-  plan.widen = WidensToQ8_0(dtype) && !iq4_panels;
+  plan.widen = WidensToQ8_0(dtype) && !own_panels;
   plan.dtype = plan.widen ? DType::kQ8_0 : dtype;
   // The float32 and bfloat16 modes multiply by packed panels, q8 by integer
   // panels. Without those, q8 reads the GGUF blocks of the types it has

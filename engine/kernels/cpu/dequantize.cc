@@ -36,9 +36,8 @@ void DequantizeQ4_1(const BlockQ4_1* blocks, int64_t n_blocks, float* dst) {
   }
 }
 
-// The 32 five-bit integers (0-31) of a Q5_0 / Q5_1 block: element j's low
-// four bits in the low nibble of qs[j] (j < 16) or the high one of
-// qs[j - 16], its fifth in bit j of qh read as a little-endian uint32.
+}  // namespace
+
 void FiveBitValues(const uint8_t* qs, const uint8_t* qh_bytes, int out[32]) {
   uint32_t qh;
   std::memcpy(&qh, qh_bytes, sizeof(qh));
@@ -47,6 +46,8 @@ void FiveBitValues(const uint8_t* qs, const uint8_t* qh_bytes, int out[32]) {
     out[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
   }
 }
+
+namespace {
 
 void DequantizeQ5_0(const BlockQ5_0* blocks, int64_t n_blocks, float* dst) {
   int q[32];

@@ -14,6 +14,11 @@ namespace tandem::kernels::cpu {
 // of `type`) to `dst`. REQUIRES: elements % Info(type).block_elements == 0.
 void DequantizeRow(DType type, const void* src, int64_t elements, float* dst);
 
+// The 32 five-bit integers (0-31) of a Q5_0 or Q5_1 block: element j's low
+// four bits in the low nibble of qs[j] (j < 16) or the high one of
+// qs[j - 16], its fifth in bit j of qh read as a little-endian uint32.
+void FiveBitValues(const uint8_t* qs, const uint8_t* qh_bytes, int out[32]);
+
 // Whether blocks of `type` can be rewritten as Q8_0 blocks of exactly the
 // same values: Q5_0 (its block's half-precision scale times an integer in
 // [-16, 15]) and IQ4_NL (the scale times one of 16 levels in [-127, 113]),

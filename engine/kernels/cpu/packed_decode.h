@@ -4,6 +4,7 @@
 #define TANDEM_ENGINE_KERNELS_CPU_PACKED_DECODE_H_
 
 #include <cstdint>
+#include <cstring>
 
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_matmul.h"
@@ -36,6 +37,35 @@ inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi
   const __m128i mask = _mm_set1_epi8(0x0f);
   *lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
   *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+}
+
+// The fifth-bit word of pair j (bit 2i: row i's input 2j, bit 2i + 1: its
+// input 2j + 1) from the words at `fifth` (packed_matmul.h's five bits).
+inline uint32_t FifthBitWord(const uint8_t* fifth, int j) {
+  uint32_t word;
+  std::memcpy(&word, fifth + 4 * j, sizeof(word));
+  return word;
+}
+
+// Bits 0, 2, ..., 30 (or, shifted by one, 1, 3, ..., 31) of w as 16 bits.
+inline __mmask16 EvenBits(uint32_t w) {
+#ifdef __BMI2__
+  return static_cast<__mmask16>(_pext_u32(w, 0x55555555u));
+#else
+  uint32_t out = 0;
+  for (int i = 0; i < 16; ++i) out |= ((w >> (2 * i)) & 1u) << i;
+  return static_cast<__mmask16>(out);
+#endif
+}
+
+// The five-bit quants (0-31) of inputs 2j (lo) and 2j + 1 (hi) of the 16
+// rows, from five-bit quants starting at `quants`.
+inline void FiveBitIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
+  NibbleIndices(quants, j, lo, hi);
+  const uint32_t word = FifthBitWord(quants + kFifthBitsOffset, j);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  *lo = _mm512_mask_add_epi32(*lo, EvenBits(word), *lo, sixteen);
+  *hi = _mm512_mask_add_epi32(*hi, EvenBits(word >> 1), *hi, sixteen);
 }
 
 // Q6_K's quants of inputs 2j and 2j + 1 of the 16 rows as 32 signed words,

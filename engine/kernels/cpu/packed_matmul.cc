@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine/kernels/cpu/block32.h"
+#include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/simd.h"
@@ -83,19 +84,48 @@ struct Q8_0Format {
   }
 };
 
-// Row i's quants of a Block32 in Q4_1's nibble layout: byte i of group j
-// holds input 2j (low nibble) and 2j + 1 (high).
-inline void PackNibbles(const Block32& row, int i, uint8_t* quants) {
+// Q5_0 (Q5_0Layout): w = d * (q - 16), the Q8_0 block it widens to
+// elsewhere (WidenToQ8_0) decoded by Q8_0Format, bit for bit.
+struct Q5_0Format {
+  using L = Q5_0Layout;
+  struct Scales {
+    __m512 d;
+  };
+  static Scales Load(const uint8_t* /*header*/, const uint8_t* block) {
+    return {HalvesAt(block + L::kD)};
+  }
+  static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    __m512i lo, hi;
+    FiveBitIndices(block + L::kQuants, j, &lo, &hi);
+    *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)));
+    *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)));
+  }
+};
+
+// Row i's quants q[0..32) in the nibble layout: byte i of group j holds
+// input 2j (low nibble) and 2j + 1 (high). With kFiveBits, q's fifth bits
+// go to the words after the nibbles (packed_matmul.h); `quants` is zeroed.
+template <bool kFiveBits, typename Q>
+inline void PackQuants(const Q* q, int i, uint8_t* quants) {
   for (int j = 0; j < kBlockInputs / 2; ++j) {
-    quants[16 * j + i] = static_cast<uint8_t>(row.q[2 * j] | row.q[2 * j + 1] << 4);
+    quants[16 * j + i] = static_cast<uint8_t>((q[2 * j] & 0x0f) | (q[2 * j + 1] & 0x0f) << 4);
+    if constexpr (kFiveBits) {
+      uint32_t word;
+      uint8_t* at = quants + kFifthBitsOffset + 4 * j;
+      std::memcpy(&word, at, sizeof(word));
+      word |= static_cast<uint32_t>((q[2 * j] >> 4) & 1) << (2 * i) |
+              static_cast<uint32_t>((q[2 * j + 1] >> 4) & 1) << (2 * i + 1);
+      std::memcpy(at, &word, sizeof(word));
+    }
   }
 }
 
 // Block32 types (block32.h) with a minimum: Q4_K (Q4KLayout, nibbles), Q5_K
-// and Q5_1 (ScaledMinLayout, bytes). w = (d * scale) * q - dmin * min,
-// multiply then subtract as DequantizeRow (every product is exact, so it is
-// DequantizeRow's weight bit for bit).
-template <typename Layout, bool kNibbles>
+// (Q5KLayout) and Q5_1 (ScaledMinLayout), five bits. w = (d * scale) * q -
+// dmin * min, multiply then subtract as DequantizeRow (every product is
+// exact, so it is DequantizeRow's weight bit for bit).
+template <typename Layout, bool kFiveBits>
 struct ScaledMinFormat {
   using L = Layout;
   struct Scales {
@@ -106,18 +136,14 @@ struct ScaledMinFormat {
             _mm512_mul_ps(HalvesAt(header + L::kDmin), UnsignedBytesAt(block + L::kMin))};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    __m512 q0, q1;
-    if constexpr (kNibbles) {
-      __m512i lo, hi;
-      NibbleIndices(block + L::kQuants, j, &lo, &hi);
-      q0 = _mm512_cvtepi32_ps(lo);
-      q1 = _mm512_cvtepi32_ps(hi);
+    __m512i lo, hi;
+    if constexpr (kFiveBits) {
+      FiveBitIndices(block + L::kQuants, j, &lo, &hi);
     } else {
-      q0 = UnsignedBytesAt(block + L::kQuants + 32 * j);
-      q1 = UnsignedBytesAt(block + L::kQuants + 32 * j + 16);
+      NibbleIndices(block + L::kQuants, j, &lo, &hi);
     }
-    *w0 = _mm512_sub_ps(_mm512_mul_ps(s.d, q0), s.m);
-    *w1 = _mm512_sub_ps(_mm512_mul_ps(s.d, q1), s.m);
+    *w0 = _mm512_sub_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(lo)), s.m);
+    *w1 = _mm512_sub_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(hi)), s.m);
   }
   // Writes the rows' block (and, each time again, their header).
   static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
@@ -126,13 +152,7 @@ struct ScaledMinFormat {
       std::memcpy(header + L::kDmin + 2 * i, &rows[i].dmin, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kMin + i] = rows[i].min;
-      if constexpr (kNibbles) {
-        PackNibbles(rows[i], i, dst + L::kQuants);
-      } else {
-        for (int j = 0; j < kBlockInputs; ++j) {
-          dst[L::kQuants + 16 * j + i] = static_cast<uint8_t>(rows[i].q[j]);
-        }
-      }
+      PackQuants<kFiveBits>(rows[i].q, i, dst + L::kQuants);
     }
   }
 };
@@ -196,7 +216,7 @@ struct LevelsFormat {
     for (int i = 0; i < kPanelWidth; ++i) {
       std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
-      PackNibbles(rows[i], i, dst + L::kQuants);
+      PackQuants<false>(rows[i].q, i, dst + L::kQuants);
     }
   }
 };
@@ -352,7 +372,13 @@ template <typename Block>
 void PackBlock(const Block* const* rows, int64_t b, uint8_t* dst) {
   auto* d = reinterpret_cast<uint16_t*>(dst);
   for (int i = 0; i < kPanelWidth; ++i) d[i] = rows[i][b].d;
-  if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+  if constexpr (std::is_same_v<Block, BlockQ5_0>) {
+    for (int i = 0; i < kPanelWidth; ++i) {
+      int q[kBlockInputs];
+      FiveBitValues(rows[i][b].qs, rows[i][b].qh, q);
+      PackQuants<true>(q, i, dst + Q5_0Layout::kQuants);
+    }
+  } else if constexpr (std::is_same_v<Block, BlockQ8_0>) {
     for (int j = 0; j < kBlockInputs; ++j) {
       for (int i = 0; i < kPanelWidth; ++i) {
         dst[32 + 16 * j + i] = static_cast<uint8_t>(rows[i][b].qs[j]);
@@ -438,11 +464,14 @@ auto WithFormat(DType dtype, Fn&& f) {
       return f(Q4_1Format{});
     case DType::kQ4_0:
       return f(Q4_0Format{});
+    case DType::kQ5_0:
+      return f(Q5_0Format{});
     case DType::kQ4_K:
-      return f(ScaledMinFormat<Q4KLayout, true>{});
+      return f(ScaledMinFormat<Q4KLayout, false>{});
     case DType::kQ5_K:
+      return f(ScaledMinFormat<Q5KLayout, true>{});
     case DType::kQ5_1:
-      return f(ScaledMinFormat<ScaledMinLayout, false>{});
+      return f(ScaledMinFormat<ScaledMinLayout, true>{});
     case DType::kQ6_K:
       return f(TwoScaleFormat{});
     case DType::kIQ4_NL:
@@ -461,8 +490,8 @@ auto WithFormat(DType dtype, Fn&& f) {
 
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols) {
   const bool half = dtype == DType::kF16 || dtype == DType::kBF16;
-  return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ8_0 ||
-          HasBlock32(dtype) || half) &&
+  return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ5_0 ||
+          dtype == DType::kQ8_0 || HasBlock32(dtype) || half) &&
          rows > 0 && rows % kPanelWidth == 0 && cols > 0 &&
          cols % std::max<int64_t>(Info(dtype).block_elements, kBlockInputs) == 0;
 }
@@ -496,6 +525,9 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
       break;
     case DType::kQ4_0:
       PackPanels<BlockQ4_0>(weight, *packed);
+      break;
+    case DType::kQ5_0:
+      PackPanels<BlockQ5_0>(weight, *packed);
       break;
     case DType::kQ8_0:
       PackPanels<BlockQ8_0>(weight, *packed);

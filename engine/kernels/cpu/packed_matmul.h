@@ -35,12 +35,17 @@ inline constexpr int64_t kPanelWidth = 16;
 // [16p, 16p + 16) and occupies bytes [p * panel_bytes, (p + 1) * panel_bytes)
 // of `data`: its 32-input blocks in input order, each holding the 16 rows'
 // scales and then their quants. Where the file's blocks share a scale over
-// 256 inputs (Q4_K, Q6_K), a header holding the 16 rows' shared scales
-// comes before each run of 8 blocks. Quants are nibbles or bytes:
-//   nibbles: 16 groups of 16 bytes; byte i of group j holds row i's quant of
-//            input 2j in its low nibble and of input 2j + 1 in its high.
-//   bytes:   32 groups of 16 bytes; byte i of group j is row i's quant of
-//            input j.
+// 256 inputs (Q4_K, Q5_K, Q6_K), a header holding the 16 rows' shared scales
+// comes before each run of 8 blocks. Quants are nibbles, five bits or bytes:
+//   nibbles:   16 groups of 16 bytes; byte i of group j holds row i's quant
+//              of input 2j in its low nibble and of input 2j + 1 in its high.
+//   five bits: the nibbles of the quants' low four bits, then 16 words of
+//              their fifth bits: word j (little-endian) has row i's fifth bit
+//              of input 2j at bit 2i and of input 2j + 1 at bit 2i + 1, a
+//              mask over the 16-bit halves of a bfloat16 pair vector (so a
+//              5-bit weight takes as little room as in the file).
+//   bytes:     32 groups of 16 bytes; byte i of group j is row i's quant of
+//              input j.
 // The layouts below give each format's offsets.
 struct PackedWeight {
   DType dtype = DType::kF32;
@@ -76,15 +81,29 @@ template <int64_t kBytes>
 struct PlainLayout {
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kBlockBytes = kBytes;
 };
+// Five-bit quants: the nibbles, then at this offset from them the fifth bits.
+inline constexpr int64_t kFifthBitsOffset = 256;
+inline constexpr int64_t kFiveBitBytes = kFifthBitsOffset + 64;
+// Q5_0: d halves, five-bit quants (the stored integers q, w = d * (q - 16)).
+struct Q5_0Layout {
+  static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kQuants = 32;
+  static constexpr int64_t kBlockBytes = kQuants + kFiveBitBytes;
+};
 // The Block32 types (block32.h). Offsets of header fields count from the
 // header, of block fields from the block (the same place without a header).
 struct Q4KLayout {  // header: d, dmin halves; block: scale, min bytes, nibbles
   static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 64, kD = 0, kDmin = 32;
   static constexpr int64_t kScale = 0, kMin = 16, kQuants = 32, kBlockBytes = kQuants + 256;
 };
-struct ScaledMinLayout {  // Q5_K, Q5_1: d, dmin halves, scale, min bytes, bytes
+struct Q5KLayout {  // header: d, dmin halves; block: scale, min bytes, five bits
+  static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 64, kD = 0, kDmin = 32;
+  static constexpr int64_t kScale = 0, kMin = 16, kQuants = 32;
+  static constexpr int64_t kBlockBytes = kQuants + kFiveBitBytes;
+};
+struct ScaledMinLayout {  // Q5_1: d, dmin halves, scale, min bytes, five bits
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kDmin = 32;
-  static constexpr int64_t kScale = 64, kMin = 80, kQuants = 96, kBlockBytes = kQuants + 512;
+  static constexpr int64_t kScale = 64, kMin = 80, kQuants = 96;
+  static constexpr int64_t kBlockBytes = kQuants + kFiveBitBytes;
 };
 // Q6_K: header: d halves; block: scale bytes of inputs 0-15 and 16-31, then
 // the quants as signed bytes in pairs: 16 groups of 32 bytes, bytes 2i and
@@ -115,8 +134,8 @@ bool HasBf16Panels(DType dtype);
 bool HasInt8Panels(DType dtype);
 
 // Whether this build packs weights of this type and shape (AVX-512; Q4_0,
-// Q4_1, Q8_0, a Block32 type, F16 or BF16; rows a multiple of 16, cols of
-// 32).
+// Q4_1, Q5_0, Q8_0, a Block32 type, F16 or BF16; rows a multiple of 16, cols
+// of 32).
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols);
 
 // The bytes of PackWeight's copy. REQUIRES: CanPackWeight(dtype, rows, cols).
@@ -150,7 +169,8 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 //                                               v[2j], v[2j+1])
 //       acc = fma(D_b,r, inner, acc)
 //     with a minimum: acc = fma(M_b, sum of x~ over the block, acc)
-// (v = the nibble for Q4_1, the nibble - 8 for Q4_0, the byte for Q8_0, a
+// (v = the nibble for Q4_1, the nibble - 8 for Q4_0, the five-bit integer
+// - 16 for Q5_0 (as the Q8_0 block it widens to elsewhere), the byte for Q8_0, a
 // Block32's v(q), the weight itself for BF16; D = d, or d * scale, or 1 for
 // BF16; M = m for Q4_1, -(dmin * min) for the Block32 types that have one),
 // the same in both kernels, so rows stay batch invariant. F16 weights are

@@ -55,6 +55,16 @@ struct NibbleTable {
   }
 };
 
+template <int kOffset>
+struct FiveBitTable {
+  // Five-bit integer v -> bfloat16(v - kOffset), in the 32 words.
+  static __m512i Table() {
+    alignas(64) uint16_t words[32];
+    for (int v = 0; v < 32; ++v) words[v] = Bf16Of(v - kOffset);
+    return _mm512_load_si512(words);
+  }
+};
+
 // Two vectors of small integers (exact in bfloat16) as one of bfloat16
 // pairs, q0's in the low halves: as floats they are exact, so their top
 // halves are their bfloat16s.
@@ -83,6 +93,20 @@ inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQuants + 16 * j)));
   const __m512i indices =
       _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+  return _mm512_permutexvar_epi16(indices, table);
+}
+
+template <int64_t kQuants>
+inline __m512i DecodeFiveBitPair(const uint8_t* block, int j, __m512i table) {
+  // The nibbles as DecodeNibblePair places them, 16 added to the 16-bit
+  // indices the fifth-bit word marks, then the 32-entry table.
+  const uint8_t* quants = block + kQuants;
+  const __m512i t =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j)));
+  const __m512i nibbles =
+      _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+  const __mmask32 fifth = FifthBitWord(quants + kFifthBitsOffset, j);
+  const __m512i indices = _mm512_mask_add_epi16(nibbles, fifth, nibbles, _mm512_set1_epi16(16));
   return _mm512_permutexvar_epi16(indices, table);
 }
 
@@ -120,6 +144,16 @@ struct Q4_0Bf16 : OneHalfScale {
   }
 };
 
+// Q5_0: v = q - 16, as the Q8_0 block it widens to elsewhere.
+struct Q5_0Bf16 : OneHalfScale {
+  using L = Q5_0Layout;
+  static constexpr bool kHasMin = false;
+  static __m512i Table() { return FiveBitTable<16>::Table(); }
+  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
+    return DecodeFiveBitPair<L::kQuants>(block, j, table);
+  }
+};
+
 struct Q8_0Bf16 : OneHalfScale {
   using L = PlainLayout<32 + 512>;
   static constexpr bool kHasMin = false;
@@ -129,17 +163,17 @@ struct Q8_0Bf16 : OneHalfScale {
   }
 };
 
-// Q4_K (Q4KLayout, nibbles), Q5_K and Q5_1 (ScaledMinLayout, bytes):
-// D = d * scale, M = -(dmin * min), both exact.
-template <typename Layout, bool kNibbles>
+// Q4_K (Q4KLayout, nibbles), Q5_K (Q5KLayout) and Q5_1 (ScaledMinLayout),
+// five bits: D = d * scale, M = -(dmin * min), both exact.
+template <typename Layout, bool kFiveBits>
 struct ScaledMinBf16 {
   using L = Layout;
   static constexpr bool kHasMin = true;
   static constexpr int kSubBlocks = 1;
-  static __m512i Table() { return kNibbles ? NibbleTable<0>::Table() : _mm512_setzero_si512(); }
+  static __m512i Table() { return kFiveBits ? FiveBitTable<0>::Table() : NibbleTable<0>::Table(); }
   static __m512i Pair(const uint8_t* block, int j, __m512i table) {
-    if constexpr (kNibbles) return DecodeNibblePair<0, L::kQuants>(block, j, table);
-    return DecodeBytePair<L::kQuants>(block, j);
+    if constexpr (kFiveBits) return DecodeFiveBitPair<L::kQuants>(block, j, table);
+    return DecodeNibblePair<0, L::kQuants>(block, j, table);
   }
   static __m512 D(const uint8_t* header, const uint8_t* block, int /*sub*/) {
     return _mm512_mul_ps(HalvesAt(header + L::kD), SignedBytesAt(block + L::kScale));
@@ -421,13 +455,17 @@ void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const 
       return Bf16Rows<Q4_1Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kQ4_0:
       return Bf16Rows<Q4_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
+    case DType::kQ5_0:
+      return Bf16Rows<Q5_0Bf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kQ4_K:
-      return Bf16Rows<ScaledMinBf16<Q4KLayout, true>>(weight, xb, sums, rows, n0, n1, bias, scratch,
-                                                      out);
+      return Bf16Rows<ScaledMinBf16<Q4KLayout, false>>(weight, xb, sums, rows, n0, n1, bias,
+                                                       scratch, out);
     case DType::kQ5_K:
+      return Bf16Rows<ScaledMinBf16<Q5KLayout, true>>(weight, xb, sums, rows, n0, n1, bias, scratch,
+                                                      out);
     case DType::kQ5_1:
-      return Bf16Rows<ScaledMinBf16<ScaledMinLayout, false>>(weight, xb, sums, rows, n0, n1, bias,
-                                                             scratch, out);
+      return Bf16Rows<ScaledMinBf16<ScaledMinLayout, true>>(weight, xb, sums, rows, n0, n1, bias,
+                                                            scratch, out);
     case DType::kQ6_K:
       return Bf16Rows<TwoScaleBf16>(weight, xb, sums, rows, n0, n1, bias, scratch, out);
     case DType::kIQ4_NL:

@@ -18,14 +18,11 @@ namespace {
 constexpr int64_t kBlockInputs = 32;
 constexpr int64_t kVectorBytes = 64;
 
-// The integer panels' own layouts where they differ from the float panels'
-// (packed_matmul.h): 5- and 6-bit quants as a nibble plane and one or two
-// planes of their top bits (0.81 and 0.81 bytes a weight against the float
-// panels' 1.19 and 1.06; the headers and scales stay where they were).
-struct ScaledMinInt8Layout {  // Q5_K, Q5_1
-  static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kDmin = 32;
-  static constexpr int64_t kScale = 64, kMin = 80, kQuants = 96, kBlockBytes = kQuants + 256 + 64;
-};
+// The integer panels' own layout where it differs from the float panels'
+// (packed_matmul.h): Q6_K's quants as a nibble plane and two planes of their
+// top bits (0.81 bytes a weight against the float panels' 1.06; the header
+// and scales stay where they were). The five-bit types keep the float
+// panels' layout, whose quants take the same room.
 struct Q6KInt8Layout {
   static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 32, kD = 0;
   static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32;
@@ -36,16 +33,19 @@ struct Q6KInt8Layout {
 // own (L), with the same headers, the same scales at the same offsets and
 // the quants from kQuants on; where Src keeps row i's quant of input e
 // (SrcByte; for nibbles the byte whose low (e even) or high nibble it is);
-// whether Src holds nibbles; the bias of the stored quants; their top bits
-// beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that
-// share a scale; the scale D of run r and the minimum's coefficient M, as
-// the float kernels read them (exact products).
+// whether Src holds nibbles, and fifth bits after them; the bias of the stored quants; their top
+// bits beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that share a scale; the
+// scale D of run r and the minimum's coefficient M, as the float kernels read them (exact
+// products).
 struct NibbleSource {
-  static constexpr bool kSrcNibbles = true;
+  static constexpr bool kSrcNibbles = true, kSrcFifthBits = false;
   static constexpr int64_t SrcByte(int e, int i) { return 16 * (e / 2) + i; }
 };
+struct FiveBitSource : NibbleSource {
+  static constexpr bool kSrcFifthBits = true;
+};
 struct ByteSource {
-  static constexpr bool kSrcNibbles = false;
+  static constexpr bool kSrcNibbles = false, kSrcFifthBits = false;
   static constexpr int64_t SrcByte(int e, int i) { return 16 * e + i; }
 };
 
@@ -67,6 +67,18 @@ struct Q4_1Int8 : NibbleSource {
   static constexpr bool kHasMin = true, kLevels = false;
   static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block); }
   static __m512 M(const uint8_t*, const uint8_t* block) { return HalvesAt(block + 32); }
+};
+
+// Q5_0: stored q = its integer + 16, D = d: the same integer products and
+// scaling as the Q8_0 block it widens to without integer panels (bias 128).
+struct Q5_0Int8 : FiveBitSource {
+  using Src = Q5_0Layout;
+  using L = Src;
+  static constexpr int64_t kQuants = L::kQuants;
+  static constexpr int kBias = 16, kTopBits = 1, kRuns = 1;
+  static constexpr bool kHasMin = false, kLevels = false;
+  static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block + L::kD); }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
 
 struct Q8_0Int8 : ByteSource {
@@ -97,14 +109,15 @@ struct ScaledMinInt8 : Source {
   }
 };
 using Q4KInt8 = ScaledMinInt8<Q4KLayout, Q4KLayout, NibbleSource, 0>;
-using Q5Int8 = ScaledMinInt8<ScaledMinLayout, ScaledMinInt8Layout, ByteSource, 1>;
+using Q5KInt8 = ScaledMinInt8<Q5KLayout, Q5KLayout, FiveBitSource, 1>;
+using Q5_1Int8 = ScaledMinInt8<ScaledMinLayout, ScaledMinLayout, FiveBitSource, 1>;
 
 // Q6_K: a nibble and two top bits, two runs of 16 inputs, D = d * scale of
 // the run.
 struct Q6KInt8 {
   using Src = Q6KLayout;
   using L = Q6KInt8Layout;
-  static constexpr bool kSrcNibbles = false;
+  static constexpr bool kSrcNibbles = false, kSrcFifthBits = false;
   static constexpr int64_t SrcByte(int e, int i) { return 32 * (e / 2) + 2 * i + e % 2; }
   static constexpr int64_t kQuants = L::kQuants;
   static constexpr int kBias = 32, kTopBits = 2, kRuns = 2;
@@ -140,7 +153,15 @@ inline __m512i LevelBytes() {
 template <typename F>
 uint8_t StoredQuant(const uint8_t* quants, int e, int i) {
   const uint8_t byte = quants[F::SrcByte(e, i)];
-  if constexpr (F::kSrcNibbles) return e % 2 == 0 ? byte & 0x0f : byte >> 4;
+  if constexpr (F::kSrcNibbles) {
+    uint8_t u = e % 2 == 0 ? byte & 0x0f : byte >> 4;
+    if constexpr (F::kSrcFifthBits) {
+      uint32_t word;
+      std::memcpy(&word, quants + kFifthBitsOffset + 4 * (e / 2), sizeof(word));
+      u |= static_cast<uint8_t>(((word >> (2 * i + e % 2)) & 1) << 4);
+    }
+    return u;
+  }
   return static_cast<uint8_t>(static_cast<int8_t>(byte) + F::kBias);
 }
 
@@ -346,11 +367,14 @@ auto WithInt8Format(DType dtype, Fn&& f) {
       return f(Q4_1Int8{});
     case DType::kQ4_0:
       return f(Q4_0Int8{});
+    case DType::kQ5_0:
+      return f(Q5_0Int8{});
     case DType::kQ4_K:
       return f(Q4KInt8{});
     case DType::kQ5_K:
+      return f(Q5KInt8{});
     case DType::kQ5_1:
-      return f(Q5Int8{});
+      return f(Q5_1Int8{});
     case DType::kQ6_K:
       return f(Q6KInt8{});
     case DType::kIQ4_NL:
