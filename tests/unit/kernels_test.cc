@@ -558,8 +558,8 @@ TEST(PackedMatMulTest, WeightBytesCountThePanelsAndWidenedBlocksEachModeMakes) {
       {DType::kQ8_0, w * 544 / 512, 0, w * 544 / 512},
       {DType::kQ4_K, w * (64 + 8 * 288) / 4096, w * (64 + 8 * 288) / 4096,
        w * (64 + 8 * 288) / 4096},
-      // Q6_K and Q5_K: a nibble plane and two or one planes of top bits.
-      {DType::kQ6_K, w * (32 + 8 * 544) / 4096, w * (32 + 8 * 544) / 4096,
+      // Q6_K: a nibble plane and two planes of top bits.
+      {DType::kQ6_K, w * (32 + 8 * 416) / 4096, w * (32 + 8 * 416) / 4096,
        w * (32 + 8 * 416) / 4096},
       // Q5_K and Q5_1: nibbles and a plane of fifth bits; Q5_K's d and dmin
       // once per 8 blocks.

@@ -39,11 +39,12 @@ inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi
   *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
 }
 
-// The fifth-bit word of pair j (bit 2i: row i's input 2j, bit 2i + 1: its
-// input 2j + 1) from the words at `fifth` (packed_matmul.h's five bits).
-inline uint32_t FifthBitWord(const uint8_t* fifth, int j) {
+// The top-bit word of pair j (bit 2i: row i's input 2j, bit 2i + 1: its
+// input 2j + 1) from the words at `plane` (packed_matmul.h's fifth or sixth
+// bits).
+inline uint32_t TopBitWord(const uint8_t* plane, int j) {
   uint32_t word;
-  std::memcpy(&word, fifth + 4 * j, sizeof(word));
+  std::memcpy(&word, plane + 4 * j, sizeof(word));
   return word;
 }
 
@@ -62,17 +63,20 @@ inline __mmask16 EvenBits(uint32_t w) {
 // rows, from five-bit quants starting at `quants`.
 inline void FiveBitIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
   NibbleIndices(quants, j, lo, hi);
-  const uint32_t word = FifthBitWord(quants + kFifthBitsOffset, j);
+  const uint32_t word = TopBitWord(quants + kFifthBitsOffset, j);
   const __m512i sixteen = _mm512_set1_epi32(16);
   *lo = _mm512_mask_add_epi32(*lo, EvenBits(word), *lo, sixteen);
   *hi = _mm512_mask_add_epi32(*hi, EvenBits(word >> 1), *hi, sixteen);
 }
 
-// Q6_K's quants of inputs 2j and 2j + 1 of the 16 rows as 32 signed words,
-// in pairs (word 2i: row i's input 2j; word 2i + 1: its input 2j + 1).
-inline __m512i Q6KPairWords(const uint8_t* block, int j) {
-  return _mm512_cvtepi8_epi16(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + Q6KLayout::kQuants + 32 * j)));
+// The six-bit quants (0-63) of inputs 2j (lo) and 2j + 1 (hi) of the 16
+// rows, from six-bit quants starting at `quants`.
+inline void SixBitIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
+  FiveBitIndices(quants, j, lo, hi);
+  const uint32_t word = TopBitWord(quants + kSixthBitsOffset, j);
+  const __m512i thirty_two = _mm512_set1_epi32(32);
+  *lo = _mm512_mask_add_epi32(*lo, EvenBits(word), *lo, thirty_two);
+  *hi = _mm512_mask_add_epi32(*hi, EvenBits(word >> 1), *hi, thirty_two);
 }
 
 // Software prefetch for the kernels that stream a product's panels from

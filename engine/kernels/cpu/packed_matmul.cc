@@ -103,19 +103,20 @@ struct Q5_0Format {
   }
 };
 
-// Row i's quants q[0..32) in the nibble layout: byte i of group j holds
-// input 2j (low nibble) and 2j + 1 (high). With kFiveBits, q's fifth bits
-// go to the words after the nibbles (packed_matmul.h); `quants` is zeroed.
-template <bool kFiveBits, typename Q>
+// Row i's quants q[0..32) (unsigned, 4 + kTopBits bits) in the nibble
+// layout: byte i of group j holds input 2j (low nibble) and 2j + 1 (high);
+// their fifth (and sixth) bits go to the words after the nibbles
+// (packed_matmul.h). `quants` is zeroed.
+template <int kTopBits, typename Q>
 inline void PackQuants(const Q* q, int i, uint8_t* quants) {
   for (int j = 0; j < kBlockInputs / 2; ++j) {
     quants[16 * j + i] = static_cast<uint8_t>((q[2 * j] & 0x0f) | (q[2 * j + 1] & 0x0f) << 4);
-    if constexpr (kFiveBits) {
+    for (int t = 0; t < kTopBits; ++t) {
       uint32_t word;
-      uint8_t* at = quants + kFifthBitsOffset + 4 * j;
+      uint8_t* at = quants + kFifthBitsOffset + 64 * t + 4 * j;
       std::memcpy(&word, at, sizeof(word));
-      word |= static_cast<uint32_t>((q[2 * j] >> 4) & 1) << (2 * i) |
-              static_cast<uint32_t>((q[2 * j + 1] >> 4) & 1) << (2 * i + 1);
+      word |= static_cast<uint32_t>((q[2 * j] >> (4 + t)) & 1) << (2 * i) |
+              static_cast<uint32_t>((q[2 * j + 1] >> (4 + t)) & 1) << (2 * i + 1);
       std::memcpy(at, &word, sizeof(word));
     }
   }
@@ -152,7 +153,7 @@ struct ScaledMinFormat {
       std::memcpy(header + L::kDmin + 2 * i, &rows[i].dmin, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kMin + i] = rows[i].min;
-      PackQuants<kFiveBits>(rows[i].q, i, dst + L::kQuants);
+      PackQuants<kFiveBits ? 1 : 0>(rows[i].q, i, dst + L::kQuants);
     }
   }
 };
@@ -170,22 +171,20 @@ struct TwoScaleFormat {
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     const __m512 scale = j < kBlockInputs / 4 ? s.first : s.second;
-    // Each 32-bit lane holds a row's pair: input 2j in its low word.
-    const __m512i pair = Q6KPairWords(block, j);
-    const __m512i q0 = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
-    const __m512i q1 = _mm512_srai_epi32(pair, 16);
-    *w0 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(q0));
-    *w1 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(q1));
+    const __m512i thirty_two = _mm512_set1_epi32(32);
+    __m512i lo, hi;  // quant + 32
+    SixBitIndices(block + L::kQuants, j, &lo, &hi);
+    *w0 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, thirty_two)));
+    *w1 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, thirty_two)));
   }
   static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
     for (int i = 0; i < kPanelWidth; ++i) {
       std::memcpy(header + L::kD + 2 * i, &rows[i].d, 2);
       dst[L::kScale0 + i] = static_cast<uint8_t>(rows[i].scale[0]);
       dst[L::kScale1 + i] = static_cast<uint8_t>(rows[i].scale[1]);
-      for (int j = 0; j < kBlockInputs / 2; ++j) {
-        dst[L::kQuants + 32 * j + 2 * i] = static_cast<uint8_t>(rows[i].q[2 * j]);
-        dst[L::kQuants + 32 * j + 2 * i + 1] = static_cast<uint8_t>(rows[i].q[2 * j + 1]);
-      }
+      int stored[kBlockInputs];
+      for (int e = 0; e < kBlockInputs; ++e) stored[e] = rows[i].q[e] + 32;
+      PackQuants<2>(stored, i, dst + L::kQuants);
     }
   }
 };
@@ -216,7 +215,7 @@ struct LevelsFormat {
     for (int i = 0; i < kPanelWidth; ++i) {
       std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
       dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
-      PackQuants<false>(rows[i].q, i, dst + L::kQuants);
+      PackQuants<0>(rows[i].q, i, dst + L::kQuants);
     }
   }
 };
@@ -376,7 +375,7 @@ void PackBlock(const Block* const* rows, int64_t b, uint8_t* dst) {
     for (int i = 0; i < kPanelWidth; ++i) {
       int q[kBlockInputs];
       FiveBitValues(rows[i][b].qs, rows[i][b].qh, q);
-      PackQuants<true>(q, i, dst + Q5_0Layout::kQuants);
+      PackQuants<1>(q, i, dst + Q5_0Layout::kQuants);
     }
   } else if constexpr (std::is_same_v<Block, BlockQ8_0>) {
     for (int j = 0; j < kBlockInputs; ++j) {

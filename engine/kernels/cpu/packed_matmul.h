@@ -36,7 +36,8 @@ inline constexpr int64_t kPanelWidth = 16;
 // of `data`: its 32-input blocks in input order, each holding the 16 rows'
 // scales and then their quants. Where the file's blocks share a scale over
 // 256 inputs (Q4_K, Q5_K, Q6_K), a header holding the 16 rows' shared scales
-// comes before each run of 8 blocks. Quants are nibbles, five bits or bytes:
+// comes before each run of 8 blocks. Quants are nibbles, five or six bits, or
+// bytes:
 //   nibbles:   16 groups of 16 bytes; byte i of group j holds row i's quant
 //              of input 2j in its low nibble and of input 2j + 1 in its high.
 //   five bits: the nibbles of the quants' low four bits, then 16 words of
@@ -44,6 +45,7 @@ inline constexpr int64_t kPanelWidth = 16;
 //              of input 2j at bit 2i and of input 2j + 1 at bit 2i + 1, a
 //              mask over the 16-bit halves of a bfloat16 pair vector (so a
 //              5-bit weight takes as little room as in the file).
+//   six bits:  five bits, then 16 words of the sixth bits in the same order.
 //   bytes:     32 groups of 16 bytes; byte i of group j is row i's quant of
 //              input j.
 // The layouts below give each format's offsets.
@@ -84,6 +86,8 @@ struct PlainLayout {
 // Five-bit quants: the nibbles, then at this offset from them the fifth bits.
 inline constexpr int64_t kFifthBitsOffset = 256;
 inline constexpr int64_t kFiveBitBytes = kFifthBitsOffset + 64;
+inline constexpr int64_t kSixthBitsOffset = kFiveBitBytes;
+inline constexpr int64_t kSixBitBytes = kSixthBitsOffset + 64;
 // Q5_0: d halves, five-bit quants (the stored integers q, w = d * (q - 16)).
 struct Q5_0Layout {
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0, kQuants = 32;
@@ -106,12 +110,11 @@ struct ScaledMinLayout {  // Q5_1: d, dmin halves, scale, min bytes, five bits
   static constexpr int64_t kBlockBytes = kQuants + kFiveBitBytes;
 };
 // Q6_K: header: d halves; block: scale bytes of inputs 0-15 and 16-31, then
-// the quants as signed bytes in pairs: 16 groups of 32 bytes, bytes 2i and
-// 2i + 1 of group j row i's quants of inputs 2j and 2j + 1 (one load gives
-// a pair's 32 values in the order the bfloat16 pair products take them).
+// six-bit quants: each quant + 32 (0-63), as the file stores it.
 struct Q6KLayout {
   static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 32, kD = 0;
-  static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32, kBlockBytes = kQuants + 512;
+  static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32;
+  static constexpr int64_t kBlockBytes = kQuants + kSixBitBytes;
 };
 struct LevelsLayout {  // IQ4_NL, IQ4_XS: d halves, scale bytes, level index nibbles
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kD = 0;

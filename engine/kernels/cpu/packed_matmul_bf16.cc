@@ -96,18 +96,27 @@ inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
   return _mm512_permutexvar_epi16(indices, table);
 }
 
-template <int64_t kQuants>
-inline __m512i DecodeFiveBitPair(const uint8_t* block, int j, __m512i table) {
-  // The nibbles as DecodeNibblePair places them, 16 added to the 16-bit
-  // indices the fifth-bit word marks, then the 32-entry table.
-  const uint8_t* quants = block + kQuants;
+// The five- (kTopBits 1) or six-bit (2) quants of inputs 2j and 2j + 1 as
+// 16-bit indices, row i's in lane i (input 2j in the low word): the nibbles
+// as DecodeNibblePair places them, plus 16 (and 32) where the top-bit words
+// mark them.
+template <int kTopBits>
+inline __m512i TopBitIndices(const uint8_t* quants, int j) {
   const __m512i t =
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j)));
-  const __m512i nibbles =
+  __m512i indices =
       _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  const __mmask32 fifth = FifthBitWord(quants + kFifthBitsOffset, j);
-  const __m512i indices = _mm512_mask_add_epi16(nibbles, fifth, nibbles, _mm512_set1_epi16(16));
-  return _mm512_permutexvar_epi16(indices, table);
+  for (int bit = 0; bit < kTopBits; ++bit) {
+    const __mmask32 marked = TopBitWord(quants + kFifthBitsOffset + 64 * bit, j);
+    indices = _mm512_mask_add_epi16(indices, marked, indices,
+                                    _mm512_set1_epi16(static_cast<short>(16 << bit)));
+  }
+  return indices;
+}
+
+template <int64_t kQuants>
+inline __m512i DecodeFiveBitPair(const uint8_t* block, int j, __m512i table) {
+  return _mm512_permutexvar_epi16(TopBitIndices<1>(block + kQuants, j), table);
 }
 
 // Per packed format: the quants of inputs 2j and 2j + 1 for the panel's 16
@@ -189,18 +198,18 @@ struct TwoScaleBf16 {
   using L = Q6KLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 2;
-  // Quant q -> bfloat16(q), indexed by q's low six bits: 0-31 in `low`,
-  // -32..-1 (32-63) in `high`.
+  // Stored quant u (quant + 32) -> bfloat16(u - 32): 0-31 in `low`, 32-63
+  // in `high`.
   struct Tables {
     __m512i low, high;
   };
   static Tables Table() {
     alignas(64) uint16_t words[64];
-    for (int v = 0; v < 64; ++v) words[v] = Bf16Of(v < 32 ? v : v - 64);
+    for (int u = 0; u < 64; ++u) words[u] = Bf16Of(u - 32);
     return {_mm512_load_si512(words), _mm512_load_si512(words + 32)};
   }
   static __m512i Pair(const uint8_t* block, int j, const Tables& t) {
-    return _mm512_permutex2var_epi16(t.low, Q6KPairWords(block, j), t.high);
+    return _mm512_permutex2var_epi16(t.low, TopBitIndices<2>(block + L::kQuants, j), t.high);
   }
   static __m512 D(const uint8_t* header, const uint8_t* block, int sub) {
     return _mm512_mul_ps(HalvesAt(header + L::kD),

@@ -18,34 +18,32 @@ namespace {
 constexpr int64_t kBlockInputs = 32;
 constexpr int64_t kVectorBytes = 64;
 
-// The integer panels' own layout where it differs from the float panels'
-// (packed_matmul.h): Q6_K's quants as a nibble plane and two planes of their
-// top bits (0.81 bytes a weight against the float panels' 1.06; the header
-// and scales stay where they were). The five-bit types keep the float
-// panels' layout, whose quants take the same room.
-struct Q6KInt8Layout {
-  static constexpr int64_t kBlocksPerHeader = 8, kHeaderBytes = 32, kD = 0;
-  static constexpr int64_t kScale0 = 0, kScale1 = 16, kQuants = 32;
-  static constexpr int64_t kBlockBytes = kQuants + 256 + 128;
-};
+// The integer panels keep the float panels' layouts (packed_matmul.h): the
+// headers and scales where they are, and quants of the same room rewritten
+// in their own order (WriteIntegerQuants).
 
 // Per format: the float panels' layout it is converted from (Src) and its
 // own (L), with the same headers, the same scales at the same offsets and
 // the quants from kQuants on; where Src keeps row i's quant of input e
 // (SrcByte; for nibbles the byte whose low (e even) or high nibble it is);
-// whether Src holds nibbles, and fifth bits after them; the bias of the stored quants; their top
-// bits beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that share a scale; the
-// scale D of run r and the minimum's coefficient M, as the float kernels read them (exact
-// products).
+// whether Src holds nibbles, and fifth (and sixth) bits after them; the bias of the stored quants;
+// their top bits beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that share a
+// scale; the scale D of run r and the minimum's coefficient M, as the float kernels read them
+// (exact products).
 struct NibbleSource {
-  static constexpr bool kSrcNibbles = true, kSrcFifthBits = false;
+  static constexpr bool kSrcNibbles = true;
+  static constexpr int kSrcTopBits = 0;
   static constexpr int64_t SrcByte(int e, int i) { return 16 * (e / 2) + i; }
 };
 struct FiveBitSource : NibbleSource {
-  static constexpr bool kSrcFifthBits = true;
+  static constexpr int kSrcTopBits = 1;
+};
+struct SixBitSource : NibbleSource {
+  static constexpr int kSrcTopBits = 2;
 };
 struct ByteSource {
-  static constexpr bool kSrcNibbles = false, kSrcFifthBits = false;
+  static constexpr bool kSrcNibbles = false;
+  static constexpr int kSrcTopBits = 0;
   static constexpr int64_t SrcByte(int e, int i) { return 16 * e + i; }
 };
 
@@ -114,11 +112,9 @@ using Q5_1Int8 = ScaledMinInt8<ScaledMinLayout, ScaledMinLayout, FiveBitSource, 
 
 // Q6_K: a nibble and two top bits, two runs of 16 inputs, D = d * scale of
 // the run.
-struct Q6KInt8 {
+struct Q6KInt8 : SixBitSource {
   using Src = Q6KLayout;
-  using L = Q6KInt8Layout;
-  static constexpr bool kSrcNibbles = false, kSrcFifthBits = false;
-  static constexpr int64_t SrcByte(int e, int i) { return 32 * (e / 2) + 2 * i + e % 2; }
+  using L = Src;
   static constexpr int64_t kQuants = L::kQuants;
   static constexpr int kBias = 32, kTopBits = 2, kRuns = 2;
   static constexpr bool kHasMin = false, kLevels = false;
@@ -155,10 +151,10 @@ uint8_t StoredQuant(const uint8_t* quants, int e, int i) {
   const uint8_t byte = quants[F::SrcByte(e, i)];
   if constexpr (F::kSrcNibbles) {
     uint8_t u = e % 2 == 0 ? byte & 0x0f : byte >> 4;
-    if constexpr (F::kSrcFifthBits) {
+    for (int t = 0; t < F::kSrcTopBits; ++t) {
       uint32_t word;
-      std::memcpy(&word, quants + kFifthBitsOffset + 4 * (e / 2), sizeof(word));
-      u |= static_cast<uint8_t>(((word >> (2 * i + e % 2)) & 1) << 4);
+      std::memcpy(&word, quants + kFifthBitsOffset + 64 * t + 4 * (e / 2), sizeof(word));
+      u |= static_cast<uint8_t>(((word >> (2 * i + e % 2)) & 1) << (4 + t));
     }
     return u;
   }

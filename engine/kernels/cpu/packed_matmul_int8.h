@@ -13,10 +13,10 @@
 //   Q8_0: the eight quad vectors, whole bytes;
 //   the others: four nibble vectors, the low nibbles of vector v being quad
 //     vector 2v's low four bits and its high nibbles quad vector 2v + 1's,
-//     then, for 5- and 6-bit quants (Q5_K, Q5_1, Q6_K), one or two planes of
-//     their top bits (so they take 0.81 bytes a weight, as in the file, not
-//     the float panels' 1.19 and 1.06).
-// Biases: Q4_0 8 (its stored nibble), Q8_0 128, Q6_K 32, IQ4 128 (the nibble
+//     then, for 5- and 6-bit quants (Q5_0, Q5_K, Q5_1, Q6_K), one or two
+//     planes of their top bits (the room the float panels' top-bit words
+//     take).
+// Biases: Q4_0 8 (its stored nibble), Q5_0 16, Q8_0 128, Q6_K 32, IQ4 128 (the nibble
 // is a level index; a byte shuffle gives level + 128); the others 0.
 //
 // Arithmetic (the determinism contract of backend.h). Per output element,
