@@ -22,11 +22,11 @@ constexpr int kPairs = kBlockInputs / 2;
 // tiles of up to 8 rows x 2 panels (4 panels for 1-2 rows; matmul_tiling.h),
 // the later tiles of rows reading the panels from cache. Above, each pair
 // of panels is decoded into scratch once. Measured with
-// `tandem-matmul-bench` (2 threads): decoding on the fly costs 0.35-0.75x
-// the scratch kernel's time at 5-32 rows on SmolLM2's shapes (0.4-0.8x on
-// 1B and 8B shapes, where two panels outgrow L1), about the same at 64 and
-// ~4% more at 128.
-constexpr int64_t kOnTheFlyMaxRows = 64;
+// `tandem-matmul-bench` (2 threads, Q4_1 and Q4_K, 2026-12-05): decoding on
+// the fly takes 0.65-0.85x the scratch kernel's time at 8-16 rows, the same
+// at 24-32, and 1.1x (SmolLM2's shapes) to 1.4-1.5x (a 1B model's, whose
+// panels outgrow L1) at 48-64, where the switch used to be.
+constexpr int64_t kOnTheFlyMaxRows = 32;
 // The scratch kernel's tile: 8 rows x 2 panels of block-local sums in
 // registers (16), their running totals in an L1 array.
 constexpr int kGemmRows = 8;
