@@ -406,6 +406,44 @@ IntegerBlock ReadIntegerBlock(DType type, const uint8_t* row, int64_t b) {
   return out;
 }
 
+// The quantized types whose packed panels have an integer arithmetic to
+// check bit for bit (ReadIntegerBlock reads them all).
+constexpr DType kPanelContractTypes[] = {DType::kQ8_0,   DType::kQ4_0,  DType::kQ4_1, DType::kQ5_0,
+                                         DType::kQ4_K,   DType::kQ5_K,  DType::kQ6_K, DType::kQ5_1,
+                                         DType::kIQ4_NL, DType::kIQ4_XS};
+
+// For each of those types, uploads an 80 x 768 weight to a backend of
+// `mode`, multiplies rows of activations from make_rows(m) for each m in
+// `row_counts`, and requires every output's bits to be expected(x row,
+// weight row's GGUF bytes, type, blocks). The weight must take panels of its
+// own type.
+template <typename MakeRows, typename Expected>
+void ExpectPanelContract(MatMulMode mode, std::initializer_list<int64_t> row_counts,
+                         std::mt19937& rng, MakeRows make_rows, Expected expected) {
+  const int64_t n = 80, k = 768, blocks = k / 32;
+  for (DType type : kPanelContractTypes) {
+    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+    CpuBackend backend(2, mode);
+    const Weight w = Upload(backend, type, n, k, bytes);
+    ASSERT_NE(w.packed, nullptr) << Info(type).name;
+    ASSERT_EQ(w.dtype, type) << "multiplied by panels of its own";
+    for (const int64_t m : row_counts) {
+      const std::vector<float> x = make_rows(m, k);
+      std::vector<int64_t> all(static_cast<size_t>(m));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<float> out = RunMatMul(backend, w, x, all);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < n; ++c) {
+          const uint8_t* row = bytes.data() + static_cast<size_t>(c) * RowBytes(type, k);
+          const float want = expected(&x[static_cast<size_t>(r * k)], row, type, blocks);
+          ASSERT_EQ(Float2Bits(out[static_cast<size_t>(r * n + c)]), Float2Bits(want))
+              << Info(type).name << " at [" << r << "][" << c << "] of " << m << " rows";
+        }
+      }
+    }
+  }
+}
+
 TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
   // packed_matmul_int8.h's arithmetic, computed here by scalar code from the
   // GGUF blocks: exact integer dots per run, fma(D * a.d, dot, acc), then
@@ -414,43 +452,27 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
   // three and nine rows (tiles of four and a remainder).
   if (!HasInt8Products()) GTEST_SKIP() << "no AVX-512 VNNI in this build";
   std::mt19937 rng(37);
-  const int64_t n = 80, k = 768, blocks = k / 32;
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K,
-                     DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS}) {
-    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
-    CpuBackend backend(2, MatMulMode::kQ8);
-    const Weight w = Upload(backend, type, n, k, bytes);
-    ASSERT_NE(w.packed, nullptr) << Info(type).name;
-    for (const int64_t m : {1, 3, 9}) {
-      const std::vector<float> x = RandomRows(m, k, rng);
-      std::vector<int64_t> all(static_cast<size_t>(m));
-      std::iota(all.begin(), all.end(), 0);
-      const std::vector<float> out = RunMatMul(backend, w, x, all);
-      for (int64_t r = 0; r < m; ++r) {
+  ExpectPanelContract(
+      MatMulMode::kQ8, {1, 3, 9}, rng, [&](int64_t m, int64_t k) { return RandomRows(m, k, rng); },
+      [](const float* x, const uint8_t* row, DType type, int64_t blocks) {
         std::vector<ActivationBlock> a(static_cast<size_t>(blocks));
-        QuantizeActivationRow(&x[static_cast<size_t>(r * k)], k, a.data());
-        for (int64_t c = 0; c < n; ++c) {
-          const uint8_t* row = bytes.data() + static_cast<size_t>(c) * RowBytes(type, k);
-          float acc = 0.0f;
-          for (int64_t b = 0; b < blocks; ++b) {
-            const IntegerBlock block = ReadIntegerBlock(type, row, b);
-            const ActivationBlock& ab = a[static_cast<size_t>(b)];
-            const int run_inputs = 32 / block.runs;
-            for (int run = 0; run < block.runs; ++run) {
-              int32_t dot = 0;
-              for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
-                dot += block.v[j] * ab.q[j];
-              }
-              acc = std::fma(block.d[run] * ab.d, static_cast<float>(dot), acc);
+        QuantizeActivationRow(x, blocks * 32, a.data());
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const IntegerBlock block = ReadIntegerBlock(type, row, b);
+          const ActivationBlock& ab = a[static_cast<size_t>(b)];
+          const int run_inputs = 32 / block.runs;
+          for (int run = 0; run < block.runs; ++run) {
+            int32_t dot = 0;
+            for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
+              dot += block.v[j] * ab.q[j];
             }
-            if (block.has_min) acc = std::fma(block.m, ab.ds, acc);
+            acc = std::fma(block.d[run] * ab.d, static_cast<float>(dot), acc);
           }
-          ASSERT_EQ(Float2Bits(out[static_cast<size_t>(r * n + c)]), Float2Bits(acc))
-              << Info(type).name << " at [" << r << "][" << c << "] of " << m << " rows";
+          if (block.has_min) acc = std::fma(block.m, ab.ds, acc);
         }
-      }
-    }
-  }
+        return acc;
+      });
 }
 
 TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
@@ -459,54 +481,39 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
   // x, acc). The activations are small integers, so every pair product and
   // every partial sum of a run is exact and the dot product has one value
   // whatever the instruction's internal order: the bits then check each
-  // panel's decoding (a nibble, a fifth bit, a level, a scale or a minimum
-  // taken wrongly changes them). 1, 3 and 9 rows decode on the fly, 70 from
-  // decoded panels.
+  // panel's decoding (a nibble, a fifth or sixth bit, a level, a scale or a
+  // minimum taken wrongly changes them). 1, 3 and 9 rows decode on the fly,
+  // 40 and 70 from decoded panels.
   if (!HasBf16Products()) GTEST_SKIP() << "no AVX-512 BF16 in this build";
   std::mt19937 rng(41);
-  const int64_t n = 80, k = 768, blocks = k / 32;
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K,
-                     DType::kQ5_K, DType::kQ6_K, DType::kQ5_1, DType::kIQ4_NL, DType::kIQ4_XS}) {
-    std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
-    CpuBackend backend(2, MatMulMode::kBf16);
-    const Weight w = Upload(backend, type, n, k, bytes);
-    ASSERT_NE(w.packed, nullptr) << Info(type).name;
-    ASSERT_EQ(w.dtype, type) << "multiplied by panels of its own";
-    for (const int64_t m : {1, 3, 9, 70}) {
-      std::uniform_int_distribution<int> small(-8, 8);
-      std::vector<float> x(static_cast<size_t>(m * k));
-      for (float& v : x) v = static_cast<float>(small(rng));
-      std::vector<int64_t> all(static_cast<size_t>(m));
-      std::iota(all.begin(), all.end(), 0);
-      const std::vector<float> out = RunMatMul(backend, w, x, all);
-      for (int64_t r = 0; r < m; ++r) {
-        const float* xr = &x[static_cast<size_t>(r * k)];
-        for (int64_t c = 0; c < n; ++c) {
-          const uint8_t* row = bytes.data() + static_cast<size_t>(c) * RowBytes(type, k);
-          float acc = 0.0f;
-          for (int64_t b = 0; b < blocks; ++b) {
-            const IntegerBlock block = ReadIntegerBlock(type, row, b);
-            const float* xb = xr + b * 32;
-            const int run_inputs = 32 / block.runs;
-            for (int run = 0; run < block.runs; ++run) {
-              float dot = 0.0f;
-              for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
-                dot += static_cast<float>(block.v[j]) * xb[j];
-              }
-              acc = std::fma(block.d[run], dot, acc);
-            }
-            if (block.has_min) {
-              float sum = 0.0f;
-              for (int j = 0; j < 32; ++j) sum += xb[j];
-              acc = std::fma(block.m, sum, acc);
-            }
-          }
-          ASSERT_EQ(Float2Bits(out[static_cast<size_t>(r * n + c)]), Float2Bits(acc))
-              << Info(type).name << " at [" << r << "][" << c << "] of " << m << " rows";
-        }
-      }
-    }
-  }
+  auto small_integers = [&](int64_t m, int64_t k) {
+    std::uniform_int_distribution<int> small(-8, 8);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = static_cast<float>(small(rng));
+    return x;
+  };
+  ExpectPanelContract(MatMulMode::kBf16, {1, 3, 9, 40, 70}, rng, small_integers,
+                      [](const float* x, const uint8_t* row, DType type, int64_t blocks) {
+                        float acc = 0.0f;
+                        for (int64_t b = 0; b < blocks; ++b) {
+                          const IntegerBlock block = ReadIntegerBlock(type, row, b);
+                          const float* xb = x + b * 32;
+                          const int run_inputs = 32 / block.runs;
+                          for (int run = 0; run < block.runs; ++run) {
+                            float dot = 0.0f;
+                            for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
+                              dot += static_cast<float>(block.v[j]) * xb[j];
+                            }
+                            acc = std::fma(block.d[run], dot, acc);
+                          }
+                          if (block.has_min) {
+                            float sum = 0.0f;
+                            for (int j = 0; j < 32; ++j) sum += xb[j];
+                            acc = std::fma(block.m, sum, acc);
+                          }
+                        }
+                        return acc;
+                      });
 }
 
 TEST(PackedMatMulTest, Q5_0PanelsGiveExactlyTheBitsOfTheQ8_0BlocksItWidensTo) {

@@ -43,19 +43,26 @@ struct SixBitSource : NibbleSource {
 };
 struct ByteSource {
   static constexpr bool kSrcNibbles = false;
-  static constexpr int kSrcTopBits = 0;
   static constexpr int64_t SrcByte(int e, int i) { return 16 * e + i; }
 };
 
-struct Q4_0Int8 : NibbleSource {
-  using Src = PlainLayout<32 + 256>;
-  using L = Src;
+// Q4_0, Q5_0 and Q8_0: a half scale d at the block's start, D = d, no
+// minimum. Q5_0's stored quants are its integers + 16: the same integer
+// products and scaling as the Q8_0 block it widens to where it has no
+// panels of its own.
+template <typename Layout, typename Source, int kStoredBias, int kTop>
+struct OneScaleInt8 : Source {
+  using Src = Layout;
+  using L = Layout;
   static constexpr int64_t kQuants = 32;
-  static constexpr int kBias = 8, kTopBits = 0, kRuns = 1;
+  static constexpr int kBias = kStoredBias, kTopBits = kTop, kRuns = 1;
   static constexpr bool kHasMin = false, kLevels = false;
   static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block); }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
+using Q4_0Int8 = OneScaleInt8<PlainLayout<32 + 256>, NibbleSource, 8, 0>;
+using Q5_0Int8 = OneScaleInt8<Q5_0Layout, FiveBitSource, 16, 1>;
+using Q8_0Int8 = OneScaleInt8<PlainLayout<32 + 512>, ByteSource, 128, 4>;
 
 struct Q4_1Int8 : NibbleSource {
   using Src = PlainLayout<32 + 32 + 256>;
@@ -67,33 +74,11 @@ struct Q4_1Int8 : NibbleSource {
   static __m512 M(const uint8_t*, const uint8_t* block) { return HalvesAt(block + 32); }
 };
 
-// Q5_0: stored q = its integer + 16, D = d: the same integer products and
-// scaling as the Q8_0 block it widens to without integer panels (bias 128).
-struct Q5_0Int8 : FiveBitSource {
-  using Src = Q5_0Layout;
-  using L = Src;
-  static constexpr int64_t kQuants = L::kQuants;
-  static constexpr int kBias = 16, kTopBits = 1, kRuns = 1;
-  static constexpr bool kHasMin = false, kLevels = false;
-  static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block + L::kD); }
-  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
-};
-
-struct Q8_0Int8 : ByteSource {
-  using Src = PlainLayout<32 + 512>;
-  using L = Src;
-  static constexpr int64_t kQuants = 32;
-  static constexpr int kBias = 128, kTopBits = 4, kRuns = 1;
-  static constexpr bool kHasMin = false, kLevels = false;
-  static __m512 D(const uint8_t*, const uint8_t* block, int) { return HalvesAt(block); }
-  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
-};
-
 // Q4_K (nibbles), Q5_K and Q5_1 (a nibble and a top bit): D = d * scale,
 // M = -(dmin * min).
-template <typename SrcLayout, typename Layout, typename Source, int kTop>
+template <typename Layout, typename Source, int kTop>
 struct ScaledMinInt8 : Source {
-  using Src = SrcLayout;
+  using Src = Layout;
   using L = Layout;
   static constexpr int64_t kQuants = L::kQuants;
   static constexpr int kBias = 0, kTopBits = kTop, kRuns = 1;
@@ -106,9 +91,9 @@ struct ScaledMinInt8 : Source {
                                                             UnsignedBytesAt(block + L::kMin)));
   }
 };
-using Q4KInt8 = ScaledMinInt8<Q4KLayout, Q4KLayout, NibbleSource, 0>;
-using Q5KInt8 = ScaledMinInt8<Q5KLayout, Q5KLayout, FiveBitSource, 1>;
-using Q5_1Int8 = ScaledMinInt8<ScaledMinLayout, ScaledMinLayout, FiveBitSource, 1>;
+using Q4KInt8 = ScaledMinInt8<Q4KLayout, NibbleSource, 0>;
+using Q5KInt8 = ScaledMinInt8<Q5KLayout, FiveBitSource, 1>;
+using Q5_1Int8 = ScaledMinInt8<ScaledMinLayout, FiveBitSource, 1>;
 
 // Q6_K: a nibble and two top bits, two runs of 16 inputs, D = d * scale of
 // the run.
