@@ -271,6 +271,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     threshold = *measured;
   }
   sched.disaggregation.output_threshold = role == Role::kDecode ? std::nullopt : threshold;
+  // The measurements are done and no block holds anything yet: their KV
+  // pages (~60 MB on the default model) need not stay resident.
+  p.model->ReleaseKvPages();
 
   step::Worker* prefill_worker = p.model->prefill_worker();
   step::Worker* decode_worker = p.model->decode_worker();

@@ -185,6 +185,11 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
 
 }  // namespace
 
+void ServingModel::ReleaseKvPages() {
+  prefill_->mutable_backend()->ReleaseKvPages();
+  if (decode_ != nullptr) decode_->mutable_backend()->ReleaseKvPages();
+}
+
 absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregationCosts(
     int chunk_tokens) {
   model::LlamaModel& model = *prefill_->mutable_model();

@@ -128,6 +128,9 @@ class ServingModel {
   // set from (scheduler/disaggregation_policy.h), with prompt chunks of
   // `chunk_tokens`. Before the scheduler starts only: it writes KV blocks.
   absl::StatusOr<scheduler::DisaggregationCosts> MeasureDisaggregationCosts(int chunk_tokens);
+  // Gives back the KV pages start-up's measurements wrote (Backend::
+  // ReleaseKvPages): call once they are done, before anything serves.
+  void ReleaseKvPages();
   // The backend that owns the paged KV storage (both workers use it).
   const kernels::Backend& kv_backend() const { return prefill_->backend(); }
   // The decode worker's backend (its own KV storage when decode_kv_blocks()

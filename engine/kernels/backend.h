@@ -203,6 +203,11 @@ class Backend {
   virtual int64_t WeightBytes(DType /*dtype*/, int64_t /*rows*/, int64_t /*cols*/) const {
     return 0;
   }
+  // Gives the KV storage's memory back to the system where the device can
+  // (its contents read as zeros after): start-up's measurements write pages
+  // that no request will read. REQUIRES: no block holds data anything will
+  // read, and no one else (a KV transport) has registered the storage.
+  virtual void ReleaseKvPages() {}
   // Uses the KV storage of `other` (a backend on the same device), so that
   // two workers read and write one paged cache: a handoff between them moves
   // a block table, not bytes.

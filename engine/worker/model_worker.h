@@ -56,6 +56,7 @@ class ModelWorker : public step::Worker {
   const model::LlamaModel& model() const { return *model_; }
   model::LlamaModel* mutable_model() { return model_.get(); }
   const kernels::Backend& backend() const { return *backend_; }
+  kernels::Backend* mutable_backend() { return backend_.get(); }
 
  protected:
   // The plans this kind takes: OK, or FailedPrecondition naming the first

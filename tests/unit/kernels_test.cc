@@ -2,6 +2,8 @@
 // batch-invariance contract (backend.h): a row's result is bitwise the same
 // alone, in batches of any size and order, chunked, and on any thread count.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -93,7 +95,7 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
       const Weight w = Upload(backend, type, n, k, bytes);
       // Batches on both sides of every kernel switch, with remainders: f32
       // and bf16 decode on the fly, four panels at a time for up to 2 rows
-      // and two panels for tiles of up to 8 rows, up to 16 rows (f32) or 64
+      // and two panels for tiles of up to 8 rows, up to 16 rows (f32) or 32
       // (bf16), and multiply dequantized panels in tiles of 8 rows above; q8
       // takes tiles of up to 4 rows.
       for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65, 72}) {
@@ -140,7 +142,8 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // f32: float rounding only. q8: each activation is rounded to 1/254 of
       // its block's largest magnitude. bf16: each activation to 8
       // significant bits (relative error at most 2^-9), the quants exact.
-      // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to; q8
+      // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to
+      // (by panels of their own, or as those blocks where they have none); q8
       // multiplies packed weights by integer panels where the CPU has VNNI,
       // and without them the types it has no block kernel for by the float32
       // panels.
@@ -1010,6 +1013,31 @@ TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
 // head sizes its attention kernels take), halves otherwise, each value
 // rounded to nearest even at its slot; and backends share a cache only in
 // the format they would read.
+TEST(CpuBackendKvCacheTest, ReleasedPagesLeaveMemoryAndReadAsZeros) {
+  // Start-up's measurements write KV pages no request reads; released, they
+  // stop being resident (mincore) and read as zeros, in the backend that
+  // shares the storage too.
+  const KvCacheShape shape{2, 64, 16, 3, 64};  // 2 layers, 64 blocks of 16 slots, 3 KV heads
+  CpuBackend backend(1), sharer(1);
+  ASSERT_TRUE(backend.CreateKvCache(shape).ok());
+  ASSERT_TRUE(sharer.ShareKvCache(backend).ok());
+  const KvStorage storage = backend.kv_storage();
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const size_t pages = (storage.bytes + static_cast<size_t>(page) - 1) / static_cast<size_t>(page);
+  auto resident = [&] {
+    std::vector<unsigned char> in_core(pages);
+    EXPECT_EQ(::mincore(storage.data, storage.bytes, in_core.data()), 0);
+    return std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; });
+  };
+  EXPECT_EQ(resident(), 0);  // mapped, never touched
+  std::memset(storage.data, 0x5a, storage.bytes);
+  EXPECT_EQ(resident(), static_cast<std::ptrdiff_t>(pages));
+  sharer.ReleaseKvPages();
+  EXPECT_EQ(resident(), 0);
+  const auto* bytes = static_cast<const unsigned char*>(storage.data);
+  EXPECT_TRUE(std::all_of(bytes, bytes + storage.bytes, [](unsigned char b) { return b == 0; }));
+}
+
 TEST(CpuBackendKvCacheTest, StoresTheModesFormatAndSharesItOnlyWithTheSameMode) {
   if (!bf16_attention::Supported(64)) GTEST_SKIP() << "this build has no AVX-512 BF16 attention";
   const KvCacheShape shape{1, 4, 2, 1, 64};  // 1 layer, 4 blocks of 2 slots, 1 KV head of 64

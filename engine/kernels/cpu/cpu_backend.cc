@@ -187,6 +187,13 @@ absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
   return absl::OkStatus();
 }
 
+void CpuBackend::ReleaseKvPages() {
+  if (kv_storage_ == nullptr) return;
+  // An anonymous private mapping (CreateKvCache): its pages are dropped and
+  // read as zeros when next touched.
+  ::madvise(kv_storage_->data(), kv_storage_->bytes(), MADV_DONTNEED);
+}
+
 absl::Status CpuBackend::ShareKvCache(const Backend& other) {
   const auto* cpu = dynamic_cast<const CpuBackend*>(&other);
   if (cpu == nullptr || cpu->kv_storage_ == nullptr) {

@@ -42,6 +42,7 @@ class CpuBackend final : public Backend {
                                       const void* host_data) override;
   absl::Status CreateKvCache(const KvCacheShape& shape) override;
   absl::Status ShareKvCache(const Backend& other) override;
+  void ReleaseKvPages() override;
   const KvCacheShape& kv_cache_shape() const override { return kv_shape_; }
   KvStorage kv_storage() const override {
     if (kv_storage_ == nullptr) return {};

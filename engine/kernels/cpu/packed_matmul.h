@@ -44,7 +44,7 @@ inline constexpr int64_t kPanelWidth = 16;
 //              their fifth bits: word j (little-endian) has row i's fifth bit
 //              of input 2j at bit 2i and of input 2j + 1 at bit 2i + 1, a
 //              mask over the 16-bit halves of a bfloat16 pair vector (so a
-//              5-bit weight takes as little room as in the file).
+//              5-bit weight takes about the room it takes in the file).
 //   six bits:  five bits, then 16 words of the sixth bits in the same order.
 //   bytes:     32 groups of 16 bytes; byte i of group j is row i's quant of
 //              input j.

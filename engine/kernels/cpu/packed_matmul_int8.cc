@@ -47,9 +47,9 @@ struct ByteSource {
 };
 
 // Q4_0, Q5_0 and Q8_0: a half scale d at the block's start, D = d, no
-// minimum. Q5_0's stored quants are its integers + 16: the same integer
-// products and scaling as the Q8_0 block it widens to where it has no
-// panels of its own.
+// minimum. Q5_0 stores the file's five-bit q (its value + 16): less the bias,
+// the same integer products and scaling as the Q8_0 block it widens to where
+// it has no panels of its own.
 template <typename Layout, typename Source, int kStoredBias, int kTop>
 struct OneScaleInt8 : Source {
   using Src = Layout;
@@ -324,6 +324,10 @@ std::unique_ptr<PackedWeight> ConvertPanels(const Weight& weight) {
   using L = typename F::L;
   static_assert(Src::kBlocksPerHeader == L::kBlocksPerHeader &&
                 Src::kHeaderBytes == L::kHeaderBytes);
+  // WriteIntegerQuants' vectors (eight of whole bytes, or four of nibbles
+  // and a plane per top bit) fit the block.
+  static_assert(F::kQuants + kVectorBytes * (F::kTopBits == 4 ? 8 : 4 + F::kTopBits) <=
+                L::kBlockBytes);
   const std::unique_ptr<PackedWeight> source = PackWeight(weight);
   std::unique_ptr<PackedWeight> packed = AllocatePanels(weight, PanelBytes<L>(weight.cols));
   for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {

@@ -30,6 +30,15 @@ absl::StatusOr<CudaProbe> ProbeCudaModule(const std::string& module_path) {
   if (::access(module_path.c_str(), F_OK) != 0) {
     return absl::NotFoundError(StrCat("no CUDA module at ", module_path));
   }
+  // Without the driver's library there is no device to find, and the module
+  // (which maps the CUDA runtime and cuBLAS: ~60 MB of their code stays
+  // resident once loaded, and loaded it stays) is not worth loading. The
+  // driver library, when present, stays loaded for the module.
+  if (::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) == nullptr) {
+    CudaProbe none;
+    none.description = "no CUDA device: no NVIDIA driver here (libcuda.so.1 cannot be loaded)";
+    return none;
+  }
   void* handle = ::dlopen(module_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     return absl::FailedPreconditionError(StrCat("cannot load ", module_path, ": ", ::dlerror()));

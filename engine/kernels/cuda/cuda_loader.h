@@ -18,9 +18,11 @@ struct CudaProbe {
 };
 
 // Loads `module_path` and asks it for CUDA devices. NotFound when the module
-// is absent (built without CUDA); other errors when it cannot be loaded. A
-// module that loads stays loaded for the life of the process (unloading the
-// CUDA runtime is not supported), and CreateCudaBackend uses it.
+// is absent (built without CUDA); other errors when it cannot be loaded;
+// zero devices, without loading it, when the machine has no NVIDIA driver
+// library. A module that loads stays loaded for the life of the process
+// (unloading the CUDA runtime is not supported), and CreateCudaBackend uses
+// it.
 absl::StatusOr<CudaProbe> ProbeCudaModule(const std::string& module_path);
 
 // A backend on CUDA device 0 for `lane` (`decode_sms`: --cuda_decode_sms),
