@@ -18,6 +18,7 @@
 // curve behind the speculative-decoding policy.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -25,6 +26,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "bench/bench_device.h"
 #include "common/median.h"
 #include "engine/kernels/backend_factory.h"
@@ -49,6 +52,12 @@ ABSL_FLAG(std::string, cpu_matmul, "auto", "CPU matmul mode: auto, f32, bf16 or 
 ABSL_FLAG(std::vector<std::string>, verify_widths, {},
           "tokens per sequence in one forward pass, e.g. 1,2,4,8 (empty: skip)");
 ABSL_FLAG(int, verify_batch, 1, "sequences per forward pass for --verify_widths");
+ABSL_FLAG(std::string, write_gguf, "",
+          "write --model (a random:NAME) to this GGUF file in --type and exit, so that "
+          "llama.cpp can time the very same file");
+ABSL_FLAG(std::string, type, "Q4_K_M",
+          "file type for --write_gguf: Q4_K_M, Q5_K_M, Q6_K, Q8_0, BF16, F16 or F32 "
+          "(llama-quantize's per-tensor rules)");
 
 namespace tandem {
 namespace {
@@ -235,10 +244,40 @@ int Run() {
   return MeasureVerifyWidths(**model, prompt, table);
 }
 
+// --write_gguf: the random model, written in --type; its size and the time
+// taken on stdout.
+int WriteGguf(const std::string& path) {
+  absl::StatusOr<model::FileType> type = model::ParseFileType(absl::GetFlag(FLAGS_type));
+  if (!type.ok()) {
+    std::fprintf(stderr, "%s\n", type.status().ToString().c_str());
+    return 2;
+  }
+  const std::string model_flag = absl::GetFlag(FLAGS_model);
+  const absl::Time start = absl::Now();
+  if (absl::Status s =
+          model::WriteRandomModel(model_flag, *type, path, absl::GetFlag(FLAGS_threads));
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<model::GgufFile>> file = model::GgufFile::Open(path);
+  if (!file.ok()) {
+    std::fprintf(stderr, "%s\n", file.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s: %s as %s, %zu MiB, written in %.1f s\n", path.c_str(), model_flag.c_str(),
+              std::string(model::FileTypeName(*type)).c_str(), (*file)->file_bytes() >> 20,
+              absl::ToDoubleSeconds(absl::Now() - start));
+  return 0;
+}
+
 }  // namespace
 }  // namespace tandem
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (const std::string path = absl::GetFlag(FLAGS_write_gguf); !path.empty()) {
+    return tandem::WriteGguf(path);
+  }
   return tandem::Run();
 }

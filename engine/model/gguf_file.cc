@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -25,41 +26,32 @@ constexpr uint64_t kMaxMetadata = 1u << 20;
 constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayNesting = 4;
 
+// ggml's tensor type ids (GGUF's numbering) of the types we read.
+constexpr std::array<std::pair<uint32_t, DType>, 13> kGgmlTypes = {{
+    {0, DType::kF32},
+    {1, DType::kF16},
+    {2, DType::kQ4_0},
+    {3, DType::kQ4_1},
+    {6, DType::kQ5_0},
+    {7, DType::kQ5_1},
+    {8, DType::kQ8_0},
+    {12, DType::kQ4_K},
+    {13, DType::kQ5_K},
+    {14, DType::kQ6_K},
+    {20, DType::kIQ4_NL},
+    {23, DType::kIQ4_XS},
+    {30, DType::kBF16},
+}};
+
 // Maps a ggml tensor type id to our DType; unsupported ids are errors.
 absl::StatusOr<DType> DTypeFromGgml(uint32_t id) {
-  switch (id) {
-    case 0:
-      return DType::kF32;
-    case 1:
-      return DType::kF16;
-    case 2:
-      return DType::kQ4_0;
-    case 3:
-      return DType::kQ4_1;
-    case 6:
-      return DType::kQ5_0;
-    case 7:
-      return DType::kQ5_1;
-    case 8:
-      return DType::kQ8_0;
-    case 12:
-      return DType::kQ4_K;
-    case 13:
-      return DType::kQ5_K;
-    case 14:
-      return DType::kQ6_K;
-    case 20:
-      return DType::kIQ4_NL;
-    case 23:
-      return DType::kIQ4_XS;
-    case 30:
-      return DType::kBF16;
-    default:
-      return absl::UnimplementedError(
-          StrCat("tensor type ", id,
-                 " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                 "Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"));
+  for (const auto& [ggml_id, dtype] : kGgmlTypes) {
+    if (ggml_id == id) return dtype;
   }
+  return absl::UnimplementedError(
+      StrCat("tensor type ", id,
+             " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+             "Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"));
 }
 
 // A bounds-checked reader over the mapping. Every read either succeeds
@@ -217,6 +209,13 @@ absl::Status WrongType(std::string_view key, const GgufValue& v, std::string_vie
 }
 
 }  // namespace
+
+uint32_t GgmlTypeId(DType type) {
+  for (const auto& [ggml_id, dtype] : kGgmlTypes) {
+    if (dtype == type) return ggml_id;
+  }
+  return 0;  // unreachable: every DType has an id
+}
 
 std::string_view GgufTypeName(GgufType type) {
   switch (type) {

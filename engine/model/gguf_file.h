@@ -43,6 +43,9 @@ enum class GgufType : uint32_t {
 
 std::string_view GgufTypeName(GgufType type);
 
+// The ggml tensor type id (GGUF's numbering) of a tensor type.
+uint32_t GgmlTypeId(kernels::DType type);
+
 // One metadata value. Strings point into the mapping (valid while the
 // GgufFile lives). Arrays hold their elements, all of `element_type`.
 struct GgufValue {

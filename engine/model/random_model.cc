@@ -1,15 +1,21 @@
 #include "engine/model/random_model.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "common/strings.h"
 #include "engine/kernels/half.h"
 #include "engine/model/gguf_writer.h"
+#include "engine/model/quantize.h"
 #include "engine/tokenizer/byte_map.h"
 #include "engine/tokenizer/unicode.h"
 
@@ -55,31 +61,93 @@ GgufWriter::Fill ConstantF32(float value) {
   };
 }
 
-void Matrix(GgufWriter& w, const std::string& name, int inputs, int outputs, uint64_t key) {
-  // Uniform quants in 0..15 around 8: a weight's spread is about 4.6 x the
-  // scale; rows of about 1/sqrt(inputs) keep activations in range.
-  const float scale = 1.0f / (4.6f * std::sqrt(static_cast<float>(inputs)));
-  const uint64_t bytes = static_cast<uint64_t>(inputs) / 32 * kQ4_0Block * outputs;
-  w.Tensor(name, {static_cast<uint64_t>(inputs), static_cast<uint64_t>(outputs)}, kGgmlQ4_0, bytes,
-           RandomQ4_0(key, scale));
+// The value of element `index` of the tensor keyed `key`: a sum of four
+// uniform draws (close to normal) with standard deviation `std`.
+float RandomWeight(uint64_t key, uint64_t index, float std) {
+  const uint64_t bits = Mix(key ^ (index * 0xD1B54A32D192ED03ull));
+  const uint64_t sum =
+      (bits & 0xffff) + ((bits >> 16) & 0xffff) + ((bits >> 32) & 0xffff) + (bits >> 48);
+  constexpr float kUniformSumStd = 0.57735027f * 65536.0f;  // sqrt(4 / 12), in 16-bit units
+  return (static_cast<float>(sum) - 2.0f * 65535.0f) * (std / kUniformSumStd);
 }
 
-// `experts` matrices of inputs x outputs in one 3-D tensor (expert-major).
-void Experts(GgufWriter& w, const std::string& name, int inputs, int outputs, int experts,
-             uint64_t key) {
-  const float scale = 1.0f / (4.6f * std::sqrt(static_cast<float>(inputs)));
-  const uint64_t bytes =
-      static_cast<uint64_t>(inputs) / 32 * kQ4_0Block * outputs * static_cast<uint64_t>(experts);
-  w.Tensor(name,
-           {static_cast<uint64_t>(inputs), static_cast<uint64_t>(outputs),
-            static_cast<uint64_t>(experts)},
-           kGgmlQ4_0, bytes, RandomQ4_0(key, scale));
+// Rows of `row_length` random weights (RandomWeight of row * row_length + i)
+// written as `type`. A chunk's rows are quantized on `threads` threads; a
+// row that straddles two chunks is quantized for each.
+GgufWriter::Fill QuantizedRandomRows(uint64_t key, float std, int64_t row_length,
+                                     kernels::DType type, int threads) {
+  return [=](uint8_t* out, uint64_t offset, uint64_t bytes) {
+    const uint64_t row_bytes = kernels::RowBytes(type, row_length);
+    const uint64_t first = offset / row_bytes, end = (offset + bytes + row_bytes - 1) / row_bytes;
+    auto run = [&](uint64_t from, uint64_t to) {
+      std::vector<float> values(static_cast<size_t>(row_length));
+      std::vector<uint8_t> row(row_bytes);
+      for (uint64_t r = from; r < to; ++r) {
+        for (int64_t i = 0; i < row_length; ++i) {
+          values[static_cast<size_t>(i)] = RandomWeight(key, r * row_length + i, std);
+        }
+        QuantizeRow(type, values.data(), row_length, row.data());
+        const uint64_t lo = std::max(offset, r * row_bytes),
+                       hi = std::min(offset + bytes, (r + 1) * row_bytes);
+        std::memcpy(out + (lo - offset), row.data() + (lo - r * row_bytes), hi - lo);
+      }
+    };
+    const uint64_t rows = end - first;
+    const uint64_t workers = std::min<uint64_t>(std::max(threads, 1), rows);
+    std::vector<std::thread> pool;
+    for (uint64_t t = 1; t < workers; ++t) {
+      pool.emplace_back(run, first + rows * t / workers, first + rows * (t + 1) / workers);
+    }
+    run(first, first + rows / workers);
+    for (std::thread& thread : pool) thread.join();
+  };
 }
 
-void Vector(GgufWriter& w, const std::string& name, int size, float value) {
-  w.Tensor(name, {static_cast<uint64_t>(size)}, kGgmlF32, static_cast<uint64_t>(size) * 4,
-           ConstantF32(value));
-}
+// Adds a model's tensors to a writer: Q4_0 matrices with random quants (the
+// in-memory model), or, given a file type, random float weights quantized to
+// the types that file type's rules give each tensor.
+class TensorAdder {
+ public:
+  TensorAdder(GgufWriter& w, const RandomModelShape& s, std::optional<FileType> file_type,
+              int threads)
+      : w_(w), shape_(s), file_type_(file_type), threads_(threads) {}
+
+  void SetLayer(int layer) { layer_ = layer; }
+
+  // `experts` matrices of inputs x outputs in one tensor (expert-major) when
+  // experts > 0.
+  void Matrix(const std::string& name, int inputs, int outputs, uint64_t key, int experts = 0) {
+    std::vector<uint64_t> dims = {static_cast<uint64_t>(inputs), static_cast<uint64_t>(outputs)};
+    if (experts > 0) dims.push_back(static_cast<uint64_t>(experts));
+    const uint64_t rows =
+        static_cast<uint64_t>(outputs) * static_cast<uint64_t>(std::max(experts, 1));
+    if (!file_type_) {
+      // Uniform quants in 0..15 around 8: a weight's spread is about 4.6 x the
+      // scale; rows of about 1/sqrt(inputs) keep activations in range.
+      const float scale = 1.0f / (4.6f * std::sqrt(static_cast<float>(inputs)));
+      w_.Tensor(name, std::move(dims), kGgmlQ4_0,
+                static_cast<uint64_t>(inputs) / 32 * kQ4_0Block * rows, RandomQ4_0(key, scale));
+      return;
+    }
+    const TensorPlace place{name, 2, inputs, layer_, shape_.layers, shape_.tied_embeddings};
+    const kernels::DType type = TensorTypeFor(*file_type_, place);
+    const float std = 1.0f / std::sqrt(static_cast<float>(inputs));
+    w_.Tensor(name, std::move(dims), GgmlTypeId(type), kernels::RowBytes(type, inputs) * rows,
+              QuantizedRandomRows(key, std, inputs, type, threads_));
+  }
+
+  void Vector(const std::string& name, int size, float value) {
+    w_.Tensor(name, {static_cast<uint64_t>(size)}, kGgmlF32, static_cast<uint64_t>(size) * 4,
+              ConstantF32(value));
+  }
+
+ private:
+  GgufWriter& w_;
+  const RandomModelShape& shape_;
+  std::optional<FileType> file_type_;
+  int threads_;
+  int layer_ = -1;
+};
 
 void Describe(GgufWriter& w, const RandomModelShape& s) {
   const std::string a = s.architecture + ".";
@@ -130,45 +198,46 @@ void Describe(GgufWriter& w, const RandomModelShape& s) {
            "{% endfor %}<|im_start|>assistant\n");
 }
 
-void AddTensors(GgufWriter& w, const RandomModelShape& s, uint64_t seed) {
+void AddTensors(TensorAdder& add, const RandomModelShape& s, uint64_t seed) {
   const int head_dim = s.head_dim != 0 ? s.head_dim : s.embedding / s.heads;
   const int q_width = s.heads * head_dim, kv_width = s.kv_heads * head_dim;
   uint64_t key = Mix(seed);
   auto next_key = [&key] { return key = Mix(key); };
-  Matrix(w, "token_embd.weight", s.embedding, s.vocab, next_key());
-  Vector(w, "output_norm.weight", s.embedding, 1.0f);
-  if (!s.tied_embeddings) Matrix(w, "output.weight", s.embedding, s.vocab, next_key());
+  add.Matrix("token_embd.weight", s.embedding, s.vocab, next_key());
+  add.Vector("output_norm.weight", s.embedding, 1.0f);
+  if (!s.tied_embeddings) add.Matrix("output.weight", s.embedding, s.vocab, next_key());
   for (int i = 0; i < s.layers; ++i) {
+    add.SetLayer(i);
     const std::string p = StrCat("blk.", i, ".");
-    Vector(w, p + "attn_norm.weight", s.embedding, 1.0f);
-    Matrix(w, p + "attn_q.weight", s.embedding, q_width, next_key());
-    Matrix(w, p + "attn_k.weight", s.embedding, kv_width, next_key());
-    Matrix(w, p + "attn_v.weight", s.embedding, kv_width, next_key());
+    add.Vector(p + "attn_norm.weight", s.embedding, 1.0f);
+    add.Matrix(p + "attn_q.weight", s.embedding, q_width, next_key());
+    add.Matrix(p + "attn_k.weight", s.embedding, kv_width, next_key());
+    add.Matrix(p + "attn_v.weight", s.embedding, kv_width, next_key());
     if (s.qkv_bias) {
-      Vector(w, p + "attn_q.bias", q_width, 0.0f);
-      Vector(w, p + "attn_k.bias", kv_width, 0.0f);
-      Vector(w, p + "attn_v.bias", kv_width, 0.0f);
+      add.Vector(p + "attn_q.bias", q_width, 0.0f);
+      add.Vector(p + "attn_k.bias", kv_width, 0.0f);
+      add.Vector(p + "attn_v.bias", kv_width, 0.0f);
     }
     if (s.architecture == "qwen3") {
-      Vector(w, p + "attn_q_norm.weight", head_dim, 1.0f);
-      Vector(w, p + "attn_k_norm.weight", head_dim, 1.0f);
+      add.Vector(p + "attn_q_norm.weight", head_dim, 1.0f);
+      add.Vector(p + "attn_k_norm.weight", head_dim, 1.0f);
     }
     if (s.architecture == "olmoe") {  // over the whole Q and K widths
-      Vector(w, p + "attn_q_norm.weight", q_width, 1.0f);
-      Vector(w, p + "attn_k_norm.weight", kv_width, 1.0f);
+      add.Vector(p + "attn_q_norm.weight", q_width, 1.0f);
+      add.Vector(p + "attn_k_norm.weight", kv_width, 1.0f);
     }
-    Matrix(w, p + "attn_output.weight", q_width, s.embedding, next_key());
-    Vector(w, p + "ffn_norm.weight", s.embedding, 1.0f);
+    add.Matrix(p + "attn_output.weight", q_width, s.embedding, next_key());
+    add.Vector(p + "ffn_norm.weight", s.embedding, 1.0f);
     if (s.experts > 0) {
-      Matrix(w, p + "ffn_gate_inp.weight", s.embedding, s.experts, next_key());
-      Experts(w, p + "ffn_gate_exps.weight", s.embedding, s.ffn, s.experts, next_key());
-      Experts(w, p + "ffn_up_exps.weight", s.embedding, s.ffn, s.experts, next_key());
-      Experts(w, p + "ffn_down_exps.weight", s.ffn, s.embedding, s.experts, next_key());
+      add.Matrix(p + "ffn_gate_inp.weight", s.embedding, s.experts, next_key());
+      add.Matrix(p + "ffn_gate_exps.weight", s.embedding, s.ffn, next_key(), s.experts);
+      add.Matrix(p + "ffn_up_exps.weight", s.embedding, s.ffn, next_key(), s.experts);
+      add.Matrix(p + "ffn_down_exps.weight", s.ffn, s.embedding, next_key(), s.experts);
       continue;
     }
-    Matrix(w, p + "ffn_gate.weight", s.embedding, s.ffn, next_key());
-    Matrix(w, p + "ffn_up.weight", s.embedding, s.ffn, next_key());
-    Matrix(w, p + "ffn_down.weight", s.ffn, s.embedding, next_key());
+    add.Matrix(p + "ffn_gate.weight", s.embedding, s.ffn, next_key());
+    add.Matrix(p + "ffn_up.weight", s.embedding, s.ffn, next_key());
+    add.Matrix(p + "ffn_down.weight", s.ffn, s.embedding, next_key());
   }
 }
 
@@ -199,34 +268,72 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenModel(std::string_view model_flag)
   return GgufFile::Open(std::string(model_flag));
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model_flag) {
-  std::string_view spec = model_flag.substr(kPrefix.size());
+namespace {
+
+struct RandomModelSpec {
+  const RandomModelShape* shape = nullptr;
   uint64_t seed = 0;
+};
+
+// "random:NAME[@SEED]": the shape and the seed.
+absl::StatusOr<RandomModelSpec> ParseRandomModel(std::string_view model_flag) {
+  std::string_view spec = model_flag.substr(kPrefix.size());
+  RandomModelSpec parsed;
   if (const size_t at = spec.find('@'); at != std::string_view::npos) {
-    if (!absl::SimpleAtoi(AbslView(spec.substr(at + 1)), &seed)) {
+    if (!absl::SimpleAtoi(AbslView(spec.substr(at + 1)), &parsed.seed)) {
       return absl::InvalidArgumentError(
           StrCat("--model=", model_flag, ": the seed after '@' is not a number"));
     }
     spec = spec.substr(0, at);
   }
-  const RandomModelShape* shape = nullptr;
   std::string known;
   for (const RandomModelShape& s : RandomModelShapes()) {
-    if (s.name == spec) shape = &s;
+    if (s.name == spec) parsed.shape = &s;
     known = StrCat(known, known.empty() ? "" : ", ", s.name);
   }
-  if (shape == nullptr) {
+  if (parsed.shape == nullptr) {
     return absl::InvalidArgumentError(
         StrCat("--model=", model_flag, ": no random model of that name (known: ", known, ")"));
   }
-  return OpenRandomModel(*shape, seed);
+  return parsed;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model_flag) {
+  absl::StatusOr<RandomModelSpec> spec = ParseRandomModel(model_flag);
+  if (!spec.ok()) return spec.status();
+  return OpenRandomModel(*spec->shape, spec->seed);
+}
+
+absl::Status WriteRandomModel(std::string_view model_flag, FileType type, const std::string& path,
+                              int threads) {
+  if (!IsRandomModel(model_flag)) {
+    return absl::InvalidArgumentError(
+        StrCat("--model=", model_flag, ": only a random:NAME model can be written"));
+  }
+  absl::StatusOr<RandomModelSpec> spec = ParseRandomModel(model_flag);
+  if (!spec.ok()) return spec.status();
+  GgufWriter writer;
+  Describe(writer, *spec->shape);
+  writer.Uint32("general.file_type", LlamaFileTypeId(type));
+  TensorAdder add(writer, *spec->shape, type, threads);
+  AddTensors(add, *spec->shape, spec->seed);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(StrCat(path, ": cannot create: ", std::strerror(errno)));
+  absl::Status written = writer.WriteTo(fd);
+  if (close(fd) != 0 && written.ok()) {
+    written = absl::InternalError(StrCat(path, ": close failed: ", std::strerror(errno)));
+  }
+  return written;
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(const RandomModelShape& shape,
                                                           uint64_t seed) {
   GgufWriter writer;
   Describe(writer, shape);
-  AddTensors(writer, shape, seed);
+  TensorAdder add(writer, shape, std::nullopt, 1);
+  AddTensors(add, shape, seed);
   const int fd = memfd_create("tandem-random-model", MFD_CLOEXEC);
   if (fd < 0) return absl::InternalError("memfd_create failed");
   absl::Status written = writer.WriteTo(fd);

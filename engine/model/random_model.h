@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/file_type.h"
 #include "engine/model/gguf_file.h"
 
 namespace tandem::model {
@@ -55,6 +56,15 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(std::string_view model
 // The same for a shape of the caller's (a small one, in tests).
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenRandomModel(const RandomModelShape& shape,
                                                           uint64_t seed);
+
+// Writes "random:NAME[@SEED]" to the file `path` as a GGUF of `type`, for
+// llama.cpp and Tandem to load the very same file: the same shape, the same
+// vocabulary, but weights drawn as floats (close to normal, standard
+// deviation 1/sqrt(inputs)) and quantized by QuantizeRow to the tensor types
+// TensorTypeFor gives them, on `threads` threads, streamed to disk without a
+// copy in memory.
+absl::Status WriteRandomModel(std::string_view model_flag, FileType type, const std::string& path,
+                              int threads);
 
 // The model a --model value names: "random:..." builds one (OpenRandomModel),
 // anything else is a GGUF file's path (GgufFile::Open).

@@ -1,0 +1,115 @@
+"""Our quantizer (`tandem-bench --write_gguf`) against llama.cpp's on the
+same weights.
+
+tandem-bench writes one random model (the SmolLM2-135M shape: 576-wide rows,
+which K-quants' 256-element blocks do not divide, and 1536-wide ones, which
+they do) twice: as F32, and in a quantized file type. llama.cpp's own
+quantizer (llama_model_quantize) quantizes the F32 file to the same file
+type. Then, tensor by tensor, decoded by the gguf package:
+- the types are llama-quantize's (its dry run names a tensor it would
+  convert; none may be named, for every file type);
+- Q8_0, Q5_0 and Q5_1 blocks are byte for byte llama.cpp's (both round as
+  ggml's reference quantizers do);
+- K-quant tensors (no single right answer) are at most 2% further from the
+  F32 weights, in RMS, than llama.cpp's are;
+and llama.cpp loads and runs the file we wrote."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import gguf
+import llama_cpp
+import numpy as np
+import pytest
+
+BENCH = os.environ.get("TANDEM_BENCH", "build/bin/tandem-bench")
+MODEL = "random:smollm2-135m@5"
+EXACT = {"Q8_0", "Q5_0", "Q5_1"}
+K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}
+
+
+def write(path, file_type):
+    subprocess.run([BENCH, f"--model={MODEL}", f"--write_gguf={path}", f"--type={file_type}"],
+                   check=True, capture_output=True, timeout=300)
+    return path
+
+
+def llama_quantize(source, path, file_type):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
+    params.nthread = 2
+    params.allow_requantize = True
+    assert llama_cpp.llama_model_quantize(source.encode(), path.encode(),
+                                          ctypes.byref(params)) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory):
+    return tmp_path_factory.mktemp("quantizer")
+
+
+@pytest.fixture(scope="module")
+def f32(directory):
+    return write(str(directory / "f32.gguf"), "F32")
+
+
+def tensors(path):
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16", "F16"])
+def test_tensor_types_are_llama_quantizes(directory, file_type):
+    ours = write(str(directory / f"types-{file_type}.gguf"), file_type)
+    # The dry run logs each tensor; one it would convert gets "-> <type>".
+    script = ("import ctypes, sys, llama_cpp\n"
+              "p = llama_cpp.llama_model_quantize_default_params()\n"
+              f"p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_{file_type}\n"
+              "p.allow_requantize = True\np.dry_run = True\np.nthread = 1\n"
+              f"sys.exit(llama_cpp.llama_model_quantize({ours!r}.encode(), b'unused', "
+              "ctypes.byref(p)))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    listed = [line for line in run.stderr.splitlines() if "type =" in line]
+    assert len(listed) == len(tensors(ours))
+    converted = [line for line in listed if "->" in line]
+    assert converted == []
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q5_K_M"])
+def test_blocks_match_or_beat_llama_cpps(directory, f32, file_type):
+    ours = tensors(write(str(directory / f"ours-{file_type}.gguf"), file_type))
+    theirs = tensors(llama_quantize(f32, str(directory / f"llama-{file_type}.gguf"), file_type))
+    weights = tensors(f32)
+    seen = set()
+    for name, mine in ours.items():
+        ref = theirs[name]
+        assert mine.tensor_type == ref.tensor_type, name
+        kind = mine.tensor_type.name
+        if kind == "F32":
+            continue
+        seen.add(kind)
+        if kind in EXACT:
+            assert np.array_equal(np.asarray(mine.data), np.asarray(ref.data)), name
+            continue
+        assert kind in K_QUANTS, name
+        x = np.asarray(weights[name].data, dtype=np.float64).reshape(-1)
+        a = gguf.quants.dequantize(mine.data, mine.tensor_type).reshape(-1)
+        b = gguf.quants.dequantize(ref.data, ref.tensor_type).reshape(-1)
+        ours_rms = np.sqrt(np.mean((a - x) ** 2))
+        their_rms = np.sqrt(np.mean((b - x) ** 2))
+        assert ours_rms <= 1.02 * their_rms, (name, ours_rms, their_rms)
+    # What a _M mixture of this shape holds.
+    base = {"Q4_K_M": {"Q4_K", "Q5_0"}, "Q5_K_M": {"Q5_K", "Q5_1"}}[file_type]
+    assert seen == base | {"Q6_K", "Q8_0"}
+
+
+def test_llama_cpp_runs_the_file_we_wrote(directory):
+    path = write(str(directory / "run-Q4_K_M.gguf"), "Q4_K_M")
+    llm = llama_cpp.Llama(path, n_ctx=128, n_threads=2, verbose=False, logits_all=True)
+    llm.eval(list(range(10, 42)))
+    logits = np.array(llm.scores[:32])
+    assert np.all(np.isfinite(logits))
+    assert logits.std() > 0
