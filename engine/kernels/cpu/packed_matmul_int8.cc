@@ -22,11 +22,11 @@ constexpr int64_t kVectorBytes = 64;
 // headers and scales where they are, and quants of the same room rewritten
 // in their own order (WriteIntegerQuants).
 
-// Per format: the float panels' layout it is converted from (Src) and its
-// own (L), with the same headers, the same scales at the same offsets and
-// the quants from kQuants on; where Src keeps row i's quant of input e
+// Per format: its layout L, the float panels' own (the same headers, scales
+// at the same offsets and block sizes; only the quants from kQuants on are
+// rewritten, in place); where the float panels keep row i's quant of input e
 // (SrcByte; for nibbles the byte whose low (e even) or high nibble it is);
-// whether Src holds nibbles, and fifth (and sixth) bits after them; the bias of the stored quants;
+// whether they hold nibbles, and fifth (and sixth) bits after them; the bias of the stored quants;
 // their top bits beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that share a
 // scale; the scale D of run r and the minimum's coefficient M, as the float kernels read them
 // (exact products).
@@ -52,7 +52,6 @@ struct ByteSource {
 // it has no panels of its own.
 template <typename Layout, typename Source, int kStoredBias, int kTop>
 struct OneScaleInt8 : Source {
-  using Src = Layout;
   using L = Layout;
   static constexpr int64_t kQuants = 32;
   static constexpr int kBias = kStoredBias, kTopBits = kTop, kRuns = 1;
@@ -65,8 +64,7 @@ using Q5_0Int8 = OneScaleInt8<Q5_0Layout, FiveBitSource, 16, 1>;
 using Q8_0Int8 = OneScaleInt8<PlainLayout<32 + 512>, ByteSource, 128, 4>;
 
 struct Q4_1Int8 : NibbleSource {
-  using Src = PlainLayout<32 + 32 + 256>;
-  using L = Src;
+  using L = PlainLayout<32 + 32 + 256>;
   static constexpr int64_t kQuants = 64;
   static constexpr int kBias = 0, kTopBits = 0, kRuns = 1;
   static constexpr bool kHasMin = true, kLevels = false;
@@ -78,7 +76,6 @@ struct Q4_1Int8 : NibbleSource {
 // M = -(dmin * min).
 template <typename Layout, typename Source, int kTop>
 struct ScaledMinInt8 : Source {
-  using Src = Layout;
   using L = Layout;
   static constexpr int64_t kQuants = L::kQuants;
   static constexpr int kBias = 0, kTopBits = kTop, kRuns = 1;
@@ -98,8 +95,7 @@ using Q5_1Int8 = ScaledMinInt8<ScaledMinLayout, FiveBitSource, 1>;
 // Q6_K: a nibble and two top bits, two runs of 16 inputs, D = d * scale of
 // the run.
 struct Q6KInt8 : SixBitSource {
-  using Src = Q6KLayout;
-  using L = Src;
+  using L = Q6KLayout;
   static constexpr int64_t kQuants = L::kQuants;
   static constexpr int kBias = 32, kTopBits = 2, kRuns = 2;
   static constexpr bool kHasMin = false, kLevels = false;
@@ -112,8 +108,7 @@ struct Q6KInt8 : SixBitSource {
 
 // IQ4_NL and IQ4_XS: level indices, D = d * scale.
 struct LevelsInt8 : NibbleSource {
-  using Src = LevelsLayout;
-  using L = Src;
+  using L = LevelsLayout;
   static constexpr int64_t kQuants = L::kQuants;
   static constexpr int kBias = 128, kTopBits = 0, kRuns = 1;
   static constexpr bool kHasMin = false, kLevels = true;
@@ -320,10 +315,7 @@ void Int8Rows(const PackedWeight& weight, const ActivationBlock* activations, in
 // headers and scales copied and the quants rewritten.
 template <typename F>
 std::unique_ptr<PackedWeight> ConvertPanels(const Weight& weight) {
-  using Src = typename F::Src;
   using L = typename F::L;
-  static_assert(Src::kBlocksPerHeader == L::kBlocksPerHeader &&
-                Src::kHeaderBytes == L::kHeaderBytes);
   // WriteIntegerQuants' vectors (eight of whole bytes, or four of nibbles
   // and a plane per top bit) fit the block.
   static_assert(F::kQuants + kVectorBytes * (F::kTopBits == 4 ? 8 : 4 + F::kTopBits) <=
@@ -334,8 +326,8 @@ std::unique_ptr<PackedWeight> ConvertPanels(const Weight& weight) {
     const uint8_t* from = source->data.get() + p * source->panel_bytes;
     uint8_t* to = packed->data.get() + p * packed->panel_bytes;
     for (int64_t b = 0; b < weight.cols / kBlockInputs; ++b) {
-      std::memcpy(to + HeaderOffset<L>(b), from + HeaderOffset<Src>(b), L::kHeaderBytes);
-      const uint8_t* src_block = from + BlockOffset<Src>(b);
+      std::memcpy(to + HeaderOffset<L>(b), from + HeaderOffset<L>(b), L::kHeaderBytes);
+      const uint8_t* src_block = from + BlockOffset<L>(b);
       uint8_t* dst_block = to + BlockOffset<L>(b);
       std::memcpy(dst_block, src_block, F::kQuants);
       WriteIntegerQuants<F>(src_block + F::kQuants, dst_block + F::kQuants);
