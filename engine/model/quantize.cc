@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/check.h"
 #include "engine/kernels/half.h"
 
 namespace tandem::model {
@@ -265,7 +266,7 @@ void QuantizeQ6_K(const float* x, int64_t n_blocks, BlockQ6_K* out) {
     float scales[16];
     FitSymmetricScales(x, scales);
     const float max_scale = SignedAbsMax(scales, 16);
-    const float d = max_scale / -128.0f;
+    const float d = max_scale / -128.0f;  // -0 for an all-zero block: decodes to zeros
     BlockQ6_K& block = out[b];
     block.d = FloatToHalf(d);
     const float stored_d = HalfToFloat(block.d);
@@ -314,6 +315,9 @@ bool CanQuantize(DType type) {
 }
 
 void QuantizeRow(DType type, const float* src, int64_t elements, void* dst) {
+  TANDEM_CHECK(CanQuantize(type), "QuantizeRow: a type it does not write");
+  TANDEM_CHECK(elements % kernels::Info(type).block_elements == 0,
+               "QuantizeRow: a row that is not whole blocks");
   const int64_t n_blocks = elements / kernels::Info(type).block_elements;
   switch (type) {
     case DType::kF32:

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -62,19 +63,19 @@ GgufWriter::Fill ConstantF32(float value) {
 }
 
 // The value of element `index` of the tensor keyed `key`: a sum of four
-// uniform draws (close to normal) with standard deviation `std`.
-float RandomWeight(uint64_t key, uint64_t index, float std) {
+// uniform draws (close to normal) with standard deviation `stddev`.
+float RandomWeight(uint64_t key, uint64_t index, float stddev) {
   const uint64_t bits = Mix(key ^ (index * 0xD1B54A32D192ED03ull));
   const uint64_t sum =
       (bits & 0xffff) + ((bits >> 16) & 0xffff) + ((bits >> 32) & 0xffff) + (bits >> 48);
   constexpr float kUniformSumStd = 0.57735027f * 65536.0f;  // sqrt(4 / 12), in 16-bit units
-  return (static_cast<float>(sum) - 2.0f * 65535.0f) * (std / kUniformSumStd);
+  return (static_cast<float>(sum) - 2.0f * 65535.0f) * (stddev / kUniformSumStd);
 }
 
 // Rows of `row_length` random weights (RandomWeight of row * row_length + i)
 // written as `type`. A chunk's rows are quantized on `threads` threads; a
 // row that straddles two chunks is quantized for each.
-GgufWriter::Fill QuantizedRandomRows(uint64_t key, float std, int64_t row_length,
+GgufWriter::Fill QuantizedRandomRows(uint64_t key, float stddev, int64_t row_length,
                                      kernels::DType type, int threads) {
   return [=](uint8_t* out, uint64_t offset, uint64_t bytes) {
     const uint64_t row_bytes = kernels::RowBytes(type, row_length);
@@ -84,7 +85,7 @@ GgufWriter::Fill QuantizedRandomRows(uint64_t key, float std, int64_t row_length
       std::vector<uint8_t> row(row_bytes);
       for (uint64_t r = from; r < to; ++r) {
         for (int64_t i = 0; i < row_length; ++i) {
-          values[static_cast<size_t>(i)] = RandomWeight(key, r * row_length + i, std);
+          values[static_cast<size_t>(i)] = RandomWeight(key, r * row_length + i, stddev);
         }
         QuantizeRow(type, values.data(), row_length, row.data());
         const uint64_t lo = std::max(offset, r * row_bytes),
@@ -131,9 +132,9 @@ class TensorAdder {
     }
     const TensorPlace place{name, 2, inputs, layer_, shape_.layers, shape_.tied_embeddings};
     const kernels::DType type = TensorTypeFor(*file_type_, place);
-    const float std = 1.0f / std::sqrt(static_cast<float>(inputs));
+    const float stddev = 1.0f / std::sqrt(static_cast<float>(inputs));
     w_.Tensor(name, std::move(dims), GgmlTypeId(type), kernels::RowBytes(type, inputs) * rows,
-              QuantizedRandomRows(key, std, inputs, type, threads_));
+              QuantizedRandomRows(key, stddev, inputs, type, threads_));
   }
 
   void Vector(const std::string& name, int size, float value) {
@@ -319,12 +320,22 @@ absl::Status WriteRandomModel(std::string_view model_flag, FileType type, const 
   writer.Uint32("general.file_type", LlamaFileTypeId(type));
   TensorAdder add(writer, *spec->shape, type, threads);
   AddTensors(add, *spec->shape, spec->seed);
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(StrCat(path, ": cannot create: ", std::strerror(errno)));
+  // Written beside the destination and renamed into place, so that a failed
+  // write (a full disk) leaves no truncated model behind.
+  const std::string partial = StrCat(path, ".partial");
+  const int fd = open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(StrCat(partial, ": cannot create: ", std::strerror(errno)));
+  }
   absl::Status written = writer.WriteTo(fd);
   if (close(fd) != 0 && written.ok()) {
-    written = absl::InternalError(StrCat(path, ": close failed: ", std::strerror(errno)));
+    written = absl::InternalError(StrCat(partial, ": close failed: ", std::strerror(errno)));
   }
+  if (written.ok() && rename(partial.c_str(), path.c_str()) != 0) {
+    written =
+        absl::InternalError(StrCat(path, ": cannot rename into place: ", std::strerror(errno)));
+  }
+  if (!written.ok()) unlink(partial.c_str());
   return written;
 }
 

@@ -30,8 +30,9 @@ K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}
 
 
 def write(path, file_type):
-    subprocess.run([BENCH, f"--model={MODEL}", f"--write_gguf={path}", f"--type={file_type}"],
-                   check=True, capture_output=True, timeout=300)
+    run = subprocess.run([BENCH, f"--model={MODEL}", f"--write_gguf={path}",
+                          f"--type={file_type}"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
     return path
 
 

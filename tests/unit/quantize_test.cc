@@ -46,9 +46,10 @@ double RelativeRmsError(const std::vector<float>& x, const std::vector<float>& y
   return std::sqrt(error / norm);
 }
 
-// Rounding to the nearest of 2^bits levels spread over about +-3.5
-// standard deviations leaves an RMS error near step / sqrt(12): about 8.7%
-// of the spread for 4 bits, 4.3% for 5, 2.2% for 6, 0.5% for 8.
+// Rounding to the nearest of 2^bits levels spread over a block's range
+// (about +-2.2 standard deviations for 32 normal values) leaves an RMS error
+// near step / sqrt(12): about 7% of the standard deviation for 4 bits, 3.5%
+// for 5, 1.8% for 6, 0.5% for 8. The bounds leave a third more.
 TEST(QuantizeTest, EachTypeRoundTripsWithinItsPrecision) {
   const std::vector<float> x = Normal(4096, 0.02f, 1);
   const struct {
