@@ -142,7 +142,7 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // f32: float rounding only. q8: each activation is rounded to 1/254 of
       // its block's largest magnitude. bf16: each activation to 8
       // significant bits (relative error at most 2^-9), the quants exact.
-      // Q5_0 and IQ4_NL are multiplied as the Q8_0 blocks they widen to
+      // Q5_0 and IQ4_NL decode to the values of the Q8_0 blocks they widen to
       // (by panels of their own, or as those blocks where they have none); q8
       // multiplies packed weights by integer panels where the CPU has VNNI,
       // and without them the types it has no block kernel for by the float32
@@ -481,7 +481,9 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
 TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
   // packed_matmul.h's bf16 arithmetic, computed here by scalar code from the
   // GGUF blocks: per run of inputs fma(D, dot, acc), then fma(M, block sum of
-  // x, acc). The activations are small integers, so every pair product and
+  // x, acc), where the formats of nibbles and five bits multiply their
+  // unsigned quants plus 128 and take the bias back in M (one rounding:
+  // M = fma(-D, bias, m)). The activations are small integers, so every pair product and
   // every partial sum of a run is exact and the dot product has one value
   // whatever the instruction's internal order: the bits then check each
   // panel's decoding (a nibble, a fifth or sixth bit, a level, a scale or a
@@ -497,9 +499,26 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
   };
   ExpectPanelContract(MatMulMode::kBf16, {1, 3, 9, 40, 70}, rng, small_integers,
                       [](const float* x, const uint8_t* row, DType type, int64_t blocks) {
+                        // The bias on v: 128 plus what ReadIntegerBlock took off the
+                        // stored quant (Q4_0's 8, Q5_0's 16).
+                        int bias = 0;
+                        if (type == DType::kQ4_1 || type == DType::kQ4_K || type == DType::kQ5_K ||
+                            type == DType::kQ5_1) {
+                          bias = 128;
+                        } else if (type == DType::kQ4_0) {
+                          bias = 136;
+                        } else if (type == DType::kQ5_0) {
+                          bias = 144;
+                        }
                         float acc = 0.0f;
                         for (int64_t b = 0; b < blocks; ++b) {
-                          const IntegerBlock block = ReadIntegerBlock(type, row, b);
+                          IntegerBlock block = ReadIntegerBlock(type, row, b);
+                          if (bias != 0) {
+                            for (int& v : block.v) v += bias;
+                            block.m = std::fma(-block.d[0], static_cast<float>(bias),
+                                               block.has_min ? block.m : 0.0f);
+                            block.has_min = true;
+                          }
                           const float* xb = x + b * 32;
                           const int run_inputs = 32 / block.runs;
                           for (int run = 0; run < block.runs; ++run) {
@@ -520,16 +539,17 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
 }
 
 TEST(PackedMatMulTest, Q5_0PanelsGiveExactlyTheBitsOfTheQ8_0BlocksItWidensTo) {
-  // Q5_0 kept its arithmetic when it got panels of its own: in every mode,
-  // at every row count on both sides of each kernel switch, its products are
-  // bitwise those of the same weight widened to Q8_0 blocks.
+  // Q5_0 kept its arithmetic when it got panels of its own: in the f32 and
+  // q8 modes, at every row count on both sides of each kernel switch, its
+  // products are bitwise those of the same weight widened to Q8_0 blocks.
+  // (The bf16 mode multiplies five-bit quants plus a bias, bytes without
+  // one: BfloatPanelsFollowTheirContractBitForBit checks each.)
   std::mt19937 rng(43);
   const int64_t n = 80, k = 768;
   const std::vector<uint8_t> bytes = RandomWeights(DType::kQ5_0, n, k, rng);
   std::vector<uint8_t> widened(static_cast<size_t>(n) * RowBytes(DType::kQ8_0, k));
   WidenToQ8_0(DType::kQ5_0, bytes.data(), n * k / 32, reinterpret_cast<BlockQ8_0*>(widened.data()));
-  for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
-    if (mode == MatMulMode::kBf16 && !HasBf16Products()) continue;
+  for (MatMulMode mode : {MatMulMode::kF32, MatMulMode::kQ8}) {
     CpuBackend a(2, mode), b(2, mode);
     const Weight own = Upload(a, DType::kQ5_0, n, k, bytes);
     const Weight as_q8_0 = Upload(b, DType::kQ8_0, n, k, widened);

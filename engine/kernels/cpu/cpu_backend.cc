@@ -127,8 +127,9 @@ CpuBackend::UploadPlan CpuBackend::PlanUpload(DType dtype, int64_t rows, int64_t
   const bool int8_panels = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products();
   // Q5_0 and IQ4_NL become Q8_0 blocks only where they have no panels of
   // their own (unpackable shapes, or q8 without integer panels, which has a
-  // block kernel for Q8_0). Their panels multiply as the Q8_0 kernels would
-  // (the same values and scales), in less than half the memory.
+  // block kernel for Q8_0). Their panels decode to the same values and
+  // scales, in less than half the memory (and in the f32 and q8 modes give
+  // the Q8_0 kernels' bits; bf16 multiplies five-bit quants plus a bias).
   const bool own_panels = WidensToQ8_0(dtype) && (matmul_mode_ != MatMulMode::kQ8 || int8_panels) &&
                           CanPackWeight(dtype, rows, cols);
   plan.widen = WidensToQ8_0(dtype) && !own_panels;

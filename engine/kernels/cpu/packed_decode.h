@@ -31,12 +31,13 @@ inline __m512 SignedBytesAt(const uint8_t* p) {
 }
 
 // The nibbles of inputs 2j (lo) and 2j + 1 (hi) of the 16 rows, from a
-// nibble group run starting at `quants`.
+// nibble group run starting at `quants` (packed_matmul.h's layout).
 inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  *lo = _mm512_cvtepu8_epi32(_mm_and_si128(packed, mask));
-  *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+  const __m512i group = _mm512_loadu_si512(quants + 64 * (j / 4));
+  const __m512i pair = _mm512_srli_epi32(group, static_cast<unsigned>(4 * (j % 4)));
+  const __m512i mask = _mm512_set1_epi32(0x0f);
+  *lo = _mm512_and_si512(pair, mask);
+  *hi = _mm512_and_si512(_mm512_srli_epi32(pair, 16), mask);
 }
 
 // The top-bit word of pair j (bit 2i: row i's input 2j, bit 2i + 1: its

@@ -104,13 +104,15 @@ struct Q5_0Format {
 };
 
 // Row i's quants q[0..32) (unsigned, 4 + kTopBits bits) in the nibble
-// layout: byte i of group j holds input 2j (low nibble) and 2j + 1 (high);
-// their fifth (and sixth) bits go to the words after the nibbles
-// (packed_matmul.h). `quants` is zeroed.
+// layout (NibbleAt); their fifth (and sixth) bits go to the words after the
+// nibbles (packed_matmul.h). `quants` is zeroed.
 template <int kTopBits, typename Q>
 inline void PackQuants(const Q* q, int i, uint8_t* quants) {
+  for (int e = 0; e < kBlockInputs; ++e) {
+    const NibblePlace at = NibbleAt(e, i);
+    quants[at.byte] = static_cast<uint8_t>(quants[at.byte] | (q[e] & 0x0f) << at.shift);
+  }
   for (int j = 0; j < kBlockInputs / 2; ++j) {
-    quants[16 * j + i] = static_cast<uint8_t>((q[2 * j] & 0x0f) | (q[2 * j + 1] & 0x0f) << 4);
     for (int t = 0; t < kTopBits; ++t) {
       uint32_t word;
       uint8_t* at = quants + kFifthBitsOffset + 64 * t + 4 * j;
@@ -389,11 +391,10 @@ void PackBlock(const Block* const* rows, int64_t b, uint8_t* dst) {
       for (int i = 0; i < kPanelWidth; ++i) d[16 + i] = rows[i][b].m;
       quants = 64;
     }
-    for (int j = 0; j < kBlockInputs / 2; ++j) {
-      for (int i = 0; i < kPanelWidth; ++i) {
-        dst[quants + 16 * j + i] = static_cast<uint8_t>(Nibble(rows[i][b].qs, 2 * j) |
-                                                        Nibble(rows[i][b].qs, 2 * j + 1) << 4);
-      }
+    for (int i = 0; i < kPanelWidth; ++i) {
+      uint8_t q[kBlockInputs];
+      for (int e = 0; e < kBlockInputs; ++e) q[e] = Nibble(rows[i][b].qs, e);
+      PackQuants<0>(q, i, dst + quants);
     }
   }
 }

@@ -38,8 +38,14 @@ inline constexpr int64_t kPanelWidth = 16;
 // 256 inputs (Q4_K, Q5_K, Q6_K), a header holding the 16 rows' shared scales
 // comes before each run of 8 blocks. Quants are nibbles, five or six bits, or
 // bytes:
-//   nibbles:   16 groups of 16 bytes; byte i of group j holds row i's quant
-//              of input 2j in its low nibble and of input 2j + 1 in its high.
+//   nibbles:   4 groups of 64 bytes, group g holding inputs [8g, 8g + 8):
+//              its 16-bit word 2i + h holds row i's quants of inputs
+//              8g + 2k + h (k = 0..3) at bits 4k..4k+3 (NibbleAt). So the
+//              group's 32-bit lane i, shifted right by 4k and masked with
+//              0x000f000f, is row i's quants of inputs 2j and 2j + 1 (pair
+//              j = 4g + k) as two 16-bit integers, in the order of the
+//              bfloat16 pair products: one load serves four pairs, and a
+//              pair costs a shift and a mask.
 //   five bits: the nibbles of the quants' low four bits, then 16 words of
 //              their fifth bits: word j (little-endian) has row i's fifth bit
 //              of input 2j at bit 2i and of input 2j + 1 at bit 2i + 1, a
@@ -56,6 +62,17 @@ struct PackedWeight {
   int64_t panel_bytes = 0;  // PanelBytes<its layout>(cols)
   std::unique_ptr<uint8_t[], void (*)(void*)> data{nullptr, nullptr};
 };
+
+// Where the nibbles keep row i's quant of input e of a block (its low four
+// bits): the byte, and the shift of the nibble in it.
+struct NibblePlace {
+  int64_t byte;
+  int shift;
+};
+constexpr NibblePlace NibbleAt(int e, int i) {
+  const int group = e / 8, k = e % 8 / 2, half = e % 2;
+  return {64 * group + 4 * i + 2 * half + k / 2, 4 * (k % 2)};
+}
 
 // A layout: kBlocksPerHeader blocks of kBlockBytes after each header of
 // kHeaderBytes (1 and 0 where every block holds its own scales).
@@ -172,12 +189,19 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 //                                               v[2j], v[2j+1])
 //       acc = fma(D_b,r, inner, acc)
 //     with a minimum: acc = fma(M_b, sum of x~ over the block, acc)
-// (v = the nibble for Q4_1, the nibble - 8 for Q4_0, the five-bit integer
-// - 16 for Q5_0 (as the Q8_0 block it widens to elsewhere), the byte for Q8_0, a
-// Block32's v(q), the weight itself for BF16; D = d, or d * scale, or 1 for
-// BF16; M = m for Q4_1, -(dmin * min) for the Block32 types that have one),
-// the same in both kernels, so rows stay batch invariant. F16 weights are
-// not multiplied here (HasBf16Panels).
+// (v = bfloat16(128 + q) for the formats of nibbles and five bits: Q4_0,
+// Q4_1, Q5_0, Q4_K, Q5_K, Q5_1: a shift and one vpternlogd from the nibbles,
+// plus a masked add for a fifth bit (packed_matmul_bf16.cc);
+// Q6_K's quant (its stored six bits less 32), the level of IQ4_NL and IQ4_XS, the
+// byte for Q8_0, the weight itself for BF16; D = d, or d * scale, or 1 for
+// BF16; M = the coefficient that makes w = D * v + M right: m - 128 d for
+// Q4_1, -136 d for Q4_0, -144 d for Q5_0, -(dmin * min) - 128 D for the
+// Block32 types with a minimum, none for the others), the same in both
+// kernels, so rows stay batch invariant. The bias costs accuracy: the inner
+// sums grow ~17-30x, so float32 keeps ~2^-15 of a block's result (its worst
+// case, most quants at the zero point), far below the rounding of the
+// activations to bfloat16 (2^-9). F16 weights are not
+// multiplied here (HasBf16Panels).
 
 // Whether this build has the AVX-512 BF16 instructions.
 bool HasBf16Products();

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "common/check.h"
@@ -45,25 +46,43 @@ inline __m512i LevelTable() {
   return _mm512_load_si512(words);
 }
 
-template <int kOffset>
-struct NibbleTable {
-  // Nibble v -> bfloat16(v - kOffset), in the low 16 of 32 words.
-  static __m512i Table() {
-    alignas(64) uint16_t words[32] = {};
-    for (int v = 0; v < 16; ++v) words[v] = Bf16Of(v - kOffset);
-    return _mm512_load_si512(words);
-  }
-};
+// Nibble and five-bit quants q enter the products as bfloat16(kQuantBias +
+// q): 0x4300 | q, exact for q < 128 (bfloat16(128) = 0x4300, and its seven
+// significand bits hold q). Making them takes one OR where a table lookup
+// would take a permute; the block's minimum term takes the bias back
+// (M gains -kQuantBias * D), so it costs no operation per input.
+constexpr int kQuantBias = 128;
 
-template <int kOffset>
-struct FiveBitTable {
-  // Five-bit integer v -> bfloat16(v - kOffset), in the 32 words.
-  static __m512i Table() {
-    alignas(64) uint16_t words[32];
-    for (int v = 0; v < 32; ++v) words[v] = Bf16Of(v - kOffset);
-    return _mm512_load_si512(words);
+// Pair k of a nibble group (packed_matmul.h) as 16-bit integers 0-15, row
+// i's in lane i, input 2j in the low word (j = 4g + k).
+template <int k>
+inline __m512i GroupPair(__m512i group) {
+  if constexpr (k == 0) return group;
+  return _mm512_srli_epi32(group, 4 * k);
+}
+template <int k>
+inline __m512i PairNibbles(__m512i group) {
+  return _mm512_and_si512(GroupPair<k>(group), _mm512_set1_epi32(0x000f000f));
+}
+// The same as bfloat16(kQuantBias + q) pairs: (pair & 0x000f000f) | 0x43004300.
+template <int k>
+inline __m512i BiasedNibblePair(__m512i group) {
+  static_assert(kQuantBias == 128);
+  return _mm512_ternarylogic_epi32(GroupPair<k>(group), _mm512_set1_epi32(0x000f000f),
+                                   _mm512_set1_epi32(0x43004300), 0xea);
+}
+// Adds 16 (and 32) to the 16-bit quants (or their bfloat16s, whose bits 4
+// and 5 are clear) of pair j where the top-bit words after the nibbles at
+// `quants` mark them.
+template <int kTopBits>
+inline __m512i AddTopBits(__m512i pair, const uint8_t* quants, int j) {
+  for (int bit = 0; bit < kTopBits; ++bit) {
+    const __mmask32 marked = TopBitWord(quants + kFifthBitsOffset + 64 * bit, j);
+    pair =
+        _mm512_mask_add_epi16(pair, marked, pair, _mm512_set1_epi16(static_cast<short>(16 << bit)));
   }
-};
+  return pair;
+}
 
 // Two vectors of small integers (exact in bfloat16) as one of bfloat16
 // pairs, q0's in the low halves: as floats they are exact, so their top
@@ -84,122 +103,105 @@ inline __m512i DecodeBytePair(const uint8_t* block, int j) {
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
 }
 
-template <int kOffset, int64_t kQuants>
-inline __m512i DecodeNibblePair(const uint8_t* block, int j, __m512i table) {
-  // Byte i (row i) holds input 2j in its low nibble and 2j + 1 in its high:
-  // move the high nibble to bits 16..19, keep both nibbles only, and look
-  // each 16-bit index up in the table.
-  const __m512i t = _mm512_cvtepu8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQuants + 16 * j)));
-  const __m512i indices =
-      _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  return _mm512_permutexvar_epi16(indices, table);
-}
+// Per packed format: Group(block, g) loads what pairs 4g..4g+3 decode from
+// (a nibble group; nothing for bytes and BF16), and Pair<k>(group, block, j,
+// table) gives the quants (or their biased form) of inputs 2j and 2j + 1 for
+// the panel's 16 rows as one vector of bfloat16 pairs (lane i = row i; its
+// low half is input 2j; j = 4g + k); D(header, block, sub) is the block's
+// scale for each of its kSubBlocks runs of inputs (32 or 16 inputs each);
+// kHasMin says whether it has a minimum term, and M its coefficient (of the
+// block's activation sum).
 
-// The five- (kTopBits 1) or six-bit (2) quants of inputs 2j and 2j + 1 as
-// 16-bit indices, row i's in lane i (input 2j in the low word): the nibbles
-// as DecodeNibblePair places them, plus 16 (and 32) where the top-bit words
-// mark them.
-template <int kTopBits>
-inline __m512i TopBitIndices(const uint8_t* quants, int j) {
-  const __m512i t =
-      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16 * j)));
-  __m512i indices =
-      _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  for (int bit = 0; bit < kTopBits; ++bit) {
-    const __mmask32 marked = TopBitWord(quants + kFifthBitsOffset + 64 * bit, j);
-    indices = _mm512_mask_add_epi16(indices, marked, indices,
-                                    _mm512_set1_epi16(static_cast<short>(16 << bit)));
+// Nibbles at kQuants, as bfloat16(kQuantBias + q), plus the fifth bits for
+// kTopBits 1.
+template <int64_t kQuants, int kTopBits>
+struct BiasedQuants {
+  static __m512i Table() { return _mm512_setzero_si512(); }
+  static __m512i Group(const uint8_t* block, int g) {
+    return _mm512_loadu_si512(block + kQuants + 64 * g);
   }
-  return indices;
-}
+  template <int k>
+  static __m512i Pair(__m512i group, const uint8_t* block, int j, __m512i /*table*/) {
+    return AddTopBits<kTopBits>(BiasedNibblePair<k>(group), block + kQuants, j);
+  }
+};
 
-template <int64_t kQuants>
-inline __m512i DecodeFiveBitPair(const uint8_t* block, int j, __m512i table) {
-  return _mm512_permutexvar_epi16(TopBitIndices<1>(block + kQuants, j), table);
-}
-
-// Per packed format: the quants of inputs 2j and 2j + 1 for the panel's 16
-// rows as one vector of bfloat16 pairs (lane i = row i; its low half is
-// input 2j); the block's scale D for each of its kSubBlocks runs of inputs
-// (32 or 16 inputs each); whether it has a minimum, and its term M (the
-// coefficient of the block's activation sum).
-
-// Q4_0, Q4_1 and Q8_0: one half scale d (then, for Q4_1, the half minimum)
-// per row at the block's start.
+// Q4_0, Q4_1, Q5_0 and Q8_0: one half scale d (then, for Q4_1, the half
+// minimum m) per row at the block's start.
 struct OneHalfScale {
   static constexpr int kSubBlocks = 1;
   static __m512 D(const uint8_t* /*header*/, const uint8_t* block, int /*sub*/) {
     return HalvesAt(block);
   }
-  static __m512 M(const uint8_t* /*header*/, const uint8_t* block) { return HalvesAt(block + 32); }
 };
 
-struct Q4_1Bf16 : OneHalfScale {
+// w = d * q + m; M = m - kQuantBias * d.
+struct Q4_1Bf16 : OneHalfScale, BiasedQuants<64, 0> {
   using L = PlainLayout<32 + 32 + 256>;
   static constexpr bool kHasMin = true;
-  static __m512i Table() { return NibbleTable<0>::Table(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
-    return DecodeNibblePair<0, 64>(block, j, table);
+  static __m512 M(const uint8_t* /*header*/, const uint8_t* block) {
+    return _mm512_fnmadd_ps(HalvesAt(block), _mm512_set1_ps(kQuantBias), HalvesAt(block + 32));
   }
 };
 
-struct Q4_0Bf16 : OneHalfScale {
+// w = d * (q - 8); M = -(kQuantBias + 8) * d (exact).
+struct Q4_0Bf16 : OneHalfScale, BiasedQuants<32, 0> {
   using L = PlainLayout<32 + 256>;
-  static constexpr bool kHasMin = false;
-  static __m512i Table() { return NibbleTable<8>::Table(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
-    return DecodeNibblePair<8, 32>(block, j, table);
+  static constexpr bool kHasMin = true;
+  static __m512 M(const uint8_t* /*header*/, const uint8_t* block) {
+    return _mm512_mul_ps(HalvesAt(block), _mm512_set1_ps(-(kQuantBias + 8)));
   }
 };
 
-// Q5_0: v = q - 16, as the Q8_0 block it widens to elsewhere.
-struct Q5_0Bf16 : OneHalfScale {
+// Q5_0: w = d * (q - 16), as the Q8_0 block it widens to elsewhere; M =
+// -(kQuantBias + 16) * d (exact).
+struct Q5_0Bf16 : OneHalfScale, BiasedQuants<Q5_0Layout::kQuants, 1> {
   using L = Q5_0Layout;
-  static constexpr bool kHasMin = false;
-  static __m512i Table() { return FiveBitTable<16>::Table(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
-    return DecodeFiveBitPair<L::kQuants>(block, j, table);
+  static constexpr bool kHasMin = true;
+  static __m512 M(const uint8_t* /*header*/, const uint8_t* block) {
+    return _mm512_mul_ps(D(nullptr, block, 0), _mm512_set1_ps(-(kQuantBias + 16)));
   }
 };
 
+// Whole bytes (Q8_0): v = the signed byte, no bias.
 struct Q8_0Bf16 : OneHalfScale {
   using L = PlainLayout<32 + 512>;
   static constexpr bool kHasMin = false;
   static __m512i Table() { return _mm512_setzero_si512(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
+  static __m512i Group(const uint8_t* /*block*/, int /*g*/) { return _mm512_setzero_si512(); }
+  template <int k>
+  static __m512i Pair(__m512i /*group*/, const uint8_t* block, int j, __m512i /*table*/) {
     return DecodeBytePair<32>(block, j);
   }
+  static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
 
 // Q4_K (Q4KLayout, nibbles), Q5_K (Q5KLayout) and Q5_1 (ScaledMinLayout),
-// five bits: D = d * scale, M = -(dmin * min), both exact.
+// five bits: w = D * q - dmin * min with D = d * scale (exact); M =
+// -(dmin * min) - kQuantBias * D (one rounding).
 template <typename Layout, bool kFiveBits>
-struct ScaledMinBf16 {
+struct ScaledMinBf16 : BiasedQuants<Layout::kQuants, kFiveBits ? 1 : 0> {
   using L = Layout;
   static constexpr bool kHasMin = true;
   static constexpr int kSubBlocks = 1;
-  static __m512i Table() { return kFiveBits ? FiveBitTable<0>::Table() : NibbleTable<0>::Table(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
-    if constexpr (kFiveBits) return DecodeFiveBitPair<L::kQuants>(block, j, table);
-    return DecodeNibblePair<0, L::kQuants>(block, j, table);
-  }
   static __m512 D(const uint8_t* header, const uint8_t* block, int /*sub*/) {
     return _mm512_mul_ps(HalvesAt(header + L::kD), SignedBytesAt(block + L::kScale));
   }
   static __m512 M(const uint8_t* header, const uint8_t* block) {
-    return _mm512_mul_ps(_mm512_mul_ps(HalvesAt(header + L::kDmin), SignedBytesAt(block + L::kMin)),
-                         _mm512_set1_ps(-1.0f));
+    const __m512 min_term =
+        _mm512_mul_ps(_mm512_mul_ps(HalvesAt(header + L::kDmin), SignedBytesAt(block + L::kMin)),
+                      _mm512_set1_ps(-1.0f));
+    return _mm512_fnmadd_ps(D(header, block, 0), _mm512_set1_ps(kQuantBias), min_term);
   }
 };
 
-// Q6_K (Q6KLayout): D of inputs 0-15 and of 16-31.
+// Q6_K (Q6KLayout): D of inputs 0-15 and of 16-31, no minimum; the stored
+// quants u (quant + 32) are looked up in a table of bfloat16(u - 32).
 struct TwoScaleBf16 {
   using L = Q6KLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 2;
-  // Stored quant u (quant + 32) -> bfloat16(u - 32): 0-31 in `low`, 32-63
-  // in `high`.
+  // u -> bfloat16(u - 32): 0-31 in `low`, 32-63 in `high`.
   struct Tables {
     __m512i low, high;
   };
@@ -208,8 +210,13 @@ struct TwoScaleBf16 {
     for (int u = 0; u < 64; ++u) words[u] = Bf16Of(u - 32);
     return {_mm512_load_si512(words), _mm512_load_si512(words + 32)};
   }
-  static __m512i Pair(const uint8_t* block, int j, const Tables& t) {
-    return _mm512_permutex2var_epi16(t.low, TopBitIndices<2>(block + L::kQuants, j), t.high);
+  static __m512i Group(const uint8_t* block, int g) {
+    return _mm512_loadu_si512(block + L::kQuants + 64 * g);
+  }
+  template <int k>
+  static __m512i Pair(__m512i group, const uint8_t* block, int j, const Tables& t) {
+    return _mm512_permutex2var_epi16(
+        t.low, AddTopBits<2>(PairNibbles<k>(group), block + L::kQuants, j), t.high);
   }
   static __m512 D(const uint8_t* header, const uint8_t* block, int sub) {
     return _mm512_mul_ps(HalvesAt(header + L::kD),
@@ -218,14 +225,19 @@ struct TwoScaleBf16 {
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
 
-// IQ4_NL and IQ4_XS (LevelsLayout): D = d * scale, the levels from a table.
+// IQ4_NL and IQ4_XS (LevelsLayout): D = d * scale, the levels from a table
+// by their nibble index.
 struct LevelsBf16 {
   using L = LevelsLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 1;
   static __m512i Table() { return LevelTable(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i table) {
-    return DecodeNibblePair<0, L::kQuants>(block, j, table);
+  static __m512i Group(const uint8_t* block, int g) {
+    return _mm512_loadu_si512(block + L::kQuants + 64 * g);
+  }
+  template <int k>
+  static __m512i Pair(__m512i group, const uint8_t* /*block*/, int /*j*/, __m512i table) {
+    return _mm512_permutexvar_epi16(PairNibbles<k>(group), table);
   }
   static __m512 D(const uint8_t* /*header*/, const uint8_t* block, int /*sub*/) {
     return _mm512_mul_ps(HalvesAt(block + L::kD), SignedBytesAt(block + L::kScale));
@@ -239,7 +251,9 @@ struct Bf16WeightsBf16 {
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 1;
   static __m512i Table() { return _mm512_setzero_si512(); }
-  static __m512i Pair(const uint8_t* block, int j, __m512i /*table*/) {
+  static __m512i Group(const uint8_t* /*block*/, int /*g*/) { return _mm512_setzero_si512(); }
+  template <int k>
+  static __m512i Pair(__m512i /*group*/, const uint8_t* block, int j, __m512i /*table*/) {
     return _mm512_loadu_si512(block + 64 * j);
   }
   static __m512 D(const uint8_t* /*header*/, const uint8_t* /*block*/, int /*sub*/) {
@@ -247,6 +261,17 @@ struct Bf16WeightsBf16 {
   }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
+
+// Calls fn(std::integral_constant<int, k>{}) for the pairs k = 0..3 of a
+// nibble group (constant shifts).
+template <typename Fn>
+inline void ForEachPairOfGroup(Fn&& fn) {
+  fn(std::integral_constant<int, 0>{});
+  fn(std::integral_constant<int, 1>{});
+  fn(std::integral_constant<int, 2>{});
+  fn(std::integral_constant<int, 3>{});
+}
+constexpr int kPairsPerGroup = 4;
 
 inline __m512 Dot(__m512 acc, __m512i x_pair, __m512i w_pair) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(x_pair),
@@ -266,6 +291,10 @@ inline __m512i XPair(const uint16_t* xr, int64_t b, int j) {
 template <typename F>
 constexpr int PairsPerSubBlock() {
   return kPairs / F::kSubBlocks;
+}
+template <typename F>
+constexpr int GroupsPerSubBlock() {
+  return PairsPerSubBlock<F>() / kPairsPerGroup;
 }
 
 template <int R, int P>
@@ -307,13 +336,18 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
       for (int r = 0; r < R; ++r) {
         for (int p = 0; p < P; ++p) inner[r][p] = _mm512_setzero_ps();
       }
-      for (int j = sub * PairsPerSubBlock<F>(); j < (sub + 1) * PairsPerSubBlock<F>(); ++j) {
-        __m512i w[P];
-        for (int p = 0; p < P; ++p) w[p] = F::Pair(block[p], j, table);
-        for (int r = 0; r < R; ++r) {
-          const __m512i x = XPair(xb + r * cols, b, j);
-          for (int p = 0; p < P; ++p) inner[r][p] = Dot(inner[r][p], x, w[p]);
-        }
+      for (int g = sub * GroupsPerSubBlock<F>(); g < (sub + 1) * GroupsPerSubBlock<F>(); ++g) {
+        __m512i group[P];
+        for (int p = 0; p < P; ++p) group[p] = F::Group(block[p], g);
+        ForEachPairOfGroup([&](auto k) {
+          const int j = kPairsPerGroup * g + k();
+          __m512i w[P];
+          for (int p = 0; p < P; ++p) w[p] = F::template Pair<k()>(group[p], block[p], j, table);
+          for (int r = 0; r < R; ++r) {
+            const __m512i x = XPair(xb + r * cols, b, j);
+            for (int p = 0; p < P; ++p) inner[r][p] = Dot(inner[r][p], x, w[p]);
+          }
+        });
       }
       for (int p = 0; p < P; ++p) {
         const __m512 d = F::D(header[p], block[p], sub);
@@ -351,8 +385,13 @@ void DecodePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, flo
     for (int p = 0; p < P; ++p) {
       const uint8_t* header = panel + p * panel_bytes + HeaderOffset<typename F::L>(b);
       const uint8_t* block = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
-      for (int j = 0; j < kPairs; ++j) {
-        _mm512_storeu_si512(dst + (j * P + p) * 16, F::Pair(block, j, table));
+      for (int g = 0; g < kPairs / kPairsPerGroup; ++g) {
+        const __m512i group = F::Group(block, g);
+        ForEachPairOfGroup([&](auto k) {
+          const int j = kPairsPerGroup * g + k();
+          _mm512_storeu_si512(dst + (j * P + p) * 16,
+                              F::template Pair<k()>(group, block, j, table));
+        });
       }
       float* scales = dst + kPairs * P * 16;
       for (int sub = 0; sub < F::kSubBlocks; ++sub) {

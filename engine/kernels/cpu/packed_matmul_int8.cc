@@ -24,16 +24,15 @@ constexpr int64_t kVectorBytes = 64;
 
 // Per format: its layout L, the float panels' own (the same headers, scales
 // at the same offsets and block sizes; only the quants from kQuants on are
-// rewritten, in place); where the float panels keep row i's quant of input e
-// (SrcByte; for nibbles the byte whose low (e even) or high nibble it is);
-// whether they hold nibbles, and fifth (and sixth) bits after them; the bias of the stored quants;
+// rewritten, in place); whether the float panels hold nibbles (NibbleAt),
+// and fifth (and sixth) bits after them, or bytes (SrcByte: where row i's
+// quant of input e is); the bias of the stored quants;
 // their top bits beyond a nibble (0: nibbles, 4: whole bytes); the runs of inputs that share a
 // scale; the scale D of run r and the minimum's coefficient M, as the float kernels read them
 // (exact products).
 struct NibbleSource {
   static constexpr bool kSrcNibbles = true;
   static constexpr int kSrcTopBits = 0;
-  static constexpr int64_t SrcByte(int e, int i) { return 16 * (e / 2) + i; }
 };
 struct FiveBitSource : NibbleSource {
   static constexpr int kSrcTopBits = 1;
@@ -128,17 +127,18 @@ inline __m512i LevelBytes() {
 // The stored quant (quant + bias) of row i, input e of a float panel block.
 template <typename F>
 uint8_t StoredQuant(const uint8_t* quants, int e, int i) {
-  const uint8_t byte = quants[F::SrcByte(e, i)];
   if constexpr (F::kSrcNibbles) {
-    uint8_t u = e % 2 == 0 ? byte & 0x0f : byte >> 4;
+    const NibblePlace at = NibbleAt(e, i);
+    auto u = static_cast<uint8_t>((quants[at.byte] >> at.shift) & 0x0f);
     for (int t = 0; t < F::kSrcTopBits; ++t) {
       uint32_t word;
       std::memcpy(&word, quants + kFifthBitsOffset + 64 * t + 4 * (e / 2), sizeof(word));
       u |= static_cast<uint8_t>(((word >> (2 * i + e % 2)) & 1) << (4 + t));
     }
     return u;
+  } else {
+    return static_cast<uint8_t>(static_cast<int8_t>(quants[F::SrcByte(e, i)]) + F::kBias);
   }
-  return static_cast<uint8_t>(static_cast<int8_t>(byte) + F::kBias);
 }
 
 // Quad vector j (inputs 4j..4j+3 of the 16 rows, one row a lane) of a block
