@@ -96,7 +96,8 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
       // Batches on both sides of every kernel switch, with remainders: f32
       // and bf16 decode on the fly, four panels at a time for up to 2 rows
       // and two panels for tiles of up to 8 rows, up to 16 rows (f32) or 32
-      // (bf16), and multiply dequantized panels in tiles of 8 rows above; q8
+      // (bf16; 64 for Q4_0, Q4_1 and Q4_K), and multiply dequantized panels
+      // in tiles of 8 rows above; q8
       // takes tiles of up to 4 rows.
       for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65, 72}) {
         std::vector<int64_t> order(static_cast<size_t>(m));
@@ -488,7 +489,8 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
   // whatever the instruction's internal order: the bits then check each
   // panel's decoding (a nibble, a fifth or sixth bit, a level, a scale or a
   // minimum taken wrongly changes them). 1, 3 and 9 rows decode on the fly,
-  // 40 and 70 from decoded panels.
+  // 40 on the fly for plain nibbles and from decoded panels for the others,
+  // 70 from decoded panels.
   if (!HasBf16Products()) GTEST_SKIP() << "no AVX-512 BF16 in this build";
   std::mt19937 rng(41);
   auto small_integers = [&](int64_t m, int64_t k) {

@@ -23,11 +23,15 @@ constexpr int kPairs = kBlockInputs / 2;
 // tiles of up to 8 rows x 2 panels (4 panels for 1-2 rows; matmul_tiling.h),
 // the later tiles of rows reading the panels from cache. Above, each pair
 // of panels is decoded into scratch once. Measured with
-// `tandem-matmul-bench` (2 threads, Q4_1 and Q4_K, 2026-12-05): decoding on
-// the fly takes 0.65-0.85x the scratch kernel's time at 8-16 rows, the same
-// at 24-32, and 1.1x (SmolLM2's shapes) to 1.4-1.5x (a 1B model's, whose
-// panels outgrow L1) at 48-64, where the switch used to be.
+// `tandem-matmul-bench` (2 threads, 2026-12-05): decoding on the fly takes
+// 0.65-0.85x the scratch kernel's time at 8-16 rows, the same at 24-32, and
+// 1.1x (SmolLM2's shapes) to 1.4-1.5x (a 1B model's, whose panels outgrow
+// L1) at 48-64. Since plain nibbles decode in one operation a pair
+// (BiasedQuants), Q4_0, Q4_1 and Q4_K are 0.87-0.95x the scratch kernel's
+// time at 48-64 rows (2026-12-06, 1B and 8B shapes) and switch above 64;
+// Q5_K is even there, Q6_K, IQ4_XS and Q8_0 1.1-1.3x.
 constexpr int64_t kOnTheFlyMaxRows = 32;
+constexpr int64_t kNibblesOnTheFlyMaxRows = 64;
 // The scratch kernel's tile: 8 rows x 2 panels of block-local sums in
 // registers (16), their running totals in an L1 array.
 constexpr int kGemmRows = 8;
@@ -116,6 +120,8 @@ inline __m512i DecodeBytePair(const uint8_t* block, int j) {
 // kTopBits 1.
 template <int64_t kQuants, int kTopBits>
 struct BiasedQuants {
+  static constexpr int64_t kMaxOnTheFlyRows =
+      kTopBits == 0 ? kNibblesOnTheFlyMaxRows : kOnTheFlyMaxRows;
   static __m512i Table() { return _mm512_setzero_si512(); }
   static __m512i Group(const uint8_t* block, int g) {
     return _mm512_loadu_si512(block + kQuants + 64 * g);
@@ -165,6 +171,7 @@ struct Q5_0Bf16 : OneHalfScale, BiasedQuants<Q5_0Layout::kQuants, 1> {
 
 // Whole bytes (Q8_0): v = the signed byte, no bias.
 struct Q8_0Bf16 : OneHalfScale {
+  static constexpr int64_t kMaxOnTheFlyRows = kOnTheFlyMaxRows;
   using L = PlainLayout<32 + 512>;
   static constexpr bool kHasMin = false;
   static __m512i Table() { return _mm512_setzero_si512(); }
@@ -198,6 +205,7 @@ struct ScaledMinBf16 : BiasedQuants<Layout::kQuants, kFiveBits ? 1 : 0> {
 // Q6_K (Q6KLayout): D of inputs 0-15 and of 16-31, no minimum; the stored
 // quants u (quant + 32) are looked up in a table of bfloat16(u - 32).
 struct TwoScaleBf16 {
+  static constexpr int64_t kMaxOnTheFlyRows = kOnTheFlyMaxRows;
   using L = Q6KLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 2;
@@ -228,6 +236,7 @@ struct TwoScaleBf16 {
 // IQ4_NL and IQ4_XS (LevelsLayout): D = d * scale, the levels from a table
 // by their nibble index.
 struct LevelsBf16 {
+  static constexpr int64_t kMaxOnTheFlyRows = kOnTheFlyMaxRows;
   using L = LevelsLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 1;
@@ -247,6 +256,7 @@ struct LevelsBf16 {
 
 // BF16 weights (HalfLayout, in pairs): the stored pairs themselves, D = 1.
 struct Bf16WeightsBf16 {
+  static constexpr int64_t kMaxOnTheFlyRows = kOnTheFlyMaxRows;
   using L = HalfLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 1;
@@ -451,7 +461,7 @@ void Bf16Rows(const PackedWeight& weight, const uint16_t* xb, const float* sums,
   const int64_t blocks = weight.cols / kBlockInputs;
   const uint8_t* base = weight.data.get();
   auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
-  if (rows <= kOnTheFlyMaxRows) {
+  if (rows <= F::kMaxOnTheFlyRows) {
     ForEachOnTheFlyTile(rows, n0, n1, [&](auto r, auto p, int64_t n, int64_t row0) {
       OnTheFlyTile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, xb, sums, weight.cols,
                                 row0, row0 == 0, out, n, bias);
