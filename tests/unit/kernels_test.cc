@@ -484,9 +484,7 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
   // GGUF blocks: per run of inputs fma(D, dot, acc), then fma(M, block sum of
   // x, acc), where the formats of nibbles and five bits multiply their
   // unsigned quants plus 128 and take the bias back in M (one rounding:
-  // M = fma(-D, bias, m)), and Q6_K its stored quants plus 128 (quant + 160),
-  // each run taking back -160 D times the run's activation sum. The
-  // activations are small integers, so every pair product and
+  // M = fma(-D, bias, m)). The activations are small integers, so every pair product and
   // every partial sum of a run is exact and the dot product has one value
   // whatever the instruction's internal order: the bits then check each
   // panel's decoding (a nibble, a fifth or sixth bit, a level, a scale or a
@@ -514,7 +512,6 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
                         } else if (type == DType::kQ5_0) {
                           bias = 144;
                         }
-                        const int run_bias = type == DType::kQ6_K ? 160 : 0;
                         float acc = 0.0f;
                         for (int64_t b = 0; b < blocks; ++b) {
                           IntegerBlock block = ReadIntegerBlock(type, row, b);
@@ -524,7 +521,6 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
                                                block.has_min ? block.m : 0.0f);
                             block.has_min = true;
                           }
-                          for (int& v : block.v) v += run_bias;
                           const float* xb = x + b * 32;
                           const int run_inputs = 32 / block.runs;
                           for (int run = 0; run < block.runs; ++run) {
@@ -533,16 +529,6 @@ TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {
                               dot += static_cast<float>(block.v[j]) * xb[j];
                             }
                             acc = std::fma(block.d[run], dot, acc);
-                          }
-                          if (run_bias != 0) {
-                            for (int run = 0; run < block.runs; ++run) {
-                              float sum = 0.0f;
-                              for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
-                                sum += xb[j];
-                              }
-                              acc =
-                                  std::fma(-block.d[run] * static_cast<float>(run_bias), sum, acc);
-                            }
                           }
                           if (block.has_min) {
                             float sum = 0.0f;

@@ -91,7 +91,7 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   if (any_fused) scratch.block_sums.resize(static_cast<size_t>(rows * blocks));
   if (any_bf16) {
     scratch.bf16_activations.resize(static_cast<size_t>(rows * k));
-    scratch.bf16_block_sums.resize(static_cast<size_t>(rows * blocks * kBf16SumsPerBlock));
+    scratch.bf16_block_sums.resize(static_cast<size_t>(rows * blocks));
   }
   if (any_q8 || any_fused || any_bf16) {
     pool.ParallelFor(rows, [&](int64_t r, int) {
@@ -99,7 +99,7 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
       if (any_fused) BlockSums(x.Row(r), k, scratch.block_sums.data() + r * blocks);
       if (any_bf16) {
         RoundActivationsToBf16(x.Row(r), k, scratch.bf16_activations.data() + r * k,
-                               scratch.bf16_block_sums.data() + r * blocks * kBf16SumsPerBlock);
+                               scratch.bf16_block_sums.data() + r * blocks);
       }
     });
   }

@@ -189,16 +189,14 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 //                                               v[2j], v[2j+1])
 //       acc = fma(D_b,r, inner, acc)
 //     with a minimum: acc = fma(M_b, sum of x~ over the block, acc)
-//     Q6_K: for each run r, acc = fma(-160 * D_b,r, sum of x~ over the run, acc)
 // (v = bfloat16(128 + q) for the formats of nibbles and five bits: Q4_0,
 // Q4_1, Q5_0, Q4_K, Q5_K, Q5_1: a shift and one vpternlogd from the nibbles,
-// plus a masked add for a fifth bit (packed_matmul_bf16.cc); bfloat16(128 +
-// u) for Q6_K's stored six bits u = q + 32, its bias of 160 taken back per
-// run (exact: -160 D has at most 22 significant bits); the level of IQ4_NL and IQ4_XS, the
+// plus a masked add for a fifth bit (packed_matmul_bf16.cc);
+// Q6_K's quant (its stored six bits less 32), the level of IQ4_NL and IQ4_XS, the
 // byte for Q8_0, the weight itself for BF16; D = d, or d * scale, or 1 for
 // BF16; M = the coefficient that makes w = D * v + M right: m - 128 d for
 // Q4_1, -136 d for Q4_0, -144 d for Q5_0, -(dmin * min) - 128 D for the
-// Block32 types with a minimum, none for the others but Q6_K's per run), the same in both
+// Block32 types with a minimum, none for the others), the same in both
 // kernels, so rows stay batch invariant. The bias costs accuracy: the inner
 // sums grow ~17-30x, so float32 keeps ~2^-15 of a block's result (its worst
 // case, most quants at the zero point), far below the rounding of the
@@ -208,17 +206,12 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 // Whether this build has the AVX-512 BF16 instructions.
 bool HasBf16Products();
 
-// Sums of the rounded activations kept per 32-input block: the block's, then
-// its two halves' (each in input order), for the minimum terms.
-inline constexpr int64_t kBf16SumsPerBlock = 3;
-
-// xb = x rounded to bfloat16 (nearest even); sums[3b] = the sum of block b of
-// the rounded values, sums[3b + 1] and sums[3b + 2] that of its inputs 0-15
-// and 16-31, each in order. cols % 32 == 0.
+// xb = x rounded to bfloat16 (nearest even); sums[b] = the sum of block b of
+// the rounded values, in order. cols % 32 == 0.
 void RoundActivationsToBf16(const float* x, int64_t cols, uint16_t* xb, float* sums);
 
 // out[r][n] (+ bias[n]) for r < rows, n in [n0, n1) (multiples of 16), from
-// RoundActivationsToBf16's rows (cols / 32 * kBf16SumsPerBlock sums a row).
+// RoundActivationsToBf16's rows (cols / 32 sums per row).
 void MatMulPackedBf16Rows(const PackedWeight& weight, const uint16_t* xb, const float* sums,
                           int64_t rows, int64_t n0, int64_t n1, const float* bias,
                           std::vector<float>& scratch, const Matrix& out);

@@ -122,8 +122,6 @@ template <int64_t kQuants, int kTopBits>
 struct BiasedQuants {
   static constexpr int64_t kMaxOnTheFlyRows =
       kTopBits == 0 ? kNibblesOnTheFlyMaxRows : kOnTheFlyMaxRows;
-  // Whether each run takes its bias back (RunM) rather than the minimum.
-  static constexpr bool kRunBias = kTopBits == 2;
   static __m512i Table() { return _mm512_setzero_si512(); }
   static __m512i Group(const uint8_t* block, int g) {
     return _mm512_loadu_si512(block + kQuants + 64 * g);
@@ -204,20 +202,35 @@ struct ScaledMinBf16 : BiasedQuants<Layout::kQuants, kFiveBits ? 1 : 0> {
   }
 };
 
-// Q6_K (Q6KLayout): D of inputs 0-15 and of 16-31, no minimum. The stored
-// six bits u = quant + 32 enter as bfloat16(kQuantBias + u), and each run
-// takes back its bias with RunM = -(kQuantBias + 32) * D of the run (exact:
-// D has at most 19 significant bits) times the run's activation sum.
-struct TwoScaleBf16 : BiasedQuants<Q6KLayout::kQuants, 2> {
+// Q6_K (Q6KLayout): D of inputs 0-15 and of 16-31, no minimum; the stored
+// quants u (quant + 32) are looked up in a table of bfloat16(u - 32).
+struct TwoScaleBf16 {
+  static constexpr int64_t kMaxOnTheFlyRows = kOnTheFlyMaxRows;
   using L = Q6KLayout;
   static constexpr bool kHasMin = false;
   static constexpr int kSubBlocks = 2;
+  // u -> bfloat16(u - 32): 0-31 in `low`, 32-63 in `high`.
+  struct Tables {
+    __m512i low, high;
+  };
+  static Tables Table() {
+    alignas(64) uint16_t words[64];
+    for (int u = 0; u < 64; ++u) words[u] = Bf16Of(u - 32);
+    return {_mm512_load_si512(words), _mm512_load_si512(words + 32)};
+  }
+  static __m512i Group(const uint8_t* block, int g) {
+    return _mm512_loadu_si512(block + L::kQuants + 64 * g);
+  }
+  template <int k>
+  static __m512i Pair(__m512i group, const uint8_t* block, int j, const Tables& t) {
+    return _mm512_permutex2var_epi16(
+        t.low, AddTopBits<2>(PairNibbles<k>(group), block + L::kQuants, j), t.high);
+  }
   static __m512 D(const uint8_t* header, const uint8_t* block, int sub) {
     return _mm512_mul_ps(HalvesAt(header + L::kD),
                          SignedBytesAt(block + (sub == 0 ? L::kScale0 : L::kScale1)));
   }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
-  static __m512 RunM(__m512 d) { return _mm512_mul_ps(d, _mm512_set1_ps(-(kQuantBias + 32))); }
 };
 
 // IQ4_NL and IQ4_XS (LevelsLayout): D = d * scale, the levels from a table
@@ -258,22 +271,6 @@ struct Bf16WeightsBf16 {
   }
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
-
-// Whether F's runs take a bias back each (TwoScaleBf16::RunM).
-template <typename F>
-constexpr bool HasRunBias() {
-  if constexpr (requires { F::kRunBias; }) {
-    return F::kRunBias;
-  } else {
-    return false;
-  }
-}
-
-// The activation sum of block b of a row's sums (kBf16SumsPerBlock a block):
-// part 0 the whole block's, 1 and 2 its halves'.
-inline float SumOf(const float* row_sums, int64_t b, int part) {
-  return row_sums[b * kBf16SumsPerBlock + part];
-}
 
 // Calls fn(std::integral_constant<int, k>{}) for the pairs k = 0..3 of a
 // nibble group (constant shifts).
@@ -330,7 +327,7 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
                   const float* sums, int64_t cols, int64_t row0, bool first, const Matrix& out,
                   int64_t n, const float* bias) {
   xb += row0 * cols;
-  sums += row0 * blocks * kBf16SumsPerBlock;
+  sums += row0 * blocks;
   const auto table = F::Table();
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r) {
@@ -367,23 +364,11 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
         for (int r = 0; r < R; ++r) acc[r][p] = _mm512_fmadd_ps(d, inner[r][p], acc[r][p]);
       }
     }
-    if constexpr (HasRunBias<F>()) {
-      for (int sub = 0; sub < F::kSubBlocks; ++sub) {
-        for (int p = 0; p < P; ++p) {
-          const __m512 m = F::RunM(F::D(header[p], block[p], sub));
-          for (int r = 0; r < R; ++r) {
-            const float sum = SumOf(sums + r * blocks * kBf16SumsPerBlock, b, 1 + sub);
-            acc[r][p] = _mm512_fmadd_ps(m, _mm512_set1_ps(sum), acc[r][p]);
-          }
-        }
-      }
-    }
     if constexpr (F::kHasMin) {
       for (int p = 0; p < P; ++p) {
         const __m512 m = F::M(header[p], block[p]);
         for (int r = 0; r < R; ++r) {
-          const float sum = SumOf(sums + r * blocks * kBf16SumsPerBlock, b, 0);
-          acc[r][p] = _mm512_fmadd_ps(m, _mm512_set1_ps(sum), acc[r][p]);
+          acc[r][p] = _mm512_fmadd_ps(m, _mm512_set1_ps(sums[r * blocks + b]), acc[r][p]);
         }
       }
     }
@@ -455,25 +440,13 @@ void GemmTile(const float* scratch, int64_t blocks, const uint16_t* xb, const fl
         }
       }
     }
-    if constexpr (HasRunBias<F>()) {
-      for (int sub = 0; sub < F::kSubBlocks; ++sub) {
-        for (int p = 0; p < P; ++p) {
-          const __m512 m = F::RunM(_mm512_loadu_ps(scales + (sub * P + p) * 16));
-          for (int r = 0; r < R; ++r) {
-            const float sum = SumOf(sums + (row0 + r) * blocks * kBf16SumsPerBlock, b, 1 + sub);
-            _mm512_storeu_ps(totals[r][p], _mm512_fmadd_ps(m, _mm512_set1_ps(sum),
-                                                           _mm512_loadu_ps(totals[r][p])));
-          }
-        }
-      }
-    }
     if constexpr (F::kHasMin) {
       for (int p = 0; p < P; ++p) {
         const __m512 m = _mm512_loadu_ps(scales + (2 * P + p) * 16);
         for (int r = 0; r < R; ++r) {
-          const float sum = SumOf(sums + (row0 + r) * blocks * kBf16SumsPerBlock, b, 0);
           _mm512_storeu_ps(totals[r][p],
-                           _mm512_fmadd_ps(m, _mm512_set1_ps(sum), _mm512_loadu_ps(totals[r][p])));
+                           _mm512_fmadd_ps(m, _mm512_set1_ps(sums[(row0 + r) * blocks + b]),
+                                           _mm512_loadu_ps(totals[r][p])));
         }
       }
     }
@@ -524,15 +497,11 @@ void RoundActivationsToBf16(const float* x, int64_t cols, uint16_t* xb, float* s
       const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(xs + 16 * h));
       std::memcpy(dst + 16 * h, &rounded, sizeof(rounded));
     }
-    auto value = [&](int i) { return std::bit_cast<float>(static_cast<uint32_t>(dst[i]) << 16); };
-    float sum = 0.0f, first = 0.0f, second = 0.0f;
-    for (int i = 0; i < kBlockInputs; ++i) sum += value(i);
-    for (int i = 0; i < kBlockInputs / 2; ++i) first += value(i);
-    for (int i = kBlockInputs / 2; i < kBlockInputs; ++i) second += value(i);
-    float* out = sums + b * kBf16SumsPerBlock;
-    out[0] = sum;
-    out[1] = first;
-    out[2] = second;
+    float sum = 0.0f;
+    for (int i = 0; i < kBlockInputs; ++i) {
+      sum += std::bit_cast<float>(static_cast<uint32_t>(dst[i]) << 16);
+    }
+    sums[b] = sum;
   }
 }
 
