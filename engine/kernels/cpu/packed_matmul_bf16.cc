@@ -26,10 +26,11 @@ constexpr int kPairs = kBlockInputs / 2;
 // `tandem-matmul-bench` (2 threads, 2026-12-05): decoding on the fly takes
 // 0.65-0.85x the scratch kernel's time at 8-16 rows, the same at 24-32, and
 // 1.1x (SmolLM2's shapes) to 1.4-1.5x (a 1B model's, whose panels outgrow
-// L1) at 48-64. Since plain nibbles decode in one operation a pair
-// (BiasedQuants), Q4_0, Q4_1 and Q4_K are 0.87-0.95x the scratch kernel's
-// time at 48-64 rows (2026-12-06, 1B and 8B shapes) and switch above 64;
-// Q5_K is even there, Q6_K, IQ4_XS and Q8_0 1.1-1.3x.
+// L1) at 48-64. Since plain nibbles decode by a shift and one vpternlogd a
+// pair (BiasedQuants), Q4_K takes 0.89-0.96x the scratch kernel's time at
+// 48-64 rows (2026-12-06, 4 layers of the 1B shape; Q4_0 and Q4_1 decode
+// alike), so they switch above 64; Q5_K is even there, Q6_K, IQ4_XS and
+// Q8_0 1.1-1.3x.
 constexpr int64_t kOnTheFlyMaxRows = 32;
 constexpr int64_t kNibblesOnTheFlyMaxRows = 64;
 // The scratch kernel's tile: 8 rows x 2 panels of block-local sums in
