@@ -12,6 +12,17 @@
 
 namespace tandem::kernels::cpu {
 
+// Calls fn(std::integral_constant<int, i>{}) for i in [kBegin, kEnd), in
+// order: a kernel's loop over a block's vectors unrolled, so shifts and
+// lanes are constants.
+template <int kBegin, int kEnd, typename Fn>
+inline void Unroll(Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (fn(std::integral_constant<int, kBegin + I>{}), ...);
+  }
+  (std::make_integer_sequence<int, kEnd - kBegin>{});
+}
+
 // Activation rows that share one decoding of a weight block, at most.
 inline constexpr int kTileRows = 8;
 // Weight rows per panel: a panel stays in L1 while every activation tile

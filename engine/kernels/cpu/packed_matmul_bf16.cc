@@ -273,15 +273,7 @@ struct Bf16WeightsBf16 {
   static __m512 M(const uint8_t*, const uint8_t*) { return _mm512_setzero_ps(); }
 };
 
-// Calls fn(std::integral_constant<int, k>{}) for the pairs k = 0..3 of a
-// nibble group (constant shifts).
-template <typename Fn>
-inline void ForEachPairOfGroup(Fn&& fn) {
-  fn(std::integral_constant<int, 0>{});
-  fn(std::integral_constant<int, 1>{});
-  fn(std::integral_constant<int, 2>{});
-  fn(std::integral_constant<int, 3>{});
-}
+// Pairs of inputs in a nibble group (NibbleAt): one load, four constant shifts.
 constexpr int kPairsPerGroup = 4;
 
 inline __m512 Dot(__m512 acc, __m512i x_pair, __m512i w_pair) {
@@ -350,7 +342,7 @@ void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, con
       for (int g = sub * GroupsPerSubBlock<F>(); g < (sub + 1) * GroupsPerSubBlock<F>(); ++g) {
         __m512i group[P];
         for (int p = 0; p < P; ++p) group[p] = F::Group(block[p], g);
-        ForEachPairOfGroup([&](auto k) {
+        Unroll<0, kPairsPerGroup>([&](auto k) {
           const int j = kPairsPerGroup * g + k();
           __m512i w[P];
           for (int p = 0; p < P; ++p) w[p] = F::template Pair<k()>(group[p], block[p], j, table);
@@ -398,7 +390,7 @@ void DecodePanels(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, flo
       const uint8_t* block = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
       for (int g = 0; g < kPairs / kPairsPerGroup; ++g) {
         const __m512i group = F::Group(block, g);
-        ForEachPairOfGroup([&](auto k) {
+        Unroll<0, kPairsPerGroup>([&](auto k) {
           const int j = kPairsPerGroup * g + k();
           _mm512_storeu_si512(dst + (j * P + p) * 16,
                               F::template Pair<k()>(group, block, j, table));

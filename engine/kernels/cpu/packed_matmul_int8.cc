@@ -171,16 +171,6 @@ void WriteIntegerQuants(const uint8_t* src_quants, uint8_t* dst_quants) {
   }
 }
 
-// Calls fn(std::integral_constant<int, i>{}) for i in [kBegin, kEnd): the
-// loops over a block's quad vectors, unrolled with constant shifts.
-template <int kBegin, int kEnd, typename Fn>
-inline void Unroll(Fn&& fn) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (fn(std::integral_constant<int, kBegin + I>{}), ...);
-  }
-  (std::make_integer_sequence<int, kEnd - kBegin>{});
-}
-
 // Quad vector j of a block as vpdpbusd takes it (unsigned bytes).
 template <typename F, int j>
 inline __m512i LoadQuad(const uint8_t* quants, __m512i levels) {

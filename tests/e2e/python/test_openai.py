@@ -28,7 +28,7 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the file's name without .gguf
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # Seeded sampled requests in the structured-output checks: 50 json_schema
 # answers and 20 forced calls by default (the bar); CI's ASan stage,
-# where each costs several times more, sets TANDEM_OPENAI_SEEDS=10 (and so 4
+# where each costs several times more, sets TANDEM_OPENAI_SEEDS=5 (and so 2
 # forced calls). Every seed must pass either way.
 SEEDS = int(os.environ.get("TANDEM_OPENAI_SEEDS", "50"))
 LONG = [{"role": "user", "content": "Write a very long essay about the sea."}]
