@@ -186,8 +186,8 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
 }  // namespace
 
 void ServingModel::ReleaseKvPages() {
-  prefill_->mutable_backend()->ReleaseKvPages();
-  if (decode_ != nullptr) decode_->mutable_backend()->ReleaseKvPages();
+  prefill_->ReleaseKvPages();
+  if (decode_ != nullptr) decode_->ReleaseKvPages();
 }
 
 absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregationCosts(

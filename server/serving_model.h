@@ -129,7 +129,8 @@ class ServingModel {
   // `chunk_tokens`. Before the scheduler starts only: it writes KV blocks.
   absl::StatusOr<scheduler::DisaggregationCosts> MeasureDisaggregationCosts(int chunk_tokens);
   // Gives back the KV pages start-up's measurements wrote (Backend::
-  // ReleaseKvPages): call once they are done, before anything serves.
+  // ReleaseKvPages), a separate draft model's included: call once they are
+  // done, before anything serves.
   void ReleaseKvPages();
   // The backend that owns the paged KV storage (both workers use it).
   const kernels::Backend& kv_backend() const { return prefill_->backend(); }

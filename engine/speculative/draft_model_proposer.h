@@ -38,6 +38,8 @@ class DraftModelProposer final : public DraftProposer {
   step::Proposer kind() const override { return step::Proposer::kDraftModel; }
 
   model::LlamaModel& model() { return *model_; }
+  // The backend the draft runs on, which holds the draft's KV storage.
+  kernels::Backend& backend() { return *backend_; }
 
   // Step 1 (also for steps where nobody drafts). Applies the plan's block
   // copies to the draft's KV first.

@@ -42,6 +42,15 @@ model::LlamaModel* ModelWorker::draft_model() {
   return separate_draft_ != nullptr ? &separate_draft_->model() : nullptr;
 }
 
+kernels::Backend* ModelWorker::draft_backend() {
+  return separate_draft_ != nullptr ? &separate_draft_->backend() : nullptr;
+}
+
+void ModelWorker::ReleaseKvPages() {
+  backend_->ReleaseKvPages();
+  if (separate_draft_ != nullptr) separate_draft_->backend().ReleaseKvPages();
+}
+
 absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
                                         std::vector<speculative::Draft>* drafts) {
   drafts->assign(plan.sequences.size(), speculative::Draft{});

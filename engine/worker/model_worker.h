@@ -44,6 +44,12 @@ class ModelWorker : public step::Worker {
                         std::unique_ptr<model::LlamaModel> draft);
   // The separate draft model, or null.
   model::LlamaModel* draft_model();
+  // The separate draft model's backend (the draft's own KV storage), or null.
+  kernels::Backend* draft_backend();
+  // Gives back the resident pages of the KV storage this worker's backend
+  // holds, and of a separate draft model's (Backend::ReleaseKvPages).
+  // REQUIRES: no block holds anything a request still reads.
+  void ReleaseKvPages();
 
   // Pins the worker's thread to its backend's CPUs.
   void OnThreadStart() override { backend_->BindCallingThread(); }

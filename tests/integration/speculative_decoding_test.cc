@@ -12,6 +12,8 @@
 //    token's log-probabilities are bitwise those of a run without drafts.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "engine/kernels/cpu/cpu_backend.h"
+#include "engine/worker/model_worker.h"
 #include "scheduler/scheduler.h"
 #include "server/serving_model.h"
 #include "tests/integration/test_model.h"
@@ -330,6 +333,40 @@ TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
       }
     }
   }
+  model_ = target;
+}
+
+// The KV pages a separate draft model wrote (start-up's measurements, a
+// request) leave memory with the target's when the daemon gives them back
+// after start-up (ServingModel::ReleaseKvPages): the draft keeps its KV in
+// storage of its own, which is as large as the target's block count makes it.
+TEST_F(SpeculativeDecodingTest, ReleasingKvPagesGivesBackTheDraftModelsToo) {
+  server::ServingModelOptions options = SpeculativeDecodingTest::TestOptions();
+  options.draft_model_path = testing::TestModelPath();
+  auto loaded = server::ServingModel::Load(options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  server::ServingModel* target = model_;
+  model_ = loaded->get();
+  const std::vector<Output> out =
+      Run({Proposer::kDraftModel, false, false}, {Greedy(Prompts()[0], 12)});
+  EXPECT_GT(out[0].info.usage.drafted_tokens, 0);
+  auto* worker = dynamic_cast<worker::ModelWorker*>(model_->prefill_worker());
+  ASSERT_NE(worker, nullptr);
+  ASSERT_NE(worker->draft_backend(), nullptr);
+  auto resident_pages = [](const kernels::KvStorage& storage) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> in_core((storage.bytes + page - 1) / page);
+    EXPECT_EQ(::mincore(storage.data, storage.bytes, in_core.data()), 0);
+    return std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; });
+  };
+  const kernels::KvStorage draft = worker->draft_backend()->kv_storage();
+  const kernels::KvStorage own = worker->backend().kv_storage();
+  ASSERT_NE(draft.data, own.data);
+  EXPECT_GT(resident_pages(draft), 0);
+  EXPECT_GT(resident_pages(own), 0);
+  model_->ReleaseKvPages();
+  EXPECT_EQ(resident_pages(draft), 0);
+  EXPECT_EQ(resident_pages(own), 0);
   model_ = target;
 }
 
