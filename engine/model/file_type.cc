@@ -18,7 +18,7 @@ struct FileTypeRow {
   DType base;  // what most matrices get
 };
 
-constexpr std::array<FileTypeRow, 7> kFileTypes = {{
+constexpr std::array<FileTypeRow, 8> kFileTypes = {{
     {FileType::kF32, "F32", 0, DType::kF32},
     {FileType::kF16, "F16", 1, DType::kF16},
     {FileType::kBF16, "BF16", 32, DType::kBF16},
@@ -26,6 +26,7 @@ constexpr std::array<FileTypeRow, 7> kFileTypes = {{
     {FileType::kQ6_K, "Q6_K", 18, DType::kQ6_K},
     {FileType::kQ5_K_M, "Q5_K_M", 17, DType::kQ5_K},
     {FileType::kQ4_K_M, "Q4_K_M", 15, DType::kQ4_K},
+    {FileType::kIQ4_XS, "IQ4_XS", 30, DType::kIQ4_XS},
 }};
 
 const FileTypeRow& Row(FileType type) {
@@ -50,6 +51,7 @@ DType Fallback(DType type, int64_t row_length) {
   if (type == DType::kQ4_K) smaller = DType::kQ5_0;
   if (type == DType::kQ5_K) smaller = DType::kQ5_1;
   if (type == DType::kQ6_K) smaller = DType::kQ8_0;
+  if (type == DType::kIQ4_XS) smaller = DType::kIQ4_NL;
   if (type == DType::kQ8_0 || type == DType::kQ5_0 || type == DType::kQ5_1) smaller = type;
   return row_length % kernels::Info(smaller).block_elements == 0 ? smaller : DType::kF16;
 }
@@ -96,6 +98,12 @@ DType TensorTypeFor(FileType type, const TensorPlace& place) {
               Contains(name, "ffn_down")) &&
              UseMoreBits(place.layer, place.layers)) {
     chosen = DType::kQ6_K;
+  } else if (type == FileType::kIQ4_XS) {
+    const bool value = Contains(name, "attn_v.weight") || Contains(name, "attn_qkv.weight");
+    if ((value && place.query_heads_per_kv_head >= 4) ||
+        (Contains(name, "ffn_down") && place.layer < place.layers / 8)) {
+      chosen = DType::kQ5_K;
+    }
   }
   return Fallback(chosen, place.row_length);
 }

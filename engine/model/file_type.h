@@ -11,10 +11,13 @@
 // - in Q4_K_M and Q5_K_M, attn_v (or a fused attn_qkv) and ffn_down are Q6_K
 //   in "more bits" layers: the first and last eighth, and every third layer
 //   between (UseMoreBits);
-// - everything else is the mixture's base type: Q4_K, Q5_K, Q6_K or Q8_0;
+// - in IQ4_XS, attn_v (or attn_qkv) is Q5_K where four or more query heads
+//   share a KV head, and ffn_down is Q5_K in the first eighth of the layers;
+// - everything else is the mixture's base type: Q4_K, Q5_K, Q6_K, Q8_0 or
+//   IQ4_XS;
 // - a row whose length is not a multiple of the chosen type's block falls
-//   back: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and to F16 where even
-//   that does not divide it.
+//   back: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL, and to
+//   F16 where even that does not divide it.
 #ifndef TANDEM_ENGINE_MODEL_FILE_TYPE_H_
 #define TANDEM_ENGINE_MODEL_FILE_TYPE_H_
 
@@ -26,9 +29,9 @@
 
 namespace tandem::model {
 
-enum class FileType { kF32, kF16, kBF16, kQ8_0, kQ6_K, kQ5_K_M, kQ4_K_M };
+enum class FileType { kF32, kF16, kBF16, kQ8_0, kQ6_K, kQ5_K_M, kQ4_K_M, kIQ4_XS };
 
-// "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M" (any case);
+// "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS" (any case);
 // INVALID_ARGUMENT naming the known ones otherwise.
 absl::StatusOr<FileType> ParseFileType(std::string_view name);
 std::string_view FileTypeName(FileType type);
@@ -43,6 +46,7 @@ struct TensorPlace {
   int layer = -1;                // the block's index; -1 outside the blocks
   int layers = 0;                // blocks in the model
   bool tied_embeddings = false;  // token_embd is also the output projection
+  int query_heads_per_kv_head = 1;  // heads / kv_heads
 };
 
 // Whether layer i of n gets the bigger type in a _M mixture.

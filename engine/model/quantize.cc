@@ -11,6 +11,8 @@
 namespace tandem::model {
 namespace {
 
+using kernels::BlockIQ4_NL;
+using kernels::BlockIQ4_XS;
 using kernels::BlockQ4_K;
 using kernels::BlockQ5_0;
 using kernels::BlockQ5_1;
@@ -295,6 +297,149 @@ void QuantizeQ6_K(const float* x, int64_t n_blocks, BlockQ6_K* out) {
   }
 }
 
+// ggml's nearest_int: to nearest, halves to even (through the float
+// adder), for |v| < 2^22.
+int NearestInt(float v) {
+  const float shifted = v + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// The index of the level nearest x (the lower one of a tie), levels
+// ascending: ggml's best_index_int8.
+int NearestLevel(float x) {
+  const int8_t* levels = kernels::kIq4NlLevels;
+  if (x <= levels[0]) return 0;
+  if (x >= levels[15]) return 15;
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (x < levels[mid]) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return x - levels[hi - 1] < levels[hi] - x ? hi - 1 : hi;
+}
+
+// IQ4_NL and IQ4_XS, as llama.cpp quantizes them without an importance
+// matrix (quantize_row_iq4_nl_impl with seven tries each way): each block of
+// 32 gets the scale, among the one through its largest element and the
+// least-squares fits of 15 nearby ones, whose level choices fit the x^2-
+// weighted elements best. For IQ4_XS (`blocks` = 8 of a super-block) the
+// scales are then rounded to six bits of d = -(largest scale) / 32 and the
+// levels chosen again against them. Writes d (`d` as a half), the six-bit
+// scales (IQ4_XS), and the level indices L[0..32 * blocks).
+struct Iq4Result {
+  uint16_t d = 0;
+  uint8_t scales[8] = {};  // stored six bits (scale + 32), IQ4_XS only
+  uint8_t levels[kSuperBlock] = {};
+};
+
+Iq4Result QuantizeIq4(const float* x, int blocks) {
+  constexpr int kTries = 7;
+  const int8_t* values = kernels::kIq4NlLevels;
+  Iq4Result r;
+  float scales[8] = {};
+  float max_scale = 0.0f, amax_scale = 0.0f;
+  for (int ib = 0; ib < blocks; ++ib) {
+    const float* xb = x + 32 * ib;
+    uint8_t* lb = r.levels + 32 * ib;
+    float weight[32];
+    for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (amax < 1e-15f) continue;  // ggml's GROUP_MAX_EPS: scale 0
+    float d = -max / values[0];
+    float id = 1 / d;
+    float sumqx = 0.0f, sumq2 = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const int l = NearestLevel(id * xb[j]);
+      lb[j] = static_cast<uint8_t>(l);
+      const float q = values[l];
+      const float w = weight[j];
+      sumqx += w * q * xb[j];
+      sumq2 += w * q * q;
+    }
+    d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+    float best = d * sumqx;
+    for (int itry = -kTries; itry <= kTries; ++itry) {
+      id = static_cast<float>(itry + values[0]) / max;
+      sumqx = sumq2 = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        const float q = values[NearestLevel(id * xb[j])];
+        const float w = weight[j];
+        sumqx += w * q * xb[j];
+        sumq2 += w * q * q;
+      }
+      if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+        d = sumqx / sumq2;
+        best = d * sumqx;
+      }
+    }
+    scales[ib] = d;
+    if (std::fabs(d) > amax_scale) {
+      amax_scale = std::fabs(d);
+      max_scale = d;
+    }
+  }
+  if (blocks == 1) {
+    r.d = FloatToHalf(scales[0]);
+    const float id = scales[0] != 0.0f ? 1 / scales[0] : 0.0f;
+    for (int j = 0; j < 32; ++j) r.levels[j] = static_cast<uint8_t>(NearestLevel(id * x[j]));
+    return r;
+  }
+  const float d = -max_scale / 32;
+  r.d = FloatToHalf(d);
+  const float id = d != 0.0f ? 1 / d : 0.0f;
+  for (int ib = 0; ib < blocks; ++ib) {
+    const int l = std::clamp(NearestInt(id * scales[ib]), -32, 31);
+    const float dl = d * static_cast<float>(l);
+    const float idl = dl != 0.0f ? 1 / dl : 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      r.levels[32 * ib + j] = static_cast<uint8_t>(NearestLevel(idl * x[32 * ib + j]));
+    }
+    r.scales[ib] = static_cast<uint8_t>(l + 32);
+  }
+  return r;
+}
+
+// Element j of a 32-block in the low nibble of qs[j], j + 16 in the high one.
+void PackIq4Nibbles(const uint8_t levels[32], uint8_t qs[16]) {
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>(levels[j] | (levels[j + 16] << 4));
+}
+
+void QuantizeIQ4_NL(const float* x, int64_t n_blocks, BlockIQ4_NL* out) {
+  for (int64_t b = 0; b < n_blocks; ++b, x += 32) {
+    const Iq4Result r = QuantizeIq4(x, 1);
+    out[b].d = r.d;
+    PackIq4Nibbles(r.levels, out[b].qs);
+  }
+}
+
+void QuantizeIQ4_XS(const float* x, int64_t n_blocks, BlockIQ4_XS* out) {
+  for (int64_t b = 0; b < n_blocks; ++b, x += kSuperBlock) {
+    const Iq4Result r = QuantizeIq4(x, 8);
+    BlockIQ4_XS& block = out[b];
+    block.d = r.d;
+    block.scales_h = 0;
+    std::memset(block.scales_l, 0, sizeof(block.scales_l));
+    for (int ib = 0; ib < 8; ++ib) {
+      block.scales_l[ib / 2] |= static_cast<uint8_t>((r.scales[ib] & 0x0f) << (4 * (ib % 2)));
+      block.scales_h |= static_cast<uint16_t>((r.scales[ib] >> 4) << (2 * ib));
+      PackIq4Nibbles(r.levels + 32 * ib, block.qs + 16 * ib);
+    }
+  }
+}
+
 }  // namespace
 
 bool CanQuantize(DType type) {
@@ -308,6 +453,8 @@ bool CanQuantize(DType type) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
       return true;
     default:
       return false;
@@ -343,6 +490,10 @@ void QuantizeRow(DType type, const float* src, int64_t elements, void* dst) {
       return QuantizeQ5_K(src, n_blocks, static_cast<BlockQ5_K*>(dst));
     case DType::kQ6_K:
       return QuantizeQ6_K(src, n_blocks, static_cast<BlockQ6_K*>(dst));
+    case DType::kIQ4_NL:
+      return QuantizeIQ4_NL(src, n_blocks, static_cast<BlockIQ4_NL*>(dst));
+    case DType::kIQ4_XS:
+      return QuantizeIQ4_XS(src, n_blocks, static_cast<BlockIQ4_XS*>(dst));
     default:
       break;
   }

@@ -4,7 +4,9 @@
 //
 // Q8_0, Q5_0 and Q5_1 round as ggml's reference quantizers do (the gguf
 // package's quantize_blocks, llama-quantize without an importance matrix), so
-// their blocks are bit for bit the ones llama.cpp writes. The K-quants (Q4_K,
+// their blocks are bit for bit the ones llama.cpp writes; IQ4_NL and IQ4_XS
+// follow llama-quantize's search without an importance matrix step for step,
+// with the same result. The K-quants (Q4_K,
 // Q5_K, Q6_K) have no one right answer: each sub-block's scale (and min) is
 // the least-squares fit of the best of a few candidate roundings, then the
 // super-block's six- or eight-bit scales are rounded and the elements
@@ -20,7 +22,7 @@
 namespace tandem::model {
 
 // Whether QuantizeRow writes `type`: F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_K,
-// Q5_K and Q6_K.
+// Q5_K, Q6_K, IQ4_NL and IQ4_XS.
 bool CanQuantize(kernels::DType type);
 
 // Writes `elements` floats of `src` as `type` to `dst` (RowBytes(type,

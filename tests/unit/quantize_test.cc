@@ -59,6 +59,8 @@ TEST(QuantizeTest, EachTypeRoundTripsWithinItsPrecision) {
       {DType::kQ4_K, 0.095}, {DType::kQ5_K, 0.048}, {DType::kQ6_K, 0.024},
       {DType::kQ5_0, 0.06},  {DType::kQ5_1, 0.06},  {DType::kQ8_0, 0.008},
       {DType::kF16, 0.001},  {DType::kBF16, 0.005}, {DType::kF32, 0.0},
+      // Sixteen non-linear levels: about as close as four linear bits.
+      {DType::kIQ4_NL, 0.095}, {DType::kIQ4_XS, 0.095},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(kernels::Info(c.type).name);
@@ -71,8 +73,8 @@ TEST(QuantizeTest, EachTypeRoundTripsWithinItsPrecision) {
       EXPECT_GE(error, c.bound / 4);
     }
   }
-  EXPECT_FALSE(CanQuantize(DType::kIQ4_XS));
   EXPECT_FALSE(CanQuantize(DType::kQ4_0));
+  EXPECT_FALSE(CanQuantize(DType::kQ4_1));
 }
 
 // Q8_0 rounds each element to the nearest multiple of amax / 127 (ggml's
@@ -94,7 +96,8 @@ TEST(QuantizeTest, Q8_0RoundsEachElementToTheNearestStep) {
 // A sub-block whose values are all equal, all zero, or all positive (no
 // minimum to subtract) still decodes close to its values.
 TEST(QuantizeTest, FlatZeroAndOneSidedBlocksDecode) {
-  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ5_0, DType::kQ5_1}) {
+  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ5_0, DType::kQ5_1,
+                     DType::kIQ4_NL, DType::kIQ4_XS}) {
     SCOPED_TRACE(kernels::Info(type).name);
     std::vector<float> zeros(256, 0.0f);
     for (float v : RoundTrip(type, zeros)) EXPECT_EQ(v, 0.0f);
@@ -102,7 +105,11 @@ TEST(QuantizeTest, FlatZeroAndOneSidedBlocksDecode) {
     for (float v : RoundTrip(type, flat)) EXPECT_NEAR(v, 0.25f, 0.25f * 0.01f);
     std::vector<float> positive = Normal(256, 0.02f, 3);
     for (float& v : positive) v = std::fabs(v) + 0.01f;
-    EXPECT_LE(RelativeRmsError(positive, RoundTrip(type, positive)), 0.05);
+    // IQ4's levels are symmetric with no minimum: positive values use the
+    // eight upper ones, three bits' worth.
+    const bool symmetric_levels = type == DType::kIQ4_NL || type == DType::kIQ4_XS;
+    EXPECT_LE(RelativeRmsError(positive, RoundTrip(type, positive)),
+              symmetric_levels ? 0.09 : 0.05);
   }
 }
 
@@ -111,7 +118,9 @@ TEST(FileTypeTest, ParsesTheKnownNamesInAnyCase) {
   EXPECT_EQ(*ParseFileType("Q8_0"), FileType::kQ8_0);
   EXPECT_EQ(LlamaFileTypeId(FileType::kQ4_K_M), 15u);
   EXPECT_EQ(LlamaFileTypeId(FileType::kQ5_K_M), 17u);
-  const absl::Status bad = ParseFileType("IQ4_XS").status();
+  EXPECT_EQ(*ParseFileType("iq4_xs"), FileType::kIQ4_XS);
+  EXPECT_EQ(LlamaFileTypeId(FileType::kIQ4_XS), 30u);
+  const absl::Status bad = ParseFileType("IQ3_M").status();
   EXPECT_TRUE(absl::IsInvalidArgument(bad));
   EXPECT_NE(bad.message().find("Q4_K_M"), std::string::npos) << bad;
 }
@@ -128,8 +137,8 @@ TEST(FileTypeTest, MoreBitsLayersAreTheEighthsAndEveryThird) {
 }
 
 DType TypeOf(FileType type, std::string_view name, int64_t row, int layer, bool tied = false,
-             int rank = 2) {
-  return TensorTypeFor(type, {name, rank, row, layer, 36, tied});
+             int rank = 2, int query_heads_per_kv_head = 1) {
+  return TensorTypeFor(type, {name, rank, row, layer, 36, tied, query_heads_per_kv_head});
 }
 
 TEST(FileTypeTest, Q4_K_MGivesLlamaQuantizesTypes) {
@@ -150,6 +159,26 @@ TEST(FileTypeTest, Q4_K_MGivesLlamaQuantizesTypes) {
   EXPECT_EQ(TypeOf(f, "blk.0.attn_q_norm.weight", 128, 0), DType::kF32);
   EXPECT_EQ(TypeOf(f, "blk.0.ffn_gate_inp.weight", 2048, 0), DType::kF32);
   EXPECT_EQ(TypeOf(f, "blk.0.attn_q.bias", 4096, 0, false, 1), DType::kF32);
+}
+
+// llama-quantize's IQ4_XS (no importance matrix): Q5_K values where four or
+// more query heads share them, Q5_K ffn_down in the first eighth of the
+// layers (36 / 8 = 4: layers 0-3), Q6_K output, IQ4_NL where 256 does not
+// divide a row (Q5_1 for a Q5_K one, Q8_0 for the output).
+TEST(FileTypeTest, IQ4_XSGivesLlamaQuantizesTypes) {
+  const FileType f = FileType::kIQ4_XS;
+  EXPECT_EQ(TypeOf(f, "output.weight", 4096, -1), DType::kQ6_K);
+  EXPECT_EQ(TypeOf(f, "token_embd.weight", 4096, -1), DType::kIQ4_XS);
+  EXPECT_EQ(TypeOf(f, "token_embd.weight", 576, -1, /*tied=*/true), DType::kQ8_0);
+  EXPECT_EQ(TypeOf(f, "blk.5.attn_v.weight", 4096, 5, false, 2, 4), DType::kQ5_K);
+  EXPECT_EQ(TypeOf(f, "blk.5.attn_v.weight", 4096, 5, false, 2, 3), DType::kIQ4_XS);
+  EXPECT_EQ(TypeOf(f, "blk.5.attn_v.weight", 576, 5, false, 2, 4), DType::kQ5_1);
+  EXPECT_EQ(TypeOf(f, "blk.5.attn_qkv.weight", 4096, 5, false, 2, 8), DType::kQ5_K);
+  EXPECT_EQ(TypeOf(f, "blk.3.ffn_down.weight", 14336, 3), DType::kQ5_K);
+  EXPECT_EQ(TypeOf(f, "blk.4.ffn_down.weight", 14336, 4), DType::kIQ4_XS);
+  EXPECT_EQ(TypeOf(f, "blk.0.ffn_down_exps.weight", 1024, 0), DType::kQ5_K);
+  EXPECT_EQ(TypeOf(f, "blk.9.attn_q.weight", 576, 9), DType::kIQ4_NL);
+  EXPECT_EQ(TypeOf(f, "blk.9.attn_norm.weight", 4096, 9, false, 1), DType::kF32);
 }
 
 TEST(FileTypeTest, OtherFileTypesFollowTheirBase) {
