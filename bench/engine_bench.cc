@@ -56,7 +56,7 @@ ABSL_FLAG(std::string, write_gguf, "",
           "write --model (a random:NAME) to this GGUF file in --type and exit, so that "
           "llama.cpp can time the very same file");
 ABSL_FLAG(std::string, type, "Q4_K_M",
-          "file type for --write_gguf: Q4_K_M, Q5_K_M, Q6_K, Q8_0, BF16, F16 or F32 "
+          "file type for --write_gguf: Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, BF16, F16 or F32 "
           "(llama-quantize's per-tensor rules)");
 
 namespace tandem {
