@@ -40,12 +40,12 @@ uint32_t LlamaFileTypeId(FileType type);
 
 // Where a tensor sits in the model, for TensorTypeFor.
 struct TensorPlace {
-  std::string_view name;         // "blk.3.attn_v.weight"
-  int rank = 2;                  // 1 for vectors
-  int64_t row_length = 0;        // dims[0]
-  int layer = -1;                // the block's index; -1 outside the blocks
-  int layers = 0;                // blocks in the model
-  bool tied_embeddings = false;  // token_embd is also the output projection
+  std::string_view name;            // "blk.3.attn_v.weight"
+  int rank = 2;                     // 1 for vectors
+  int64_t row_length = 0;           // dims[0]
+  int layer = -1;                   // the block's index; -1 outside the blocks
+  int layers = 0;                   // blocks in the model
+  bool tied_embeddings = false;     // token_embd is also the output projection
   int query_heads_per_kv_head = 1;  // heads / kv_heads
 };
 

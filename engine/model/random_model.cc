@@ -130,8 +130,8 @@ class TensorAdder {
                 static_cast<uint64_t>(inputs) / 32 * kQ4_0Block * rows, RandomQ4_0(key, scale));
       return;
     }
-    const TensorPlace place{name,         2, inputs, layer_, shape_.layers, shape_.tied_embeddings,
-                            shape_.heads / std::max(shape_.kv_heads, 1)};
+    TensorPlace place{name, 2, inputs, layer_, shape_.layers, shape_.tied_embeddings};
+    place.query_heads_per_kv_head = shape_.heads / std::max(shape_.kv_heads, 1);
     const kernels::DType type = TensorTypeFor(*file_type_, place);
     const float stddev = 1.0f / std::sqrt(static_cast<float>(inputs));
     w_.Tensor(name, std::move(dims), GgmlTypeId(type), kernels::RowBytes(type, inputs) * rows,

@@ -49,17 +49,17 @@ double RelativeRmsError(const std::vector<float>& x, const std::vector<float>& y
 // Rounding to the nearest of 2^bits levels spread over a block's range
 // (about +-2.2 standard deviations for 32 normal values) leaves an RMS error
 // near step / sqrt(12): about 7% of the standard deviation for 4 bits, 3.5%
-// for 5, 1.8% for 6, 0.5% for 8. The bounds leave a third more.
+// for 5, 1.8% for 6, 0.5% for 8. The bounds leave a third more. IQ4's
+// sixteen non-linear levels come about as close as four linear bits.
 TEST(QuantizeTest, EachTypeRoundTripsWithinItsPrecision) {
   const std::vector<float> x = Normal(4096, 0.02f, 1);
   const struct {
     DType type;
     double bound;
   } cases[] = {
-      {DType::kQ4_K, 0.095}, {DType::kQ5_K, 0.048}, {DType::kQ6_K, 0.024},
-      {DType::kQ5_0, 0.06},  {DType::kQ5_1, 0.06},  {DType::kQ8_0, 0.008},
-      {DType::kF16, 0.001},  {DType::kBF16, 0.005}, {DType::kF32, 0.0},
-      // Sixteen non-linear levels: about as close as four linear bits.
+      {DType::kQ4_K, 0.095},   {DType::kQ5_K, 0.048},   {DType::kQ6_K, 0.024},
+      {DType::kQ5_0, 0.06},    {DType::kQ5_1, 0.06},    {DType::kQ8_0, 0.008},
+      {DType::kF16, 0.001},    {DType::kBF16, 0.005},   {DType::kF32, 0.0},
       {DType::kIQ4_NL, 0.095}, {DType::kIQ4_XS, 0.095},
   };
   for (const auto& c : cases) {
