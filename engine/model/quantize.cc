@@ -406,29 +406,26 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
       }
     }
     if (amax < 1e-15f) continue;  // ggml's GROUP_MAX_EPS: scale 0
-    float d = -max / values[0];
-    float id = 1 / d;
+    // The levels of xb at 1 / `inverse` (into l), then the weighted sums of
+    // level x value and level^2, in element order.
     float sumqx = 0.0f, sumq2 = 0.0f;
-    NearestLevels32(id, xb, lb);
-    for (int j = 0; j < 32; ++j) {
-      const float q = values[lb[j]];
-      const float w = weight[j];
-      sumqx += w * q * xb[j];
-      sumq2 += w * q * q;
-    }
-    d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
-    float best = d * sumqx;
-    for (int itry = -kTries; itry <= kTries; ++itry) {
-      id = static_cast<float>(itry + values[0]) / max;
+    auto fit = [&](float inverse, uint8_t* l) {
+      NearestLevels32(inverse, xb, l);
       sumqx = sumq2 = 0.0f;
-      uint8_t l[32];  // the levels first (independent), then the sums in order
-      NearestLevels32(id, xb, l);
       for (int j = 0; j < 32; ++j) {
         const float q = values[l[j]];
         const float w = weight[j];
         sumqx += w * q * xb[j];
         sumq2 += w * q * q;
       }
+    };
+    float d = -max / values[0];
+    fit(1 / d, lb);
+    d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+    float best = d * sumqx;
+    for (int itry = -kTries; itry <= kTries; ++itry) {
+      uint8_t l[32];
+      fit(static_cast<float>(itry + values[0]) / max, l);
       if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
         d = sumqx / sumq2;
         best = d * sumqx;
