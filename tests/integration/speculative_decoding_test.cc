@@ -231,6 +231,30 @@ class SpeculativeDecodingTest : public ::testing::Test {
     return r;
   }
 
+  // The test model with itself as a separate draft model (--draft_model),
+  // standing in for the suite's model_ (which Run() and the helpers use)
+  // until it goes out of scope, whatever way the test ends.
+  class WithDraftModel {
+   public:
+    WithDraftModel() : suite_model_(model_) {
+      server::ServingModelOptions options = TestOptions();
+      options.draft_model_path = testing::TestModelPath();
+      auto loaded = server::ServingModel::Load(options);
+      status_ = loaded.status();
+      if (loaded.ok()) {
+        loaded_ = *std::move(loaded);
+        model_ = loaded_.get();
+      }
+    }
+    ~WithDraftModel() { model_ = suite_model_; }
+    const absl::Status& status() const { return status_; }
+
+   private:
+    server::ServingModel* suite_model_;
+    std::unique_ptr<server::ServingModel> loaded_;
+    absl::Status status_;
+  };
+
   static server::ServingModel* model_;
 };
 server::ServingModel* SpeculativeDecodingTest::model_ = nullptr;
@@ -300,12 +324,8 @@ TEST_F(SpeculativeDecodingTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) 
 // token (a prompt chunk, a prefix-cache hit, the last draft of a fully
 // accepted run) would draft differently from the target and be rejected.
 TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
-  server::ServingModelOptions options = SpeculativeDecodingTest::TestOptions();
-  options.draft_model_path = testing::TestModelPath();
-  auto loaded = server::ServingModel::Load(options);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  server::ServingModel* target = model_;
-  model_ = loaded->get();  // Run() and the helpers use model_
+  const WithDraftModel drafting;
+  ASSERT_TRUE(drafting.status().ok()) << drafting.status();
 
   std::vector<Request> requests;
   for (size_t i : {0u, 5u, 12u, 13u, 16u, 19u}) requests.push_back(Greedy(Prompts()[i], 24));
@@ -333,7 +353,6 @@ TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
       }
     }
   }
-  model_ = target;
 }
 
 // The KV pages a separate draft model wrote (start-up's measurements, a
@@ -341,12 +360,8 @@ TEST_F(SpeculativeDecodingTest, ASeparateDraftModelStaysInStepWithTheTarget) {
 // after start-up (ServingModel::ReleaseKvPages): the draft keeps its KV in
 // storage of its own, which is as large as the target's block count makes it.
 TEST_F(SpeculativeDecodingTest, ReleasingKvPagesGivesBackTheDraftModelsToo) {
-  server::ServingModelOptions options = SpeculativeDecodingTest::TestOptions();
-  options.draft_model_path = testing::TestModelPath();
-  auto loaded = server::ServingModel::Load(options);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  server::ServingModel* target = model_;
-  model_ = loaded->get();
+  const WithDraftModel drafting;
+  ASSERT_TRUE(drafting.status().ok()) << drafting.status();
   const std::vector<Output> out =
       Run({Proposer::kDraftModel, false, false}, {Greedy(Prompts()[0], 12)});
   EXPECT_GT(out[0].info.usage.drafted_tokens, 0);
@@ -367,7 +382,6 @@ TEST_F(SpeculativeDecodingTest, ReleasingKvPagesGivesBackTheDraftModelsToo) {
   model_->ReleaseKvPages();
   EXPECT_EQ(resident_pages(draft), 0);
   EXPECT_EQ(resident_pages(own), 0);
-  model_ = target;
 }
 
 // A draft model must speak the target's vocabulary: a smaller one, or one
