@@ -319,16 +319,18 @@ int NearestInt(float v) {
   return (bits & 0x007fffff) - 0x00400000;
 }
 
+// The IQ4 levels as floats, ascending (what NearestLevel compares against).
+alignas(64) constexpr std::array<float, 16> kLevels = [] {
+  std::array<float, 16> levels{};
+  for (int i = 0; i < 16; ++i) levels[static_cast<size_t>(i)] = kernels::kIq4NlLevels[i];
+  return levels;
+}();
+
 // The index of the level nearest x: ggml's best_index_int8, without its
 // branches (they mispredict on every other element). Between the levels
 // lo <= x < hi that bracket x, the same float comparison: lo's index when
 // x - lo < hi - x (a tie goes up).
 [[maybe_unused]] int NearestLevel(float x) {
-  static constexpr auto kLevels = [] {
-    std::array<float, 16> levels{};
-    for (int i = 0; i < 16; ++i) levels[static_cast<size_t>(i)] = kernels::kIq4NlLevels[i];
-    return levels;
-  }();
   int below = 0;  // the last level <= x, when x > kLevels[0]
   for (size_t k = 1; k < 16; ++k) below += kLevels[k] <= x ? 1 : 0;
   const int above = std::min(below + 1, 15);
@@ -342,16 +344,14 @@ int NearestInt(float v) {
 // lane by lane (so the same indices), 16 at a time where AVX-512 is built.
 void NearestLevels32(float scale, const float* x, uint8_t* out) {
 #ifdef __AVX512F__
-  alignas(64) float levels[16];
-  for (int i = 0; i < 16; ++i) levels[i] = kernels::kIq4NlLevels[i];
-  const __m512 table = _mm512_load_ps(levels);
-  const __m512 first = _mm512_set1_ps(levels[0]), last = _mm512_set1_ps(levels[15]);
+  const __m512 table = _mm512_load_ps(kLevels.data());
+  const __m512 first = _mm512_set1_ps(kLevels[0]), last = _mm512_set1_ps(kLevels[15]);
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int h = 0; h < 32; h += 16) {
     const __m512 v = _mm512_mul_ps(vscale, _mm512_loadu_ps(x + h));
     __m512i below = _mm512_setzero_si512();
-    for (int k = 1; k < 16; ++k) {
-      const __mmask16 at_or_above = _mm512_cmp_ps_mask(_mm512_set1_ps(levels[k]), v, _CMP_LE_OQ);
+    for (size_t k = 1; k < 16; ++k) {
+      const __mmask16 at_or_above = _mm512_cmp_ps_mask(_mm512_set1_ps(kLevels[k]), v, _CMP_LE_OQ);
       below = _mm512_mask_add_epi32(below, at_or_above, below, _mm512_set1_epi32(1));
     }
     const __m512i above =
@@ -391,21 +391,13 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
   const int8_t* values = kernels::kIq4NlLevels;
   Iq4Result r;
   float scales[8] = {};
-  float max_scale = 0.0f, amax_scale = 0.0f;
   for (int ib = 0; ib < blocks; ++ib) {
     const float* xb = x + 32 * ib;
     uint8_t* lb = r.levels + 32 * ib;
     float weight[32];
     for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float ax = std::fabs(xb[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = xb[j];
-      }
-    }
-    if (amax < 1e-15f) continue;  // ggml's GROUP_MAX_EPS: scale 0
+    const float max = SignedAbsMax(xb, 32);
+    if (std::fabs(max) < 1e-15f) continue;  // ggml's GROUP_MAX_EPS: scale 0
     // The levels of xb at 1 / `inverse` (into l), then the weighted sums of
     // level x value and level^2, in element order.
     float sumqx = 0.0f, sumq2 = 0.0f;
@@ -432,10 +424,6 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
       }
     }
     scales[ib] = d;
-    if (std::fabs(d) > amax_scale) {
-      amax_scale = std::fabs(d);
-      max_scale = d;
-    }
   }
   if (blocks == 1) {
     r.d = FloatToHalf(scales[0]);
@@ -443,7 +431,7 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
     NearestLevels32(id, x, r.levels);
     return r;
   }
-  const float d = -max_scale / 32;
+  const float d = -SignedAbsMax(scales, blocks) / 32;
   r.d = FloatToHalf(d);
   const float id = d != 0.0f ? 1 / d : 0.0f;
   for (int ib = 0; ib < blocks; ++ib) {

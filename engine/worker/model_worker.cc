@@ -48,7 +48,7 @@ kernels::Backend* ModelWorker::draft_backend() {
 
 void ModelWorker::ReleaseKvPages() {
   backend_->ReleaseKvPages();
-  if (separate_draft_ != nullptr) separate_draft_->backend().ReleaseKvPages();
+  if (kernels::Backend* draft = draft_backend()) draft->ReleaseKvPages();
 }
 
 absl::Status ModelWorker::ProposeDrafts(const step::StepPlan& plan,
