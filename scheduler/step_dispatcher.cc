@@ -47,22 +47,25 @@ int32_t StepDispatcher::PromptStepBudget(absl::Time now) const {
   const double limit = slack - absl::ToDoubleMilliseconds(options_.start_latency);
   int32_t chunk =
       ChunkWithin(model, rows, mean_context, core_->min_prompt_chunk(), max_tokens - rows, limit);
-  // Not even a step with the least chunk fits within the streams' TPOT
-  // budget: shrinking would cost the prompts without keeping it, so the step
-  // is full-size (their mean absorbs it, as colocated serving's does).
-  if (model.PredictMs(MixedShape(rows, mean_context, core_->min_prompt_chunk())) >
-      core_->LeastTpotMs(Lane::kPrefill)) {
-    chunk = max_tokens - rows;
-  }
-  // The prompts due first would miss their TTFT at that size but can still
+  // When not even a step with the least chunk fits within the streams' TPOT
+  // budget (an overloaded machine: many streams of a large model), they miss
+  // it whatever the chunk, and ChunkWithin has answered the least chunk:
+  // each larger one would only lengthen every stream's stall (the
+  // inter-token tail), for prompts that the rule below serves when their
+  // TTFT needs it.
+  // The prompts due first would miss their TTFT at this size but can still
   // make it at full size: they are the more pressed, and get full steps.
+  // Prompts that miss it either way are lost to goodput already, so the
+  // streams' stalls are not stretched for them.
   if (const std::optional<SchedulerCore::PromptPressure> p = core_->EarliestPrompt(now);
       p.has_value() && p->deadline_ms > 0 && chunk < max_tokens - rows) {
     auto finish_ms = [&](int32_t c) {
       const double steps = std::ceil(static_cast<double>(p->tokens) / c);
       return steps * model.PredictMs(MixedShape(rows, mean_context, c));
     };
-    if (finish_ms(chunk) > p->deadline_ms) chunk = max_tokens - rows;
+    if (finish_ms(chunk) > p->deadline_ms && finish_ms(max_tokens - rows) <= p->deadline_ms) {
+      chunk = max_tokens - rows;
+    }
   }
   return rows + chunk;
 }

@@ -179,5 +179,59 @@ TEST(SloPolicyTest, TightTpotGoesToTheDecodeLaneLooseStaysColocated) {
   EXPECT_EQ(slo.tokens, Simulate(shape, Policy::kColocated).tokens);
 }
 
+// An overloaded machine: 24 colocated streams whose decode step alone
+// (1 + 0.1 * 24 = 3.4 ms) is past their 2 ms TPOT budget, and one prompt of
+// `prompt` tokens arriving at 100 ms with `ttft_ms`. Returns the streams'
+// longest gap between tokens and the prompt's TTFT (ms).
+struct OverloadOutcome {
+  double longest_stream_gap = 0;
+  double prompt_ttft = 0;
+};
+
+OverloadOutcome RunOverloaded(int32_t prompt, double ttft_ms) {
+  SchedulerOptions o = Base();  // 64-token steps, chunks of at least 16
+  o.slo_policy = true;
+  SharedComputeSimulation sim(o, {DispatchPolicy::kSlo, {}, true, Ms(testing::kTaskMs)}, 4096);
+  sim.core().mutable_time_model().Calibrate(1.1, 7.4, 64);
+  std::vector<std::shared_ptr<TimedRecord>> streams;
+  for (uint64_t id = 1; id <= 24; ++id) {
+    streams.push_back(std::make_shared<TimedRecord>(sim.clock()));
+    Request r = MakeRequest(4, 120, streams.back(), id);
+    r.slo = {Ms(1000), Ms(2)};
+    sim.AddAt(0, id, std::move(r));
+  }
+  auto late = std::make_shared<TimedRecord>(sim.clock());
+  Request r = MakeRequest(prompt, 2, late, 99);
+  r.slo = {Ms(ttft_ms), Ms(50)};
+  sim.AddAt(100, 99, std::move(r));
+  sim.RunToCompletion();
+  OverloadOutcome out;
+  for (const auto& s : streams) {
+    for (size_t i = 1; i < s->times.size(); ++i) {
+      out.longest_stream_gap = std::max(out.longest_stream_gap, s->times[i] - s->times[i - 1]);
+    }
+  }
+  out.prompt_ttft = late->times.empty() ? 1e9 : late->times.front() - 100;
+  return out;
+}
+
+TEST(SloPolicyTest, OverloadedStreamsStallOnlyForTheLeastChunkOfAPromptThatMissesAnyway) {
+  // The prompt's 1 ms TTFT is out of reach at any chunk size, and the
+  // streams miss their TPOT whatever the chunk: a step carries the least
+  // chunk (24 decodes + 16 prompt tokens = 5 ms), not a full one (64 tokens,
+  // 7.4 ms), so the streams' longest stall is the shortest it can be.
+  const OverloadOutcome o = RunOverloaded(192, 1);
+  EXPECT_LE(o.longest_stream_gap, 1.0 + 0.1 * (24 + 16) + 1e-6);
+}
+
+TEST(SloPolicyTest, OverloadedStreamsStillGiveFullStepsToAPromptThatNeedsThem) {
+  // 192 tokens: 5 full steps (40 prompt tokens beside 24 decodes, 7.4 ms
+  // each: 37 ms) make a 50 ms TTFT, 12 steps of the least chunk (60 ms) do
+  // not.
+  const OverloadOutcome o = RunOverloaded(192, 50);
+  EXPECT_LE(o.prompt_ttft, 50.0);
+  EXPECT_GT(o.longest_stream_gap, 1.0 + 0.1 * (24 + 16) + 1e-6);
+}
+
 }  // namespace
 }  // namespace tandem::scheduler
