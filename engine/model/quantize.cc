@@ -6,20 +6,9 @@
 #include <cstring>
 #include <limits>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "common/check.h"
 #include "engine/kernels/half.h"
-
-// GCC 12 reports the undefined pass-through operand inside AVX-512
-// intrinsics (_mm512_undefined_*) as uninitialized once they are inlined
-// (GCC bug 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "engine/model/iq4_levels.h"
 
 namespace tandem::model {
 namespace {
@@ -319,59 +308,6 @@ int NearestInt(float v) {
   return (bits & 0x007fffff) - 0x00400000;
 }
 
-// The IQ4 levels as floats, ascending (what NearestLevel compares against).
-alignas(64) constexpr std::array<float, 16> kLevels = [] {
-  std::array<float, 16> levels{};
-  for (int i = 0; i < 16; ++i) levels[static_cast<size_t>(i)] = kernels::kIq4NlLevels[i];
-  return levels;
-}();
-
-// The index of the level nearest x: ggml's best_index_int8, without its
-// branches (they mispredict on every other element). Between the levels
-// lo <= x < hi that bracket x, the same float comparison: lo's index when
-// x - lo < hi - x (a tie goes up).
-[[maybe_unused]] int NearestLevel(float x) {
-  int below = 0;  // the last level <= x, when x > kLevels[0]
-  for (size_t k = 1; k < 16; ++k) below += kLevels[k] <= x ? 1 : 0;
-  const int above = std::min(below + 1, 15);
-  const float lo = kLevels[static_cast<size_t>(below)];
-  const float hi = kLevels[static_cast<size_t>(above)];
-  const int nearer = x - lo < hi - x ? below : above;
-  return x <= kLevels[0] ? 0 : (x >= kLevels[15] ? 15 : nearer);
-}
-
-// out[j] = NearestLevel(scale * x[j]) for j < 32: the same float operations
-// lane by lane (so the same indices), 16 at a time where AVX-512 is built.
-void NearestLevels32(float scale, const float* x, uint8_t* out) {
-#ifdef __AVX512F__
-  const __m512 table = _mm512_load_ps(kLevels.data());
-  const __m512 first = _mm512_set1_ps(kLevels[0]), last = _mm512_set1_ps(kLevels[15]);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int h = 0; h < 32; h += 16) {
-    const __m512 v = _mm512_mul_ps(vscale, _mm512_loadu_ps(x + h));
-    __m512i below = _mm512_setzero_si512();
-    for (size_t k = 1; k < 16; ++k) {
-      const __mmask16 at_or_above = _mm512_cmp_ps_mask(_mm512_set1_ps(kLevels[k]), v, _CMP_LE_OQ);
-      below = _mm512_mask_add_epi32(below, at_or_above, below, _mm512_set1_epi32(1));
-    }
-    const __m512i above =
-        _mm512_min_epi32(_mm512_add_epi32(below, _mm512_set1_epi32(1)), _mm512_set1_epi32(15));
-    const __m512 lo = _mm512_permutexvar_ps(below, table);
-    const __m512 hi = _mm512_permutexvar_ps(above, table);
-    const __mmask16 lower =
-        _mm512_cmp_ps_mask(_mm512_sub_ps(v, lo), _mm512_sub_ps(hi, v), _CMP_LT_OQ);
-    __m512i index = _mm512_mask_blend_epi32(lower, above, below);
-    index = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, first, _CMP_LE_OQ), index,
-                                    _mm512_setzero_si512());
-    index = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, last, _CMP_GE_OQ), index,
-                                    _mm512_set1_epi32(15));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + h), _mm512_cvtepi32_epi8(index));
-  }
-#else
-  for (int j = 0; j < 32; ++j) out[j] = static_cast<uint8_t>(NearestLevel(scale * x[j]));
-#endif
-}
-
 // IQ4_NL and IQ4_XS, as llama.cpp quantizes them without an importance
 // matrix (quantize_row_iq4_nl_impl with seven tries each way): each block of
 // 32 gets the scale, among the one through its largest element and the
@@ -402,7 +338,7 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
     // level x value and level^2, in element order.
     float sumqx = 0.0f, sumq2 = 0.0f;
     auto fit = [&](float inverse, uint8_t* l) {
-      NearestLevels32(inverse, xb, l);
+      NearestIq4Levels32(inverse, xb, l);
       sumqx = sumq2 = 0.0f;
       for (int j = 0; j < 32; ++j) {
         const float q = values[l[j]];
@@ -428,7 +364,7 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
   if (blocks == 1) {
     r.d = FloatToHalf(scales[0]);
     const float id = scales[0] != 0.0f ? 1 / scales[0] : 0.0f;
-    NearestLevels32(id, x, r.levels);
+    NearestIq4Levels32(id, x, r.levels);
     return r;
   }
   const float d = -SignedAbsMax(scales, blocks) / 32;
@@ -438,7 +374,7 @@ Iq4Result QuantizeIq4(const float* x, int blocks) {
     const int l = std::clamp(NearestInt(id * scales[ib]), -32, 31);
     const float dl = d * static_cast<float>(l);
     const float idl = dl != 0.0f ? 1 / dl : 0.0f;
-    NearestLevels32(idl, x + 32 * ib, r.levels + 32 * ib);
+    NearestIq4Levels32(idl, x + 32 * ib, r.levels + 32 * ib);
     r.scales[ib] = static_cast<uint8_t>(l + 32);
   }
   return r;

@@ -12,8 +12,6 @@
 //    token's log-probabilities are bitwise those of a run without drafts.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +32,7 @@
 #include "server/serving_model.h"
 #include "tests/integration/test_model.h"
 #include "tests/unit/gguf_builder.h"
+#include "tests/unit/resident_pages.h"
 
 namespace tandem {
 namespace {
@@ -368,20 +367,14 @@ TEST_F(SpeculativeDecodingTest, ReleasingKvPagesGivesBackTheDraftModelsToo) {
   auto* worker = dynamic_cast<worker::ModelWorker*>(model_->prefill_worker());
   ASSERT_NE(worker, nullptr);
   ASSERT_NE(worker->draft_backend(), nullptr);
-  auto resident_pages = [](const kernels::KvStorage& storage) {
-    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    std::vector<unsigned char> in_core((storage.bytes + page - 1) / page);
-    EXPECT_EQ(::mincore(storage.data, storage.bytes, in_core.data()), 0);
-    return std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; });
-  };
   const kernels::KvStorage draft = worker->draft_backend()->kv_storage();
   const kernels::KvStorage own = worker->backend().kv_storage();
   ASSERT_NE(draft.data, own.data);
-  EXPECT_GT(resident_pages(draft), 0);
-  EXPECT_GT(resident_pages(own), 0);
+  EXPECT_GT(testing::ResidentPages(draft), 0);
+  EXPECT_GT(testing::ResidentPages(own), 0);
   model_->ReleaseKvPages();
-  EXPECT_EQ(resident_pages(draft), 0);
-  EXPECT_EQ(resident_pages(own), 0);
+  EXPECT_EQ(testing::ResidentPages(draft), 0);
+  EXPECT_EQ(testing::ResidentPages(own), 0);
 }
 
 // A draft model must speak the target's vocabulary: a smaller one, or one

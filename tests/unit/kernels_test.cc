@@ -2,8 +2,6 @@
 // batch-invariance contract (backend.h): a row's result is bitwise the same
 // alone, in batches of any size and order, chunked, and on any thread count.
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +20,7 @@
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
 #include "tests/unit/random_weights.h"
+#include "tests/unit/resident_pages.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -1044,13 +1043,8 @@ TEST(CpuBackendKvCacheTest, ReleasedPagesLeaveMemoryAndReadAsZeros) {
   ASSERT_TRUE(backend.CreateKvCache(shape).ok());
   ASSERT_TRUE(sharer.ShareKvCache(backend).ok());
   const KvStorage storage = backend.kv_storage();
-  const long page = ::sysconf(_SC_PAGESIZE);
-  const size_t pages = (storage.bytes + static_cast<size_t>(page) - 1) / static_cast<size_t>(page);
-  auto resident = [&] {
-    std::vector<unsigned char> in_core(pages);
-    EXPECT_EQ(::mincore(storage.data, storage.bytes, in_core.data()), 0);
-    return std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; });
-  };
+  const size_t pages = testing::PagesOf(storage);
+  auto resident = [&] { return testing::ResidentPages(storage); };
   EXPECT_EQ(resident(), 0);  // mapped, never touched
   std::memset(storage.data, 0x5a, storage.bytes);
   EXPECT_EQ(resident(), static_cast<std::ptrdiff_t>(pages));

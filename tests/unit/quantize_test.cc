@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "engine/kernels/cpu/dequantize.h"
+#include "engine/kernels/dtype.h"
 #include "engine/kernels/half.h"
 #include "engine/model/file_type.h"
+#include "engine/model/iq4_levels.h"
 
 namespace tandem::model {
 namespace {
@@ -110,6 +112,54 @@ TEST(QuantizeTest, FlatZeroAndOneSidedBlocksDecode) {
     const bool symmetric_levels = type == DType::kIQ4_NL || type == DType::kIQ4_XS;
     EXPECT_LE(RelativeRmsError(positive, RoundTrip(type, positive)),
               symmetric_levels ? 0.09 : 0.05);
+  }
+}
+
+// ggml's best_index_int8 as llama.cpp writes it: a binary search for the
+// levels that bracket x, then the nearer (a tie goes up).
+int GgmlBestIndex(float x) {
+  const int8_t* val = kernels::kIq4NlLevels;
+  if (x <= val[0]) return 0;
+  if (x >= val[15]) return 15;
+  int ml = 0, mu = 15;
+  while (mu - ml > 1) {
+    const int mav = (ml + mu) / 2;
+    if (x < val[mav]) {
+      mu = mav;
+    } else {
+      ml = mav;
+    }
+  }
+  return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+TEST(Iq4LevelsTest, BothSearchesChooseAsGgmlsBinarySearchDoes) {
+  // Every level, every midpoint between neighbours (an exact tie in float:
+  // it goes up), the floats either side of each, the ends, and random values.
+  std::vector<float> x = {-1000.0f, 1000.0f, 0.0f, -0.0f};
+  for (int i = 0; i < 16; ++i) {
+    std::vector<float> points = {static_cast<float>(kernels::kIq4NlLevels[i])};
+    if (i < 15) points.push_back(0.5f * (kernels::kIq4NlLevels[i] + kernels::kIq4NlLevels[i + 1]));
+    for (float p : points) {
+      x.insert(x.end(), {p, std::nextafter(p, -1e9f), std::nextafter(p, 1e9f)});
+    }
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-140.0f, 140.0f);
+  while (x.size() % 32 != 0 || x.size() < 4096) x.push_back(uniform(rng));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(NearestIq4Level(x[i]), GgmlBestIndex(x[i])) << "x = " << x[i];
+  }
+  // The 32-wide search (AVX-512 where built) with a scale applied first.
+  for (const float scale : {1.0f, 0.37f, -2.5f}) {
+    for (size_t b = 0; b < x.size(); b += 32) {
+      uint8_t out[32];
+      NearestIq4Levels32(scale, x.data() + b, out);
+      for (size_t j = 0; j < 32; ++j) {
+        ASSERT_EQ(out[j], GgmlBestIndex(scale * x[b + j]))
+            << "x = " << x[b + j] << ", scale " << scale;
+      }
+    }
   }
 }
 
