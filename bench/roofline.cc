@@ -1,6 +1,8 @@
 // The machine's own bounds for the CPU figures in docs/performance.md:
-// peak float32 FMA rate, peak bfloat16 dot-product rate (AVX-512 BF16) and
-// memory read bandwidth, each on --threads threads at once. Prints one
+// peak float32 FMA rate, peak bfloat16 dot-product rate (AVX-512 BF16),
+// peak 8-bit integer dot-product rate (AVX-512 VNNI: the bound of
+// --cpu_matmul=q8) and memory read bandwidth, each on --threads threads at
+// once. Prints one
 // `name value` line per bound.
 //
 //   build/bin/tandem-roofline [--threads=2]
@@ -56,6 +58,24 @@ float SumBytes(const float* data, size_t floats) {
 }
 #endif
 
+#if defined(__AVX512VNNI__)
+// vpdpbusd: 16 lanes of four byte products summed into int32, in 12
+// independent chains (as the float loops); one multiply and one add a
+// product, as the float rates count them.
+int Int8DotChains(long iterations) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  }
+  int sum = 0;
+  for (int i = 0; i < 12; ++i) sum += _mm512_reduce_add_epi32(acc[i]);
+  return sum;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,6 +93,13 @@ int main(int argc, char** argv) {
       threads, [&](int) { sink = sink + tandem::kernels::cpu::Bf16DotChains(kIterations); });
   // 12 dot products x 16 lanes x 2 pairs x 2 flops per iteration.
   std::printf("bf16_dot_gflops %.1f\n", threads * kIterations * 12.0 * 64 / bf16_seconds / 1e9);
+#endif
+#if defined(__AVX512VNNI__)
+  volatile int int_sink = 0;
+  const double int8_seconds =
+      OnThreads(threads, [&](int) { int_sink = int_sink + Int8DotChains(kIterations); });
+  // 12 dot products x 16 lanes x 4 pairs x 2 ops per iteration.
+  std::printf("int8_dot_gops %.1f\n", threads * kIterations * 12.0 * 128 / int8_seconds / 1e9);
 #endif
   constexpr size_t kBytes = size_t{1} << 30;
   auto* buffer = static_cast<float*>(std::aligned_alloc(64, kBytes));

@@ -162,11 +162,14 @@ def print_bounds(a, measured):
     matmul = a.matmul
     if matmul == "auto":  # as tandemd resolves it
         matmul = "bf16" if "bf16_dot_gflops" in roof else "f32"
-    peak = roof["bf16_dot_gflops" if matmul == "bf16" else "fp32_fma_gflops"] * 1e9
+    # Each mode's products: q8 multiplies 8-bit integers (VNNI dot products).
+    peak_of = {"bf16": "bf16_dot_gflops", "q8": "int8_dot_gops"}
+    peak = roof[peak_of.get(matmul, "fp32_fma_gflops")] * 1e9
     bandwidth = roof["read_bandwidth_gbs"] * 1e9
     print(f"bounds measured on this machine (tandem-roofline, {int(roof['threads'])} threads): "
           f"fp32 FMA {roof['fp32_fma_gflops']:.0f} GFLOP/s, bf16 dot "
-          f"{roof.get('bf16_dot_gflops', 0):.0f} GFLOP/s, read {roof['read_bandwidth_gbs']:.1f} "
+          f"{roof.get('bf16_dot_gflops', 0):.0f} GFLOP/s, int8 dot "
+          f"{roof.get('int8_dot_gops', 0):.0f} GOP/s, read {roof['read_bandwidth_gbs']:.1f} "
           f"GB/s; the model: {2 * layer_macs / 1e6:.0f} MFLOP per token in its layers, "
           f"{step_bytes / 1e6:.0f} MB of weights per decode step; peak used: {matmul}")
 
