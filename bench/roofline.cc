@@ -7,12 +7,13 @@
 //
 //   build/bin/tandem-roofline [--threads=2]
 //
-// The compute loops (the ones --cpu_matmul=auto measures, product_rates.h)
-// run 12 independent accumulator chains per thread (more than the FMA
+// The compute loops (the float ones are those --cpu_matmul=auto measures,
+// product_rates.h) run 12 independent accumulator chains per thread (more than the FMA
 // latency times the issue rate), in registers; the bandwidth
 // loop streams a buffer much larger than the caches with 512-bit loads.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -62,7 +63,7 @@ float SumBytes(const float* data, size_t floats) {
 // vpdpbusd: 16 lanes of four byte products summed into int32, in 12
 // independent chains (as the float loops); one multiply and one add a
 // product, as the float rates count them.
-int Int8DotChains(long iterations) {
+uint32_t Int8DotChains(long iterations) {
   __m512i acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
   const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
@@ -70,9 +71,10 @@ int Int8DotChains(long iterations) {
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
   }
-  int sum = 0;
-  for (int i = 0; i < 12; ++i) sum += _mm512_reduce_add_epi32(acc[i]);
-  return sum;
+  // The lanes pass 2^31 on long runs: combined without arithmetic.
+  __m512i all = acc[0];
+  for (int i = 1; i < 12; ++i) all = _mm512_xor_si512(all, acc[i]);
+  return static_cast<uint32_t>(_mm512_reduce_or_epi32(all));
 }
 #endif
 
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
   std::printf("bf16_dot_gflops %.1f\n", threads * kIterations * 12.0 * 64 / bf16_seconds / 1e9);
 #endif
 #if defined(__AVX512VNNI__)
-  volatile int int_sink = 0;
+  volatile uint32_t int_sink = 0;
   const double int8_seconds =
       OnThreads(threads, [&](int) { int_sink = int_sink + Int8DotChains(kIterations); });
   // 12 dot products x 16 lanes x 4 pairs x 2 ops per iteration.

@@ -164,7 +164,9 @@ def print_bounds(a, measured):
         matmul = "bf16" if "bf16_dot_gflops" in roof else "f32"
     # Each mode's products: q8 multiplies 8-bit integers (VNNI dot products).
     peak_of = {"bf16": "bf16_dot_gflops", "q8": "int8_dot_gops"}
-    peak = roof[peak_of.get(matmul, "fp32_fma_gflops")] * 1e9
+    key = peak_of.get(matmul, "fp32_fma_gflops")
+    # Without the instructions the mode falls back to float32 panels.
+    peak = roof[key if key in roof else "fp32_fma_gflops"] * 1e9
     bandwidth = roof["read_bandwidth_gbs"] * 1e9
     print(f"bounds measured on this machine (tandem-roofline, {int(roof['threads'])} threads): "
           f"fp32 FMA {roof['fp32_fma_gflops']:.0f} GFLOP/s, bf16 dot "

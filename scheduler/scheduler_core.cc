@@ -1000,7 +1000,7 @@ std::optional<SchedulerCore::PromptPressure> SchedulerCore::EarliestPrompt(absl:
   auto visit = [&](const Sequence& s) {
     if (s.generated > 0) return;
     const absl::Time due = s.timeline.arrival + s.request.slo.ttft;
-    if (!earliest || due < *earliest) earliest = due;
+    if (due > now && (!earliest || due < *earliest)) earliest = due;
   };
   for (const SequencePtr& s : waiting_) visit(*s);
   for (const RunningList& list : running_) {

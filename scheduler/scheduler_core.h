@@ -229,8 +229,11 @@ class SchedulerCore {
   // Prompt tokens admitted but not yet computed.
   int64_t running_prompt_tokens() const;
   // The prompts most pressed for their first token: the earliest TTFT
-  // deadline of a request without one (ms from `now`), and the prompt tokens
-  // still to compute of the requests due by then. nullopt: none waits.
+  // deadline after `now` of a request without one (ms from `now`), and the
+  // prompt tokens still to compute of the requests due by then, those past
+  // their deadline included (they go first: earliest deadline first).
+  // Prompts already past their deadline cannot be saved, so they do not hide
+  // the ones behind them that can. nullopt: none waits with a deadline ahead.
   struct PromptPressure {
     double deadline_ms = 0;
     int64_t tokens = 0;

@@ -47,16 +47,15 @@ int32_t StepDispatcher::PromptStepBudget(absl::Time now) const {
   const double limit = slack - absl::ToDoubleMilliseconds(options_.start_latency);
   int32_t chunk =
       ChunkWithin(model, rows, mean_context, core_->min_prompt_chunk(), max_tokens - rows, limit);
-  // When not even a step with the least chunk fits within the streams' TPOT
-  // budget (an overloaded machine: many streams of a large model), they miss
-  // it whatever the chunk, and ChunkWithin has answered the least chunk:
-  // each larger one would only lengthen every stream's stall (the
-  // inter-token tail), for prompts that the rule below serves when their
-  // TTFT needs it.
-  // The prompts due first would miss their TTFT at this size but can still
-  // make it at full size: they are the more pressed, and get full steps.
-  // Prompts that miss it either way are lost to goodput already, so the
-  // streams' stalls are not stretched for them.
+  // When not even a step with the least chunk fits within the streams'
+  // least slack (an overloaded machine: many streams of a large model),
+  // ChunkWithin answers the least chunk: each larger one would only
+  // lengthen every stream's stall (the inter-token tail), for prompts that
+  // the rule below serves when their TTFT needs it.
+  // The prompts due first (of those that can still make their TTFT) would
+  // miss it at this size but make it at full size: they are the more
+  // pressed, and get full steps. Prompts that miss it either way are lost
+  // to goodput already, so the streams' stalls are not stretched for them.
   if (const std::optional<SchedulerCore::PromptPressure> p = core_->EarliestPrompt(now);
       p.has_value() && p->deadline_ms > 0 && chunk < max_tokens - rows) {
     auto finish_ms = [&](int32_t c) {

@@ -1,7 +1,6 @@
 #include "engine/model/quantize.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>

@@ -14,9 +14,11 @@
 // whatever the policy and path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/unit/shared_compute_simulation.h"
@@ -180,15 +182,15 @@ TEST(SloPolicyTest, TightTpotGoesToTheDecodeLaneLooseStaysColocated) {
 }
 
 // An overloaded machine: 24 colocated streams whose decode step alone
-// (1 + 0.1 * 24 = 3.4 ms) is past their 2 ms TPOT budget, and one prompt of
-// `prompt` tokens arriving at 100 ms with `ttft_ms`. Returns the streams'
-// longest gap between tokens and the prompt's TTFT (ms).
+// (1 + 0.1 * 24 = 3.4 ms) is past their 2 ms TPOT budget, and prompts
+// arriving at 100 ms, each {tokens, TTFT ms}, in order. Returns the
+// streams' longest gap between tokens and each prompt's TTFT (ms).
 struct OverloadOutcome {
   double longest_stream_gap = 0;
-  double prompt_ttft = 0;
+  std::vector<double> prompt_ttft;
 };
 
-OverloadOutcome RunOverloaded(int32_t prompt, double ttft_ms) {
+OverloadOutcome RunOverloaded(const std::vector<std::pair<int32_t, double>>& prompts) {
   SchedulerOptions o = Base();  // 64-token steps, chunks of at least 16
   o.slo_policy = true;
   SharedComputeSimulation sim(o, {DispatchPolicy::kSlo, {}, true, Ms(testing::kTaskMs)}, 4096);
@@ -200,10 +202,14 @@ OverloadOutcome RunOverloaded(int32_t prompt, double ttft_ms) {
     r.slo = {Ms(1000), Ms(2)};
     sim.AddAt(0, id, std::move(r));
   }
-  auto late = std::make_shared<TimedRecord>(sim.clock());
-  Request r = MakeRequest(prompt, 2, late, 99);
-  r.slo = {Ms(ttft_ms), Ms(50)};
-  sim.AddAt(100, 99, std::move(r));
+  std::vector<std::shared_ptr<TimedRecord>> late;
+  for (const auto& [tokens, ttft_ms] : prompts) {
+    late.push_back(std::make_shared<TimedRecord>(sim.clock()));
+    const uint64_t id = 100 + late.size();
+    Request r = MakeRequest(tokens, 2, late.back(), id);
+    r.slo = {Ms(ttft_ms), Ms(50)};
+    sim.AddAt(100, id, std::move(r));
+  }
   sim.RunToCompletion();
   OverloadOutcome out;
   for (const auto& s : streams) {
@@ -211,26 +217,39 @@ OverloadOutcome RunOverloaded(int32_t prompt, double ttft_ms) {
       out.longest_stream_gap = std::max(out.longest_stream_gap, s->times[i] - s->times[i - 1]);
     }
   }
-  out.prompt_ttft = late->times.empty() ? 1e9 : late->times.front() - 100;
+  for (const auto& r : late) out.prompt_ttft.push_back(r->times.empty() ? 1e9 : r->times[0] - 100);
   return out;
 }
 
+// A step of the 24 decodes and the least chunk; a full one is 64 tokens,
+// 7.4 ms. 192 prompt tokens take 5 full steps (40 prompt tokens each: 37
+// ms) or 12 least ones (60 ms).
+constexpr double kLeastChunkStepMs = 1.0 + 0.1 * (24 + 16);
+
 TEST(SloPolicyTest, OverloadedStreamsStallOnlyForTheLeastChunkOfAPromptThatMissesAnyway) {
-  // The prompt's 1 ms TTFT is out of reach at any chunk size, and the
-  // streams miss their TPOT whatever the chunk: a step carries the least
-  // chunk (24 decodes + 16 prompt tokens = 5 ms), not a full one (64 tokens,
-  // 7.4 ms), so the streams' longest stall is the shortest it can be.
-  const OverloadOutcome o = RunOverloaded(192, 1);
-  EXPECT_LE(o.longest_stream_gap, 1.0 + 0.1 * (24 + 16) + 1e-6);
+  // A 20 ms TTFT: missed at full size (37 ms) and at the least chunk (60),
+  // while the streams miss their TPOT whatever the chunk: each step carries
+  // the least chunk, so the streams' longest stall is the shortest it can be.
+  const OverloadOutcome o = RunOverloaded({{192, 20}});
+  EXPECT_LE(o.longest_stream_gap, kLeastChunkStepMs + 1e-6);
+  EXPECT_GT(o.prompt_ttft[0], 20.0);
 }
 
 TEST(SloPolicyTest, OverloadedStreamsStillGiveFullStepsToAPromptThatNeedsThem) {
-  // 192 tokens: 5 full steps (40 prompt tokens beside 24 decodes, 7.4 ms
-  // each: 37 ms) make a 50 ms TTFT, 12 steps of the least chunk (60 ms) do
-  // not.
-  const OverloadOutcome o = RunOverloaded(192, 50);
-  EXPECT_LE(o.prompt_ttft, 50.0);
-  EXPECT_GT(o.longest_stream_gap, 1.0 + 0.1 * (24 + 16) + 1e-6);
+  // A 50 ms TTFT: made at full size (37 ms), missed at the least chunk.
+  const OverloadOutcome o = RunOverloaded({{192, 50}});
+  EXPECT_LE(o.prompt_ttft[0], 50.0);
+  EXPECT_GT(o.longest_stream_gap, kLeastChunkStepMs + 1e-6);
+}
+
+TEST(SloPolicyTest, APromptPastItsDeadlineDoesNotHideOneThatCanBeSaved) {
+  // 120 tokens already out of time (1 ms) ahead of 72 with 50 ms: the 192
+  // tokens before the second one's first token make its deadline only in
+  // full steps from the start (after the first prompt's 8 least chunks,
+  // 40 ms, 72 tokens do not fit in the 10 ms left).
+  const OverloadOutcome o = RunOverloaded({{120, 1}, {72, 50}});
+  EXPECT_GT(o.prompt_ttft[0], 1.0);
+  EXPECT_LE(o.prompt_ttft[1], 50.0);
 }
 
 }  // namespace
