@@ -2,15 +2,14 @@
 // peak float32 FMA rate, peak bfloat16 dot-product rate (AVX-512 BF16),
 // peak 8-bit integer dot-product rate (AVX-512 VNNI: the bound of
 // --cpu_matmul=q8) and memory read bandwidth, each on --threads threads at
-// once. Prints one
-// `name value` line per bound.
+// once. Prints one `name value` line per bound.
 //
 //   build/bin/tandem-roofline [--threads=2]
 //
 // The compute loops (the float ones are those --cpu_matmul=auto measures,
-// product_rates.h) run 12 independent accumulator chains per thread (more than the FMA
-// latency times the issue rate), in registers; the bandwidth
-// loop streams a buffer much larger than the caches with 512-bit loads.
+// product_rates.h) run 12 independent accumulator chains per thread (more
+// than the latency times the issue rate), in registers; the bandwidth loop
+// streams a buffer much larger than the caches with 512-bit loads.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

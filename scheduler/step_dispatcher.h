@@ -28,8 +28,10 @@
 //     ceil(P / min_prompt_chunk) prefill steps, whatever the slack. When
 //     even the least chunk's step is past the streams' least slack
 //     (overload: they miss their budget whatever the size), the step keeps
-//     the least chunk, so their stalls stay as short as they can be. When the prompts due first
-//     would miss their TTFT at the chosen size but make it at full size, the step is full-size.
+//     the least chunk, so their stalls stay as short as they can be. When
+//     the prompts due first (of those that can still make their TTFT)
+//     would miss it at the chosen size but make it at full size, the step
+//     is full-size.
 //   - Waiting prompts are admitted earliest TTFT deadline first
 //     (SchedulerCore), and each request's path is weighed against its budget
 //     (scheduler/slo_path.h).
