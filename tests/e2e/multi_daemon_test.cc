@@ -211,8 +211,11 @@ TEST(MultiDaemonTest, WhenThePrefillDaemonDiesItsRequestsEndOnTheDecodeDaemon) {
       return Generate(*stub, Request(i, 900));
     }));
   }
-  ASSERT_TRUE(pool.decoders[0]->WaitForLoad(
-      [](const v1::Load& l) { return l.running_prefill() + l.running_decode() == 2; }));
+  ASSERT_TRUE(pool.decoders[0]->WaitForLoad([](const v1::Load& l) {
+    return l.running_prefill() + l.running_decode() == 2;
+  })) << "prefill daemon:\n"
+      << pool.prefill->Log() << "\ndecode daemon:\n"
+      << pool.decoders[0]->Log();
   EXPECT_EQ(pool.prefill->Stop(SIGKILL), 128 + SIGKILL);
   // The clients' streams fail as with a drain, after the tokens they had.
   for (auto& f : futures) {
