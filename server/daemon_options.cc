@@ -1,5 +1,6 @@
 #include "server/daemon_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -120,7 +121,8 @@ ABSL_FLAG(int, block_size, 16, "tokens per KV block");
 ABSL_FLAG(int, context_length, 0, "tokens per sequence (0: the model's context length)");
 ABSL_FLAG(int, max_batched_tokens, 128,
           "tokens per step of one worker, all its sequences together (the prefill chunk size)");
-ABSL_FLAG(int, max_running, 64, "sequences in the running batch");
+ABSL_FLAG(int, max_running, 0,
+          "sequences in the running batch (0: 64, or --max_batched_tokens when that is fewer)");
 ABSL_FLAG(int, max_queued_requests, 256,
           "requests waiting to run; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queued_tokens, 262144,
@@ -234,6 +236,9 @@ ABSL_FLAG(int, kv_events_replay_messages, 10000, "KV event messages the replay s
 
 namespace tandem::server {
 namespace {
+
+// --max_running=0: this many sequences, or --max_batched_tokens if fewer.
+constexpr int kDefaultMaxRunning = 64;
 
 absl::Status FlagError(std::string message) {
   return absl::InvalidArgumentError(std::move(message));
@@ -455,11 +460,26 @@ absl::Status ReadSpeculation(DaemonOptions& options) {
 absl::Status ReadScheduling(DaemonOptions& options) {
   scheduler::SchedulerOptions& sched = options.scheduler;
   sched.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
-  sched.max_running = absl::GetFlag(FLAGS_max_running);
-  for (const auto& [flag, value] : {std::pair{"--max_batched_tokens", sched.max_batched_tokens},
-                                    std::pair{"--max_running", sched.max_running}}) {
-    if (value < 1) return FlagError(StrCat(flag, "=", value, ": must be at least 1"));
+  if (sched.max_batched_tokens < 1) {
+    return FlagError(
+        StrCat("--max_batched_tokens=", sched.max_batched_tokens, ": must be at least 1"));
   }
+  // Every running sequence's decode must fit in one step: a step plans the
+  // decodes first, so with more of them than a step's tokens the ones past
+  // the budget would wait step after step and no prompt chunk would get in.
+  const int running = absl::GetFlag(FLAGS_max_running);
+  if (running < 0) {
+    return FlagError(StrCat("--max_running=", running,
+                            ": must be >= 0 (0: 64, or --max_batched_tokens when fewer)"));
+  }
+  if (running > sched.max_batched_tokens) {
+    return FlagError(StrCat("--max_running=", running,
+                            " is above --max_batched_tokens=", sched.max_batched_tokens,
+                            ": each step decodes every running sequence, so it holds at most "
+                            "--max_batched_tokens of them"));
+  }
+  sched.max_running =
+      running > 0 ? running : std::min(kDefaultMaxRunning, sched.max_batched_tokens);
   sched.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   sched.priority_aging = absl::GetFlag(FLAGS_priority_aging);
   sched.remote_decode = options.role == Role::kPrefill;

@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
 
 namespace tandem::server {
 namespace {
@@ -286,6 +288,22 @@ TEST(DaemonOptionsTest, ReservedDecodeThreadsTurnPacingOff) {
   EXPECT_FALSE(options->dispatch.shared_compute);
 }
 
+// A step decodes every running sequence, so the running batch is at most a
+// step's tokens: unset, it follows --max_batched_tokens down; set, it may
+// equal it.
+TEST(DaemonOptionsTest, TheRunningBatchFitsInOneStep) {
+  for (const auto& [tokens, running, expected] :
+       {std::tuple{"7", "0", 7}, std::tuple{"64", "0", 64}, std::tuple{"512", "0", 64},
+        std::tuple{"32", "32", 32}, std::tuple{"512", "100", 100}}) {
+    SCOPED_TRACE(absl::StrCat(tokens, " ", running));
+    absl::FlagSaver saver;
+    absl::StatusOr<DaemonOptions> o =
+        OptionsWith({{"max_batched_tokens", tokens}, {"max_running", running}});
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->scheduler.max_running, expected);
+  }
+}
+
 TEST(DaemonOptionsTest, AThresholdChoosesTheThresholdPolicy) {
   for (const std::string threshold : {"off", "0", "17", "auto"}) {
     SCOPED_TRACE(threshold);
@@ -421,7 +439,12 @@ TEST(DaemonOptionsTest, EveryRefusedValueNamesItsFlag) {
       {{{"spec_suffix_length_factor", "inf"}},
        "--spec_suffix_length_factor=inf: must be a finite number >= 0"},
       {{{"max_batched_tokens", "0"}}, "--max_batched_tokens=0: must be at least 1"},
-      {{{"max_running", "0"}}, "--max_running=0: must be at least 1"},
+      {{{"max_running", "-1"}}, "--max_running=-1: must be >= 0 (0: 64, or --max_batched_tokens"},
+      {{{"max_running", "129"}},
+       "--max_running=129 is above --max_batched_tokens=128: each step decodes every running "
+       "sequence, so it holds at most --max_batched_tokens of them"},
+      {{{"max_running", "33"}, {"max_batched_tokens", "32"}},
+       "--max_running=33 is above --max_batched_tokens=32"},
       {{{"max_queued_requests", "0"}}, "--max_queued_requests=0: must be at least 1"},
       {{{"kv_lease", "0s"}}, "--kv_lease must be > 0 (got 0)"},
       {{{"max_queued_tokens", "-1"}}, "--max_queued_tokens must be >= 0 (0: no limit; got -1)"},
