@@ -15,7 +15,7 @@ constexpr double kForgetting = 0.97;
 // forgetting would grow it without end. Each direction is bounded on its
 // own, so one that sees no evidence does not shrink the others (scaling
 // the whole matrix would cancel their forgetting).
-constexpr double kMaxCovarianceDiagonal = 1e6;
+constexpr double kMaxCovarianceDiagonal = 1e4;
 // A shift in the machine's speed shows as predictions off in one direction
 // step after step: past this mean signed error (an average over about the
 // last 4 steps) the fit forgets its confidence and follows the new times.
@@ -150,7 +150,7 @@ StepTimeModel::Vector StepTimeModel::Features(const StepShape& shape) const {
 double StepTimeModel::PredictMs(const StepShape& shape) const {
   const Vector x = Features(shape);
   double t = 0;
-  for (size_t i = 0; i < x.size(); ++i) t += theta_[i] * x[i];
+  for (size_t i = 0; i < x.size(); ++i) t += std::max(theta_[i], 0.0) * x[i];
   return std::max(t, kMinStepMs);
 }
 
@@ -183,7 +183,12 @@ void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
   for (size_t i = 0; i < kFeatures; ++i) residual -= theta_[i] * x[i];
   Vector gain{};
   for (size_t i = 0; i < kFeatures; ++i) gain[i] = px[i] / denominator;
-  for (size_t i = 0; i < kFeatures; ++i) theta_[i] = std::max(0.0, theta_[i] + gain[i] * residual);
+  // The fit itself is unconstrained: clamping its coefficients here (a
+  // projection that ignores the covariance) fed back into the next
+  // residuals and ran away, on exact step times, once a coefficient whose
+  // truth is zero leaned below it (tests/unit/step_time_model_test.cc).
+  // Predictions and reports use the coefficients clamped at zero.
+  for (size_t i = 0; i < kFeatures; ++i) theta_[i] += gain[i] * residual;
   for (size_t i = 0; i < kFeatures; ++i) {
     for (size_t j = 0; j < kFeatures; ++j) {
       covariance_[i][j] = (covariance_[i][j] - gain[i] * px[j]) / kForgetting;
@@ -202,7 +207,8 @@ void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
 }
 
 StepTimeCoefficients StepTimeModel::coefficients() const {
-  return {theta_[0], theta_[1], theta_[2], theta_[3]};
+  return {std::max(theta_[0], 0.0), std::max(theta_[1], 0.0), std::max(theta_[2], 0.0),
+          std::max(theta_[3], 0.0)};
 }
 
 double StepTimeModel::recent_error() const {

@@ -41,8 +41,10 @@
 // few dozen steps; a shift that leaves predictions off in one direction
 // for a few steps in a row (a running mean of the signed error past 15%)
 // resets the fit's confidence, so it follows within a few steps more. The
-// fit keeps each coefficient at or above zero, and a
-// prediction at or above kMinStepMs. Its error on recent steps (the mean of
+// fit itself is unconstrained (least squares stays stable only so);
+// predictions and the reported coefficients take each coefficient at or
+// above zero (a longer chunk never predicts faster), and a prediction at
+// or above kMinStepMs. Its error on recent steps (the mean of
 // |predicted - measured| / measured over the last kErrorWindow steps, each
 // predicted before it was learned from) is reported as a metric.
 //
