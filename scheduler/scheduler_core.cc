@@ -88,7 +88,10 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   const absl::Time now = options_.clock();
   seq->timeline.arrival =
       seq->request.received == absl::InfinitePast() ? now : std::min(seq->request.received, now);
-  recent_arrivals_.emplace_back(now, static_cast<int64_t>(seq->tokens.size()));
+  // The tokens it will compute: a cached prefix costs no compute (looked up
+  // now, reserved at admission).
+  const int32_t cached = kv_.FindPrefix(seq->tokens, seq->request.cache_salt).tokens;
+  recent_arrivals_.emplace_back(now, static_cast<int64_t>(seq->tokens.size()) - cached);
   if (recent_arrivals_.size() > kArrivalWindow) recent_arrivals_.pop_front();
   waiting_.push_back(std::move(seq));
 }
@@ -982,17 +985,19 @@ PathLoad SchedulerCore::PathLoadNow() const {
       if (s->generated == 0) tightest(*s);
     }
   }
-  if (recent_arrivals_.size() >= kArrivalWindow / 8) {
-    // The tokens after the first arrival, over the time since it.
-    const absl::Time now = options_.clock();
-    int64_t tokens = 0;
-    for (size_t i = 1; i < recent_arrivals_.size(); ++i) tokens += recent_arrivals_[i].second;
-    const double span = absl::ToDoubleMilliseconds(now - recent_arrivals_.front().first);
-    if (span > 0) load.prompt_arrivals_per_ms = static_cast<double>(tokens) / span;
-  }
+  load.prompt_arrivals_per_ms = PromptArrivalsPerMs(options_.clock());
   load.max_chunk = options_.max_batched_tokens;
   load.min_chunk = std::min(options_.min_prompt_chunk, options_.max_batched_tokens);
   return load;
+}
+
+double SchedulerCore::PromptArrivalsPerMs(absl::Time now) const {
+  if (recent_arrivals_.size() < kArrivalWindow / 8) return 0.0;
+  // The tokens after the first arrival, over the time since it.
+  int64_t tokens = 0;
+  for (size_t i = 1; i < recent_arrivals_.size(); ++i) tokens += recent_arrivals_[i].second;
+  const double span = absl::ToDoubleMilliseconds(now - recent_arrivals_.front().first);
+  return span > 0 ? static_cast<double>(tokens) / span : 0.0;
 }
 
 std::optional<SchedulerCore::PromptPressure> SchedulerCore::EarliestPrompt(absl::Time now) const {

@@ -226,6 +226,10 @@ class SchedulerCore {
   StepShape DecodeStepShape(Lane lane) const;
   // The load path decisions see (scheduler/slo_path.h).
   PathLoad PathLoadNow() const;
+  // Prompt tokens arriving per ms: those of the recent arrivals after the
+  // first of them, over the time from it to `now` (0 until a few arrived),
+  // less each one's prefix cached when it arrived (no compute).
+  double PromptArrivalsPerMs(absl::Time now) const;
   // Prompt tokens admitted but not yet computed.
   int64_t running_prompt_tokens() const;
   // The prompts most pressed for their first token: the earliest TTFT
@@ -473,7 +477,8 @@ class SchedulerCore {
   // Acceptance by copy source and agreement length, from every sequence's
   // verifications (PlanDrafts prices continuing copies by it).
   CopyAcceptance copy_acceptance_;
-  // The last arrivals (when, prompt tokens), for the prompt arrival rate.
+  // The last arrivals (when, prompt tokens not cached then), for the
+  // prompt arrival rate.
   std::deque<std::pair<absl::Time, int64_t>> recent_arrivals_;
   int32_t peer_decoding_ = 0;
   std::optional<double> peer_slack_ms_;

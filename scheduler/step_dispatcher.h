@@ -31,7 +31,12 @@
 //     the least chunk, so their stalls stay as short as they can be. When
 //     the prompts due first (of those that can still make their TTFT)
 //     would miss it at the chosen size but make it at full size, the step
-//     is full-size.
+//     is full-size. When prompts are being lost (those due first miss
+//     their TTFT even at full size, or every one waiting is past it) and
+//     their uncached tokens arrive faster than back-to-back steps of the
+//     chosen size take them in (by kBacklogMargin), the chunk grows until
+//     the steps outrun the arrivals (the backlog guard): else the queue, and
+//     every later prompt's wait, grows without end.
 //   - Waiting prompts are admitted earliest TTFT deadline first
 //     (SchedulerCore), and each request's path is weighed against its budget
 //     (scheduler/slo_path.h).

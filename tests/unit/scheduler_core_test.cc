@@ -323,6 +323,27 @@ TEST(SchedulerCoreTest, ARepeatedPromptRunsOnlyItsUncachedTokensAndGivesTheSameO
   EXPECT_EQ(core.free_blocks(), 64);
 }
 
+// The prompt arrival rate (the SLO policy's backlog guard and path
+// forecasts) counts the tokens arrivals will compute: a prefix cached when
+// a request arrives costs nothing.
+TEST(SchedulerCoreTest, ThePromptArrivalRateLeavesOutCachedPrefixes) {
+  absl::Time now = absl::UnixEpoch();
+  SchedulerOptions options = Options(64, 64);
+  options.clock = [&now] { return now; };
+  SchedulerCore core(options);
+  FakeWorker worker(64);
+  core.Add(1, MakeRequest(37, 6, std::make_shared<Record>(), 9));
+  RunToCompletion(core, worker, 64);
+  // The same prompt four times, 10 ms apart: 36 of its 37 tokens cached.
+  for (uint64_t id = 2; id <= 5; ++id) {
+    now += absl::Milliseconds(10);
+    core.Add(id, MakeRequest(37, 6, std::make_shared<Record>(), 9));
+  }
+  // The tokens after the first arrival (4 x 1) over the 40 ms since it.
+  EXPECT_DOUBLE_EQ(core.PromptArrivalsPerMs(now), 4.0 / 40.0);
+  EXPECT_DOUBLE_EQ(core.PathLoadNow().prompt_arrivals_per_ms, 4.0 / 40.0);
+}
+
 TEST(SchedulerCoreTest, TheNextChatTurnHitsThePreviousAnswer) {
   SchedulerCore core(Options(64, 64));
   FakeWorker worker(64);

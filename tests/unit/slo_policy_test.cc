@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -250,6 +251,77 @@ TEST(SloPolicyTest, APromptPastItsDeadlineDoesNotHideOneThatCanBeSaved) {
   const OverloadOutcome o = RunOverloaded({{120, 1}, {72, 50}});
   EXPECT_GT(o.prompt_ttft[0], 1.0);
   EXPECT_LE(o.prompt_ttft[1], 50.0);
+}
+
+// Open-loop overload: the 24 streams of RunOverloaded (400 tokens each,
+// overloaded for their 2 ms TPOT whatever the chunk) while prompts of
+// `prompt` tokens arrive one every `every_ms` from 20 ms to 1 s, whatever
+// the daemon's pace. Returns each prompt's TTFT (ms) in arrival order and
+// the streams' longest gap between tokens while the prompts arrive.
+struct OpenLoopOutcome {
+  std::vector<double> ttft;
+  double longest_stream_gap = 0;
+};
+
+OpenLoopOutcome RunOpenLoop(int32_t prompt, double every_ms) {
+  SchedulerOptions o = Base();  // 64-token steps, chunks of at least 16
+  o.slo_policy = true;
+  SharedComputeSimulation sim(o, {DispatchPolicy::kSlo, {}, true, Ms(testing::kTaskMs)}, 4096);
+  sim.core().mutable_time_model().Calibrate(1.1, 7.4, 64);
+  std::vector<std::shared_ptr<TimedRecord>> records;
+  for (uint64_t id = 1; id <= 24; ++id) {
+    records.push_back(std::make_shared<TimedRecord>(sim.clock()));
+    Request r = MakeRequest(4, 400, records.back(), id);
+    r.slo = {Ms(1000), Ms(2)};
+    sim.AddAt(0, id, std::move(r));
+  }
+  std::vector<std::pair<std::shared_ptr<TimedRecord>, double>> prompts;
+  for (double at = 20; at < 1000; at += every_ms) {
+    prompts.emplace_back(std::make_shared<TimedRecord>(sim.clock()), at);
+    const uint64_t id = 100 + prompts.size();
+    Request r = MakeRequest(prompt, 2, prompts.back().first, id);
+    r.slo = {Ms(200), Ms(50)};
+    sim.AddAt(at, id, std::move(r));
+  }
+  sim.RunToCompletion();
+  OpenLoopOutcome out;
+  for (const auto& [record, at] : prompts) {
+    out.ttft.push_back(record->times.empty() ? 1e9 : record->times[0] - at);
+  }
+  for (int s = 0; s < 24; ++s) {
+    const std::vector<double>& times = records[static_cast<size_t>(s)]->times;
+    for (size_t i = 1; i < times.size() && times[i] < 1000; ++i) {
+      out.longest_stream_gap = std::max(out.longest_stream_gap, times[i] - times[i - 1]);
+    }
+  }
+  return out;
+}
+
+TEST(SloPolicyTest, PromptsArrivingFasterThanTheLeastChunkTakesThemDoNotQueueWithoutEnd) {
+  // 40 tokens every 8 ms (5 a ms), each with a 200 ms TTFT. A step of the
+  // 24 decodes and the least chunk takes 16 in 5 ms (3.2 a ms): with only
+  // such steps the queue grows by 1.8 tokens a ms and every prompt waits
+  // longer than the one before (the last ones 312 ms without the guard).
+  // Full steps take 40 in 7.4 ms (5.4 a ms): once prompts are being lost
+  // the guard grows the chunks and the queue stops growing.
+  const OpenLoopOutcome o = RunOpenLoop(40, 8);
+  ASSERT_GT(o.ttft.size(), 100u);
+  const double last = *std::max_element(o.ttft.end() - 10, o.ttft.end());
+  std::cout << "5 tokens a ms: first TTFT " << o.ttft.front() << " ms, the last ten's longest "
+            << last << " ms, streams' longest gap " << o.longest_stream_gap << " ms\n";
+  EXPECT_LE(last, 200.0);
+}
+
+TEST(SloPolicyTest, ArrivalsTheLeastChunkKeepsUpWithLeaveTheStreamsTheLeastChunk) {
+  // 40 tokens every 16 ms (2.5 a ms): least-chunk steps keep up, no prompt
+  // is lost, so the guard stays off and no step is full-size (7.4 ms): the
+  // overloaded streams stall only for the least chunk.
+  const OpenLoopOutcome o = RunOpenLoop(40, 16);
+  const double longest = *std::max_element(o.ttft.begin(), o.ttft.end());
+  std::cout << "2.5 tokens a ms: longest TTFT " << longest << " ms, streams' longest gap "
+            << o.longest_stream_gap << " ms\n";
+  EXPECT_LE(longest, 200.0);
+  EXPECT_LT(o.longest_stream_gap, 1.0 + 0.1 * 64 - 1e-6);
 }
 
 }  // namespace
