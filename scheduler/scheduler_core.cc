@@ -89,8 +89,9 @@ void SchedulerCore::Add(uint64_t sequence_id, Request request) {
   seq->timeline.arrival =
       seq->request.received == absl::InfinitePast() ? now : std::min(seq->request.received, now);
   // The tokens it will compute: a cached prefix costs no compute (looked up
-  // now, reserved at admission).
-  const int32_t cached = kv_.FindPrefix(seq->tokens, seq->request.cache_salt).tokens;
+  // now, reserved at admission). Only the SLO policy reads the rate.
+  const int32_t cached =
+      options_.slo_policy ? kv_.FindPrefix(seq->tokens, seq->request.cache_salt).tokens : 0;
   recent_arrivals_.emplace_back(now, static_cast<int64_t>(seq->tokens.size()) - cached);
   if (recent_arrivals_.size() > kArrivalWindow) recent_arrivals_.pop_front();
   waiting_.push_back(std::move(seq));
@@ -789,6 +790,14 @@ absl::StatusOr<std::vector<int32_t>> SchedulerCore::Import(uint64_t sequence_id,
   if (imported.generated >= imported.request.max_tokens) {
     return absl::InvalidArgumentError("max_tokens: the request has generated them all");
   }
+  // Every running decode must fit in one step (max_running is at most the
+  // step's tokens): a full batch refuses, and the request goes on where it is.
+  const int64_t batch = int64_t{running(Lane::kPrefill)} + running(Lane::kDecode) +
+                        static_cast<int64_t>(importing_.size());
+  if (batch >= options_.max_running) {
+    return absl::ResourceExhaustedError(StrCat("the running batch is full (", batch,
+                                               " of --max_running=", options_.max_running, ")"));
+  }
   auto seq = std::make_unique<Sequence>();
   seq->id = sequence_id;
   seq->tokens = std::move(imported.tokens);
@@ -1024,6 +1033,16 @@ std::optional<SchedulerCore::PromptPressure> SchedulerCore::EarliestPrompt(absl:
     for (const SequencePtr& s : list) count(*s);
   }
   return pressure;
+}
+
+bool SchedulerCore::HasOverduePrompt(absl::Time now) const {
+  auto overdue = [&](const SequencePtr& s) {
+    return s->generated == 0 && s->timeline.arrival + s->request.slo.ttft <= now;
+  };
+  if (std::any_of(waiting_.begin(), waiting_.end(), overdue)) return true;
+  return std::any_of(running_.begin(), running_.end(), [&](const RunningList& list) {
+    return std::any_of(list.begin(), list.end(), overdue);
+  });
 }
 
 void SchedulerCore::SetPeerLoad(int32_t decoding, std::optional<double> least_slack_ms) {

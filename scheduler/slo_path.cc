@@ -58,22 +58,15 @@ int32_t ChunkWithin(const StepTimeModel& model, int32_t decode_rows, double mean
 
 int32_t ChunkDraining(const StepTimeModel& model, int32_t decode_rows, double mean_context,
                       int32_t min_chunk, int32_t max_chunk, double tokens_per_ms) {
-  min_chunk = std::max(1, std::min(min_chunk, max_chunk));
-  auto drains = [&](int32_t chunk) {
-    return static_cast<double>(chunk) >=
-           tokens_per_ms * model.PredictMs(MixedShape(decode_rows, mean_context, chunk));
-  };
-  if (drains(min_chunk)) return min_chunk;
-  int32_t lo = min_chunk + 1, hi = max_chunk;  // the least that drains is in (min, max]
-  while (lo < hi) {
-    const int32_t mid = lo + (hi - lo) / 2;
-    if (drains(mid)) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
+  // A scan, not a bisection: the rate need not grow with the chunk all the
+  // way (a chunk's reads of its own earlier rows grow with its square).
+  for (int32_t chunk = std::max(1, std::min(min_chunk, max_chunk)); chunk < max_chunk; ++chunk) {
+    if (static_cast<double>(chunk) >=
+        tokens_per_ms * model.PredictMs(MixedShape(decode_rows, mean_context, chunk))) {
+      return chunk;
     }
   }
-  return hi;
+  return max_chunk;
 }
 
 PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const LatencyBudget& slo,

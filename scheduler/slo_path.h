@@ -113,7 +113,7 @@ int32_t ChunkWithin(const StepTimeModel& model, int32_t decode_rows, double mean
 // `decode_rows` decodes, run back to back, take prompt tokens in at
 // `tokens_per_ms` or faster (max_chunk when none does). A step's fixed
 // costs (its decode rows, the pass over the weights) are spread over its
-// chunk, so the rate grows with the chunk.
+// chunk, so the rate mostly grows with the chunk.
 int32_t ChunkDraining(const StepTimeModel& model, int32_t decode_rows, double mean_context,
                       int32_t min_chunk, int32_t max_chunk, double tokens_per_ms);
 

@@ -68,9 +68,8 @@ int32_t StepDispatcher::PromptStepBudget(absl::Time now) const {
   // miss it at this size but make it at full size: they are the more
   // pressed, and get full steps. Prompts that miss it either way are lost
   // to goodput already, so the streams' stalls are not stretched for them.
-  const int64_t backlog = core_->waiting_tokens() + core_->running_prompt_tokens();
   const std::optional<SchedulerCore::PromptPressure> p = core_->EarliestPrompt(now);
-  bool lost = backlog > 0 && !p.has_value();  // every prompt is past its deadline
+  bool lost = false;  // the prompts due first miss their TTFT at any size
   if (p.has_value() && p->deadline_ms > 0 && chunk < max_tokens - rows) {
     auto finish_ms = [&](int32_t c) {
       const double steps = std::ceil(static_cast<double>(p->tokens) / c);
@@ -92,9 +91,11 @@ int32_t StepDispatcher::PromptStepBudget(absl::Time now) const {
   // keeps the chunks sized to the streams; a fixed set of clients that wait
   // for their answers sends no faster than it is served, so it does not trip
   // this either.
-  if (lost && chunk < max_tokens - rows && backlog > chunk) {
-    double share = 0;
-    if (const double tpot = core_->LeastTpotMs(Lane::kDecode); std::isfinite(tpot)) {
+  if (chunk < max_tokens - rows && (lost || core_->HasOverduePrompt(now)) &&
+      core_->waiting_tokens() + core_->running_prompt_tokens() > chunk) {
+    double share = 0;  // the decode lane's share of the compute, when it is shared
+    if (const double tpot = core_->LeastTpotMs(Lane::kDecode);
+        options_.shared_compute && std::isfinite(tpot)) {
       share = std::min(kMaxDecodeShare, model.PredictMs(core_->DecodeStepShape(Lane::kDecode)) /
                                             (kSloMargin * tpot));
     }

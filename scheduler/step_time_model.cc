@@ -15,7 +15,7 @@ constexpr double kForgetting = 0.97;
 // forgetting would grow it without end. Each direction is bounded on its
 // own, so one that sees no evidence does not shrink the others (scaling
 // the whole matrix would cancel their forgetting).
-constexpr double kMaxCovarianceDiagonal = 1e4;
+constexpr double kMaxCovarianceDiagonal = 1e6;
 // A shift in the machine's speed shows as predictions off in one direction
 // step after step: past this mean signed error (an average over about the
 // last 4 steps) the fit forgets its confidence and follows the new times.
@@ -166,13 +166,17 @@ void StepTimeModel::Observe(const StepShape& shape, double measured_ms) {
   }
   ++observed_;
   if (frozen_) return;
-  bias_ += kBiasWeight * ((predicted - measured_ms) / measured_ms - bias_);
-  if (std::abs(bias_) > kShiftBias) ResetConfidence();
-
   // One step of weighted recursive least squares: the row and the target
   // divided by the measured time (relative error), target 1.
   Vector x = Features(shape);
   for (double& v : x) v /= measured_ms;
+  // The shift detector follows the fit's own prediction (unclamped): a
+  // coefficient the fit holds below zero is no shift in the machine's speed.
+  double fitted = 0;
+  for (size_t i = 0; i < kFeatures; ++i) fitted += theta_[i] * x[i];
+  bias_ += kBiasWeight * ((fitted - 1.0) - bias_);
+  if (std::abs(bias_) > kShiftBias) ResetConfidence();
+
   Vector px{};
   for (size_t i = 0; i < kFeatures; ++i) {
     for (size_t j = 0; j < kFeatures; ++j) px[i] += covariance_[i][j] * x[j];

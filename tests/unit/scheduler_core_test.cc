@@ -330,6 +330,7 @@ TEST(SchedulerCoreTest, ThePromptArrivalRateLeavesOutCachedPrefixes) {
   absl::Time now = absl::UnixEpoch();
   SchedulerOptions options = Options(64, 64);
   options.clock = [&now] { return now; };
+  options.slo_policy = true;  // the policy that reads the rate
   SchedulerCore core(options);
   FakeWorker worker(64);
   core.Add(1, MakeRequest(37, 6, std::make_shared<Record>(), 9));

@@ -7,9 +7,11 @@
 // read back through the
 // block table, so a wrong block id, a page moved wrongly or a lost token
 // changes the output.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 
 #include "scheduler/scheduler_core.h"
 #include "tests/unit/fake_worker.h"
@@ -22,6 +24,7 @@ constexpr int32_t kBlocks = 64;
 constexpr int32_t kThreshold = 3;
 
 using testing::FakeWorker;
+using ::testing::HasSubstr;
 using testing::MakeRequest;
 using testing::Record;
 
@@ -350,6 +353,27 @@ TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce)
     EXPECT_TRUE(absl::IsResourceExhausted(reserved.status())) << reserved.status();
     EXPECT_EQ(small.free_blocks(), 2);
     EXPECT_FALSE(small.HasWork());
+  }
+  {  // a full running batch: refused, nothing held
+    absl::Time now = absl::UnixEpoch();
+    SchedulerOptions options = Options(false, &now);
+    options.max_running = 1;
+    SchedulerCore full(options);
+    full.Add(5, MakeRequest(4, 8, std::make_shared<Record>()));
+    FakeWorker worker{kBlocks, kBlockSize};
+    const step::StepPlan plan = full.Schedule(Lane::kPrefill);
+    ASSERT_EQ(plan.sequences.size(), 1u);
+    full.Update(Lane::kPrefill, plan, worker.Execute(plan));
+    const int32_t free = full.free_blocks();
+    ImportedRequest imported;
+    imported.request = prefill.offer.request;
+    imported.request.sink = std::make_shared<Record>();
+    imported.tokens = prefill.offer.tokens;
+    imported.generated = prefill.offer.generated;
+    absl::StatusOr<std::vector<int32_t>> reserved = full.Import(1, std::move(imported));
+    EXPECT_TRUE(absl::IsResourceExhausted(reserved.status())) << reserved.status();
+    EXPECT_THAT(std::string(reserved.status().message()), HasSubstr("--max_running=1"));
+    EXPECT_EQ(full.free_blocks(), free);
   }
   {  // inconsistent counts are refused
     DecodeSide decode;
