@@ -1035,16 +1035,6 @@ std::optional<SchedulerCore::PromptPressure> SchedulerCore::EarliestPrompt(absl:
   return pressure;
 }
 
-bool SchedulerCore::HasOverduePrompt(absl::Time now) const {
-  auto overdue = [&](const SequencePtr& s) {
-    return s->generated == 0 && s->timeline.arrival + s->request.slo.ttft <= now;
-  };
-  if (std::any_of(waiting_.begin(), waiting_.end(), overdue)) return true;
-  return std::any_of(running_.begin(), running_.end(), [&](const RunningList& list) {
-    return std::any_of(list.begin(), list.end(), overdue);
-  });
-}
-
 void SchedulerCore::SetPeerLoad(int32_t decoding, std::optional<double> least_slack_ms) {
   peer_decoding_ = std::max(0, decoding);
   peer_slack_ms_ = least_slack_ms;

@@ -243,9 +243,6 @@ class SchedulerCore {
     int64_t tokens = 0;
   };
   std::optional<PromptPressure> EarliestPrompt(absl::Time now) const;
-  // Whether a request still without its first token is past its TTFT
-  // deadline at `now` (lost to goodput).
-  bool HasOverduePrompt(absl::Time now) const;
   // What every SLO decision predicts step times with; the Scheduler feeds it
   // the steps that ran (StepDispatcher::OnEnd).
   const StepTimeModel& time_model() const { return time_model_; }

@@ -56,19 +56,6 @@ int32_t ChunkWithin(const StepTimeModel& model, int32_t decode_rows, double mean
   return lo;
 }
 
-int32_t ChunkDraining(const StepTimeModel& model, int32_t decode_rows, double mean_context,
-                      int32_t min_chunk, int32_t max_chunk, double tokens_per_ms) {
-  // A scan, not a bisection: the rate need not grow with the chunk all the
-  // way (a chunk's reads of its own earlier rows grow with its square).
-  for (int32_t chunk = std::max(1, std::min(min_chunk, max_chunk)); chunk < max_chunk; ++chunk) {
-    if (static_cast<double>(chunk) >=
-        tokens_per_ms * model.PredictMs(MixedShape(decode_rows, mean_context, chunk))) {
-      return chunk;
-    }
-  }
-  return max_chunk;
-}
-
 PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const LatencyBudget& slo,
                       int64_t prompt_tokens, int64_t context, double remaining_tokens,
                       const StreamSoFar& so_far) {

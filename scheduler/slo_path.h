@@ -109,14 +109,6 @@ StepShape MixedShape(int32_t decode_rows, double mean_context, int64_t prompt_to
 int32_t ChunkWithin(const StepTimeModel& model, int32_t decode_rows, double mean_context,
                     int32_t min_chunk, int32_t max_chunk, double limit_ms);
 
-// The least prompt chunk in [min_chunk, max_chunk] whose mixed steps with
-// `decode_rows` decodes, run back to back, take prompt tokens in at
-// `tokens_per_ms` or faster (max_chunk when none does). A step's fixed
-// costs (its decode rows, the pass over the weights) are spread over its
-// chunk, so the rate mostly grows with the chunk.
-int32_t ChunkDraining(const StepTimeModel& model, int32_t decode_rows, double mean_context,
-                      int32_t min_chunk, int32_t max_chunk, double tokens_per_ms);
-
 }  // namespace tandem::scheduler
 
 #endif  // TANDEM_SCHEDULER_SLO_PATH_H_

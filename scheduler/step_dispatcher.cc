@@ -6,18 +6,6 @@
 #include "scheduler/slo_path.h"
 
 namespace tandem::scheduler {
-namespace {
-
-// The backlog guard's margin: it trips when prompts arrive this much faster
-// than steps take them in, and then sizes steps to take them in this much
-// faster than they arrive. Above 1, so that a closed loop of clients, whose
-// arrivals match what is served, does not trip it on noise.
-constexpr double kBacklogMargin = 1.25;
-// The most of the compute the decode lane is taken to hold (a forecast
-// would otherwise divide by nearly nothing).
-constexpr double kMaxDecodeShare = 0.9;
-
-}  // namespace
 
 StepDispatcher::StepDispatcher(DispatchOptions options, SchedulerCore* core)
     : options_(options), core_(core), pacer_(options.pacing) {}
@@ -68,42 +56,14 @@ int32_t StepDispatcher::PromptStepBudget(absl::Time now) const {
   // miss it at this size but make it at full size: they are the more
   // pressed, and get full steps. Prompts that miss it either way are lost
   // to goodput already, so the streams' stalls are not stretched for them.
-  const std::optional<SchedulerCore::PromptPressure> p = core_->EarliestPrompt(now);
-  bool lost = false;  // the prompts due first miss their TTFT at any size
-  if (p.has_value() && p->deadline_ms > 0 && chunk < max_tokens - rows) {
+  if (const std::optional<SchedulerCore::PromptPressure> p = core_->EarliestPrompt(now);
+      p.has_value() && p->deadline_ms > 0 && chunk < max_tokens - rows) {
     auto finish_ms = [&](int32_t c) {
       const double steps = std::ceil(static_cast<double>(p->tokens) / c);
       return steps * model.PredictMs(MixedShape(rows, mean_context, c));
     };
-    if (finish_ms(max_tokens - rows) > p->deadline_ms) {
-      lost = true;
-    } else if (finish_ms(chunk) > p->deadline_ms) {
+    if (finish_ms(chunk) > p->deadline_ms && finish_ms(max_tokens - rows) <= p->deadline_ms) {
       chunk = max_tokens - rows;
-    }
-  }
-  // The backlog guard. When prompts are being lost and they arrive faster
-  // than back-to-back steps of this chunk take them in, the queue grows
-  // without end: every later prompt waits longer than the one before and is
-  // lost too, however the streams fare. So when the arrivals (their uncached
-  // tokens) outrun such steps, in the share of the compute the decode lane
-  // leaves, by kBacklogMargin, the chunk grows until the steps outrun the
-  // arrivals by as much. A queue that the budgets absorb (no prompt lost)
-  // keeps the chunks sized to the streams; a fixed set of clients that wait
-  // for their answers sends no faster than it is served, so it does not trip
-  // this either.
-  if (chunk < max_tokens - rows && (lost || core_->HasOverduePrompt(now)) &&
-      core_->waiting_tokens() + core_->running_prompt_tokens() > chunk) {
-    double share = 0;  // the decode lane's share of the compute, when it is shared
-    if (const double tpot = core_->LeastTpotMs(Lane::kDecode);
-        options_.shared_compute && std::isfinite(tpot)) {
-      share = std::min(kMaxDecodeShare, model.PredictMs(core_->DecodeStepShape(Lane::kDecode)) /
-                                            (kSloMargin * tpot));
-    }
-    const double arrivals = core_->PromptArrivalsPerMs(now) / (1.0 - share);
-    const double taken = chunk / model.PredictMs(MixedShape(rows, mean_context, chunk));
-    if (arrivals > kBacklogMargin * taken) {
-      chunk = ChunkDraining(model, rows, mean_context, chunk, max_tokens - rows,
-                            kBacklogMargin * arrivals);
     }
   }
   return rows + chunk;

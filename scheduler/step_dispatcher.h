@@ -31,12 +31,7 @@
 //     the least chunk, so their stalls stay as short as they can be. When
 //     the prompts due first (of those that can still make their TTFT)
 //     would miss it at the chosen size but make it at full size, the step
-//     is full-size. When prompts are being lost (one is past its TTFT, or
-//     those due first miss it even at full size) and
-//     their uncached tokens arrive faster than back-to-back steps of the
-//     chosen size take them in (by kBacklogMargin), the chunk grows until
-//     the steps outrun the arrivals (the backlog guard): else the queue, and
-//     every later prompt's wait, grows without end.
+//     is full-size.
 //   - Waiting prompts are admitted earliest TTFT deadline first
 //     (SchedulerCore), and each request's path is weighed against its budget
 //     (scheduler/slo_path.h).

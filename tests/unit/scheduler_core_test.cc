@@ -323,9 +323,9 @@ TEST(SchedulerCoreTest, ARepeatedPromptRunsOnlyItsUncachedTokensAndGivesTheSameO
   EXPECT_EQ(core.free_blocks(), 64);
 }
 
-// The prompt arrival rate (the SLO policy's backlog guard and path
-// forecasts) counts the tokens arrivals will compute: a prefix cached when
-// a request arrives costs nothing.
+// The prompt arrival rate (the SLO policy's path forecasts: the share of
+// the compute arriving prompts need) counts the tokens arrivals will
+// compute: a prefix cached when a request arrives costs nothing.
 TEST(SchedulerCoreTest, ThePromptArrivalRateLeavesOutCachedPrefixes) {
   absl::Time now = absl::UnixEpoch();
   SchedulerOptions options = Options(64, 64);
