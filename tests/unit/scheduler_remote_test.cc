@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "scheduler/scheduler_core.h"
 #include "tests/unit/fake_worker.h"
@@ -82,6 +83,16 @@ struct PrefillSide {
   }
 };
 
+// What a decode daemon is asked to import for `offer`, its tokens to `sink`.
+ImportedRequest ImportOf(const HandoffOffer& offer, std::shared_ptr<Record> sink) {
+  ImportedRequest imported;
+  imported.request = offer.request;
+  imported.request.sink = std::move(sink);
+  imported.tokens = offer.tokens;
+  imported.generated = offer.generated;
+  return imported;
+}
+
 // A decode daemon's core and worker that imports `offer` and moves its pages.
 struct DecodeSide {
   absl::Time now = absl::UnixEpoch();
@@ -91,12 +102,7 @@ struct DecodeSide {
   std::vector<int32_t> blocks;
 
   void Import(const HandoffOffer& offer, const FakeWorker& from) {
-    ImportedRequest imported;
-    imported.request = offer.request;
-    imported.request.sink = sink;
-    imported.tokens = offer.tokens;
-    imported.generated = offer.generated;
-    absl::StatusOr<std::vector<int32_t>> reserved = core.Import(99, std::move(imported));
+    absl::StatusOr<std::vector<int32_t>> reserved = core.Import(99, ImportOf(offer, sink));
     ASSERT_TRUE(reserved.ok()) << reserved.status();
     blocks = *reserved;
     worker.CopyBlocksFrom(from, offer.block_table, blocks);
@@ -344,12 +350,8 @@ TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce)
     SchedulerOptions options = Options(false, &now);
     options.kv_blocks = 2;
     SchedulerCore small(options);
-    ImportedRequest imported;
-    imported.request = prefill.offer.request;
-    imported.request.sink = std::make_shared<Record>();
-    imported.tokens = prefill.offer.tokens;
-    imported.generated = prefill.offer.generated;
-    absl::StatusOr<std::vector<int32_t>> reserved = small.Import(1, std::move(imported));
+    absl::StatusOr<std::vector<int32_t>> reserved =
+        small.Import(1, ImportOf(prefill.offer, std::make_shared<Record>()));
     EXPECT_TRUE(absl::IsResourceExhausted(reserved.status())) << reserved.status();
     EXPECT_EQ(small.free_blocks(), 2);
     EXPECT_FALSE(small.HasWork());
@@ -365,23 +367,16 @@ TEST(SchedulerRemoteTest, AnImportIsUntouchableUntilItsTransferEndsThenEndsOnce)
     ASSERT_EQ(plan.sequences.size(), 1u);
     full.Update(Lane::kPrefill, plan, worker.Execute(plan));
     const int32_t free = full.free_blocks();
-    ImportedRequest imported;
-    imported.request = prefill.offer.request;
-    imported.request.sink = std::make_shared<Record>();
-    imported.tokens = prefill.offer.tokens;
-    imported.generated = prefill.offer.generated;
-    absl::StatusOr<std::vector<int32_t>> reserved = full.Import(1, std::move(imported));
+    absl::StatusOr<std::vector<int32_t>> reserved =
+        full.Import(1, ImportOf(prefill.offer, std::make_shared<Record>()));
     EXPECT_TRUE(absl::IsResourceExhausted(reserved.status())) << reserved.status();
     EXPECT_THAT(std::string(reserved.status().message()), HasSubstr("--max_running=1"));
     EXPECT_EQ(full.free_blocks(), free);
   }
   {  // inconsistent counts are refused
     DecodeSide decode;
-    ImportedRequest imported;
-    imported.request = prefill.offer.request;
-    imported.request.sink = decode.sink;
-    imported.tokens = prefill.offer.tokens;
-    imported.generated = prefill.offer.generated + 1;
+    ImportedRequest imported = ImportOf(prefill.offer, decode.sink);
+    imported.generated += 1;
     EXPECT_TRUE(absl::IsInvalidArgument(decode.core.Import(1, std::move(imported)).status()));
   }
 }

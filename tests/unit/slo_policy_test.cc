@@ -182,43 +182,73 @@ TEST(SloPolicyTest, TightTpotGoesToTheDecodeLaneLooseStaysColocated) {
   EXPECT_EQ(slo.tokens, Simulate(shape, Policy::kColocated).tokens);
 }
 
-// An overloaded machine: 24 colocated streams whose decode step alone
-// (1 + 0.1 * 24 = 3.4 ms) is past their 2 ms TPOT budget, and prompts
-// arriving at 100 ms, each {tokens, TTFT ms}, in order. Returns the
-// streams' longest gap between tokens and each prompt's TTFT (ms).
+// An overloaded machine: the SLO policy on 64-token steps (chunks of at
+// least 16) and 24 colocated streams of `output` tokens from 0 ms whose
+// decode step alone (1 + 0.1 * 24 = 3.4 ms) is past their 2 ms TPOT budget.
+struct OverloadedMachine {
+  static SchedulerOptions Options() {
+    SchedulerOptions o = Base();
+    o.slo_policy = true;
+    return o;
+  }
+
+  explicit OverloadedMachine(int32_t output)
+      : sim(Options(), {DispatchPolicy::kSlo, {}, true, Ms(testing::kTaskMs)}, 4096) {
+    sim.core().mutable_time_model().Calibrate(1.1, 7.4, 64);
+    for (uint64_t id = 1; id <= 24; ++id) {
+      streams.push_back(std::make_shared<TimedRecord>(sim.clock()));
+      Request r = MakeRequest(4, output, streams.back(), id);
+      r.slo = {Ms(1000), Ms(2)};
+      sim.AddAt(0, id, std::move(r));
+    }
+  }
+
+  // A prompt of `tokens` (2 output tokens) arriving at `at_ms`; its record.
+  std::shared_ptr<TimedRecord> AddPrompt(double at_ms, int32_t tokens, double ttft_ms) {
+    auto record = std::make_shared<TimedRecord>(sim.clock());
+    Request r = MakeRequest(tokens, 2, record, next_id);
+    r.slo = {Ms(ttft_ms), Ms(50)};
+    sim.AddAt(at_ms, next_id++, std::move(r));
+    return record;
+  }
+
+  // The streams' longest gap between tokens, of those before `until_ms`.
+  double LongestStreamGap(double until_ms = 1e300) const {
+    double longest = 0;
+    for (const auto& s : streams) {
+      for (size_t i = 1; i < s->times.size() && s->times[i] < until_ms; ++i) {
+        longest = std::max(longest, s->times[i] - s->times[i - 1]);
+      }
+    }
+    return longest;
+  }
+
+  SharedComputeSimulation sim;
+  std::vector<std::shared_ptr<TimedRecord>> streams;
+  uint64_t next_id = 100;
+};
+
+double Ttft(const TimedRecord& record, double at_ms) {
+  return record.times.empty() ? 1e9 : record.times[0] - at_ms;
+}
+
+// The overloaded machine with streams of 120 tokens and prompts arriving at
+// 100 ms, each {tokens, TTFT ms}, in order. Returns the streams' longest
+// gap between tokens and each prompt's TTFT (ms).
 struct OverloadOutcome {
   double longest_stream_gap = 0;
   std::vector<double> prompt_ttft;
 };
 
 OverloadOutcome RunOverloaded(const std::vector<std::pair<int32_t, double>>& prompts) {
-  SchedulerOptions o = Base();  // 64-token steps, chunks of at least 16
-  o.slo_policy = true;
-  SharedComputeSimulation sim(o, {DispatchPolicy::kSlo, {}, true, Ms(testing::kTaskMs)}, 4096);
-  sim.core().mutable_time_model().Calibrate(1.1, 7.4, 64);
-  std::vector<std::shared_ptr<TimedRecord>> streams;
-  for (uint64_t id = 1; id <= 24; ++id) {
-    streams.push_back(std::make_shared<TimedRecord>(sim.clock()));
-    Request r = MakeRequest(4, 120, streams.back(), id);
-    r.slo = {Ms(1000), Ms(2)};
-    sim.AddAt(0, id, std::move(r));
-  }
+  OverloadedMachine machine(120);
   std::vector<std::shared_ptr<TimedRecord>> late;
-  for (const auto& [tokens, ttft_ms] : prompts) {
-    late.push_back(std::make_shared<TimedRecord>(sim.clock()));
-    const uint64_t id = 100 + late.size();
-    Request r = MakeRequest(tokens, 2, late.back(), id);
-    r.slo = {Ms(ttft_ms), Ms(50)};
-    sim.AddAt(100, id, std::move(r));
-  }
-  sim.RunToCompletion();
+  for (const auto& [tokens, ttft_ms] : prompts)
+    late.push_back(machine.AddPrompt(100, tokens, ttft_ms));
+  machine.sim.RunToCompletion();
   OverloadOutcome out;
-  for (const auto& s : streams) {
-    for (size_t i = 1; i < s->times.size(); ++i) {
-      out.longest_stream_gap = std::max(out.longest_stream_gap, s->times[i] - s->times[i - 1]);
-    }
-  }
-  for (const auto& r : late) out.prompt_ttft.push_back(r->times.empty() ? 1e9 : r->times[0] - 100);
+  out.longest_stream_gap = machine.LongestStreamGap();
+  for (const auto& r : late) out.prompt_ttft.push_back(Ttft(*r, 100));
   return out;
 }
 
@@ -253,47 +283,26 @@ TEST(SloPolicyTest, APromptPastItsDeadlineDoesNotHideOneThatCanBeSaved) {
   EXPECT_LE(o.prompt_ttft[1], 50.0);
 }
 
-// Open-loop overload: the 24 streams of RunOverloaded (400 tokens each,
-// overloaded for their 2 ms TPOT whatever the chunk) while prompts of
-// `prompt` tokens arrive one every `every_ms` from 20 ms to 1 s, whatever
-// the daemon's pace. Returns each prompt's TTFT (ms) in arrival order and
-// the streams' longest gap between tokens while the prompts arrive.
+// Open-loop overload: the overloaded machine with streams of 400 tokens
+// while prompts of `prompt` tokens (200 ms TTFT) arrive one every
+// `every_ms` from 20 ms to 1 s, whatever the daemon's pace. Returns each
+// prompt's TTFT (ms) in arrival order and the streams' longest gap between
+// tokens while the prompts arrive.
 struct OpenLoopOutcome {
   std::vector<double> ttft;
   double longest_stream_gap = 0;
 };
 
 OpenLoopOutcome RunOpenLoop(int32_t prompt, double every_ms) {
-  SchedulerOptions o = Base();  // 64-token steps, chunks of at least 16
-  o.slo_policy = true;
-  SharedComputeSimulation sim(o, {DispatchPolicy::kSlo, {}, true, Ms(testing::kTaskMs)}, 4096);
-  sim.core().mutable_time_model().Calibrate(1.1, 7.4, 64);
-  std::vector<std::shared_ptr<TimedRecord>> records;
-  for (uint64_t id = 1; id <= 24; ++id) {
-    records.push_back(std::make_shared<TimedRecord>(sim.clock()));
-    Request r = MakeRequest(4, 400, records.back(), id);
-    r.slo = {Ms(1000), Ms(2)};
-    sim.AddAt(0, id, std::move(r));
-  }
+  OverloadedMachine machine(400);
   std::vector<std::pair<std::shared_ptr<TimedRecord>, double>> prompts;
   for (double at = 20; at < 1000; at += every_ms) {
-    prompts.emplace_back(std::make_shared<TimedRecord>(sim.clock()), at);
-    const uint64_t id = 100 + prompts.size();
-    Request r = MakeRequest(prompt, 2, prompts.back().first, id);
-    r.slo = {Ms(200), Ms(50)};
-    sim.AddAt(at, id, std::move(r));
+    prompts.emplace_back(machine.AddPrompt(at, prompt, 200), at);
   }
-  sim.RunToCompletion();
+  machine.sim.RunToCompletion();
   OpenLoopOutcome out;
-  for (const auto& [record, at] : prompts) {
-    out.ttft.push_back(record->times.empty() ? 1e9 : record->times[0] - at);
-  }
-  for (int s = 0; s < 24; ++s) {
-    const std::vector<double>& times = records[static_cast<size_t>(s)]->times;
-    for (size_t i = 1; i < times.size() && times[i] < 1000; ++i) {
-      out.longest_stream_gap = std::max(out.longest_stream_gap, times[i] - times[i - 1]);
-    }
-  }
+  for (const auto& [record, at] : prompts) out.ttft.push_back(Ttft(*record, at));
+  out.longest_stream_gap = machine.LongestStreamGap(1000);
   return out;
 }
 
