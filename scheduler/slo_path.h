@@ -59,7 +59,8 @@ struct PathLoad {
   // The tightest TTFT budget of the requests waiting for their first token
   // (ms; 0: none wait).
   double queue_ttft_ms = 0;
-  // Prompt tokens arriving per ms, over the last arrivals.
+  // Prompt tokens arriving per ms, over the last arrivals, less the prefixes
+  // already cached when they arrived (SchedulerCore::PromptArrivalsPerMs).
   double prompt_arrivals_per_ms = 0;
 };
 
