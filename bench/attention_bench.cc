@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ ABSL_FLAG(int, repeats, 21, "timed steps per row count (the median is printed)")
 ABSL_FLAG(std::vector<std::string>, caches, std::vector<std::string>({"half", "bf16"}),
           "KV caches to time, one table each: half (the f32 and q8 modes' cache and "
           "kernels) or bf16 (the bf16 mode's, where the build has AVX-512 BF16)");
+ABSL_FLAG(bool, layer_caches, true,
+          "each layer its own keys and values, so a step reads them all from memory as a "
+          "daemon's does (false: one layer's, reused, which stay in the CPU's caches)");
 ABSL_FLAG(int, passes, 1,
           "times to run the tables in turn (caches alternated, for comparing them)");
 
@@ -42,6 +46,20 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr int kBlockSize = 16;
+
+// Allocates on 64-byte boundaries (a vector load never straddles two lines).
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <typename U>
+  explicit AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  bool operator==(const AlignedAllocator&) const { return true; }
+};
 
 int Main() {
   const int context = absl::GetFlag(FLAGS_context);
@@ -52,13 +70,18 @@ int Main() {
     max_rows = std::max(max_rows, std::stoi(r));
   const int positions = context + max_rows;
   const int blocks = (positions + kBlockSize - 1) / kBlockSize;
-  // Random keys and values (halves, and the same rounded to bfloat16),
-  // blocks in a shuffled order as a running cache holds them.
+  // Random keys and values (halves, and the same rounded to bfloat16; the
+  // words' order within a block does not matter for timing) for each layer
+  // (or one for all), blocks in a shuffled order as a running cache holds
+  // them, aligned to cache lines as the backend's mapped cache is.
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t pool_words = static_cast<size_t>(blocks) * kBlockSize * kv_heads * head_dim;
-  std::vector<uint16_t> k(pool_words), v(pool_words), k_bf16(pool_words), v_bf16(pool_words);
-  for (size_t i = 0; i < pool_words; ++i) {
+  const int pools = absl::GetFlag(FLAGS_layer_caches) ? layers : 1;
+  const size_t words = pool_words * static_cast<size_t>(pools);
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> k(words), v(words), k_bf16(words),
+      v_bf16(words);
+  for (size_t i = 0; i < words; ++i) {
     const float key = normal(rng), value = normal(rng);
     k[i] = FloatToHalf(key);
     v[i] = FloatToHalf(value);
@@ -76,8 +99,9 @@ int Main() {
   ComputePool pool(absl::GetFlag(FLAGS_threads));
   ComputeLane& lane = pool.lane(LanePriority::kLatency);
   std::vector<std::vector<float>> scratch;
-  std::printf("context %d, %d heads, %d KV heads, head_dim %d, %d layers, %d threads\n", context,
-              heads, kv_heads, head_dim, layers, pool.size());
+  std::printf("context %d, %d heads, %d KV heads, head_dim %d, %d layers (%s), %d threads\n",
+              context, heads, kv_heads, head_dim, layers,
+              pools > 1 ? "each its own KV" : "one KV for all", pool.size());
   for (int pass = 0; pass < absl::GetFlag(FLAGS_passes); ++pass) {
     for (const std::string& cache : absl::GetFlag(FLAGS_caches)) {
       const bool bf16 = cache == "bf16";
@@ -85,12 +109,15 @@ int Main() {
         std::printf("cache bf16: not in this build or for head_dim %d\n", head_dim);
         continue;
       }
-      const KvLayerView kv{bf16 ? k_bf16.data() : k.data(),
-                           bf16 ? v_bf16.data() : v.data(),
+      auto layer_view = [&](int layer) {
+        const size_t at = pool_words * static_cast<size_t>(layer % pools);
+        return KvLayerView{(bf16 ? k_bf16.data() : k.data()) + at,
+                           (bf16 ? v_bf16.data() : v.data()) + at,
                            kBlockSize,
                            kv_heads,
                            head_dim,
                            bf16};
+      };
       std::printf("cache %s\n%5s %10s %9s %14s\n", bf16 ? "bf16" : "half", "rows", "step ms",
                   "vs 1 row", "ms/extra row");
       double one_row = 0;
@@ -101,8 +128,8 @@ int Main() {
         const Matrix om{out.data(), rows, int64_t{heads} * head_dim};
         const double median = bench::MedianMs(absl::GetFlag(FLAGS_repeats), [&] {
           for (int l = 0; l < layers; ++l) {
-            PagedAttention(lane, scratch, kv, qm, shape, std::span<const AttentionSpan>(&span, 1),
-                           om);
+            PagedAttention(lane, scratch, layer_view(l), qm, shape,
+                           std::span<const AttentionSpan>(&span, 1), om);
           }
         });
         if (rows == 1) one_row = median;

@@ -852,7 +852,7 @@ struct AttentionCase {
 
 class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
  protected:
-  static constexpr int kHeads = 6, kKvHeads = 2, kBlocks = 32;
+  static constexpr int kHeads = 6, kKvHeads = 2, kBlocks = 64;
 
   void SetUp() override {
     head_dim_ = GetParam().head_dim;
@@ -870,7 +870,7 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {
     v_ = RandomRows(length_, kKvHeads * head_dim_, rng);
     other_q_ = RandomRows(5, kHeads * head_dim_, rng);
     other_k_ = RandomRows(5, kKvHeads * head_dim_, rng);
-    // Scattered blocks: 9, 16, 23, ... (7 is coprime to 32, so all differ).
+    // Scattered blocks: 9, 16, 23, ... (7 is coprime to 64, so all differ).
     const int blocks = (length_ + block_size_ - 1) / block_size_;
     std::vector<bool> used(kBlocks, false);
     for (int b = 0; b < blocks; ++b) {
@@ -938,10 +938,16 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{256, 16, 70},
         // The bf16 mode, for each head size it has kernels for;
         // windows of odd and even length (its keys go in pairs
-        // from even positions), an odd sequence length.
+        // from even positions, and in tiles of 16), an odd sequence
+        // length, blocks of two tiles.
         AttentionCase{64, 16, 150, 0, 0.0f, true}, AttentionCase{64, 16, 151, 37, 0.0f, true},
-        AttentionCase{64, 8, 150, 70, 1.5f, true}, AttentionCase{128, 16, 149, 0, 0.0f, true},
-        AttentionCase{128, 16, 150, 37, 1.5f, true}, AttentionCase{256, 16, 71, 0, 0.0f, true}));
+        AttentionCase{64, 32, 150, 70, 1.5f, true}, AttentionCase{128, 16, 149, 0, 0.0f, true},
+        AttentionCase{128, 16, 150, 37, 1.5f, true}, AttentionCase{256, 16, 71, 0, 0.0f, true},
+        // Keys over several chunks of 256 (a decode step's split between
+        // threads at chunk boundaries, a prompt's not), with a window
+        // across chunk boundaries.
+        AttentionCase{64, 16, 600, 0, 0.0f, true}, AttentionCase{64, 16, 601, 300, 1.5f, true},
+        AttentionCase{128, 32, 530, 0, 0.0f, true}));
 
 TEST_P(AttentionTest, ChunkedAndBatchedAreBitwiseIdenticalToOnePass) {
   const std::vector<float> whole = Run(0, length_, false);
@@ -1031,8 +1037,9 @@ TEST_P(AttentionTest, MatchesFloat64CausalSoftmaxAttention) {
 }
 
 // The cache's format follows the mode: bfloat16 in the bf16 mode (for the
-// head sizes its attention kernels take), halves otherwise, each value
-// rounded to nearest even at its slot; and backends share a cache only in
+// head sizes its attention kernels take, in blocks of whole tiles of 16
+// keys), laid out as attention_bf16.h says, halves in place otherwise,
+// each value rounded to nearest even; and backends share a cache only in
 // the format they would read.
 TEST(CpuBackendKvCacheTest, ReleasedPagesLeaveMemoryAndReadAsZeros) {
   // Start-up's measurements write KV pages no request reads; released, they
@@ -1056,28 +1063,69 @@ TEST(CpuBackendKvCacheTest, ReleasedPagesLeaveMemoryAndReadAsZeros) {
 
 TEST(CpuBackendKvCacheTest, StoresTheModesFormatAndSharesItOnlyWithTheSameMode) {
   if (!bf16_attention::Supported(64)) GTEST_SKIP() << "this build has no AVX-512 BF16 attention";
-  const KvCacheShape shape{1, 4, 2, 1, 64};  // 1 layer, 4 blocks of 2 slots, 1 KV head of 64
+  constexpr int kSlots = 16, kKvHeads = 2, kDim = 64;
+  const KvCacheShape shape{1, 4, kSlots, kKvHeads, kDim};  // 1 layer, 4 blocks, 2 KV heads of 64
+  constexpr size_t kPool = 4 * kSlots * kKvHeads * kDim;   // one layer's K (then V) pool
+  constexpr size_t kHeadWords = kSlots * kDim;             // one KV head's words in a block
   std::mt19937 rng(3);
-  std::vector<float> k = RandomRows(1, 64, rng), v = RandomRows(1, 64, rng);
-  const std::vector<int32_t> slot = {5};  // block 2, its second slot
-  for (const MatMulMode mode : {MatMulMode::kBf16, MatMulMode::kF32}) {
-    CpuBackend backend(1, mode);
-    ASSERT_TRUE(backend.CreateKvCache(shape).ok());
-    backend.WriteKv(0, View(k, 1, 64), View(v, 1, 64), slot);
-    const auto* words = static_cast<const uint16_t*>(backend.kv_storage().data);
-    const size_t pool = 4 * 2 * 64;  // one layer's K (then V) pool
-    for (size_t d = 0; d < 64; ++d) {
-      const uint16_t want_k = mode == MatMulMode::kBf16 ? FloatToBf16(k[d]) : FloatToHalf(k[d]);
-      const uint16_t want_v = mode == MatMulMode::kBf16 ? FloatToBf16(v[d]) : FloatToHalf(v[d]);
-      ASSERT_EQ(words[5 * 64 + d], want_k) << MatMulModeName(mode) << " K dim " << d;
-      ASSERT_EQ(words[pool + 5 * 64 + d], want_v) << MatMulModeName(mode) << " V dim " << d;
-    }
-    for (size_t i = 0; i < 2 * pool; ++i) {
-      if (i % pool / 64 != 5) {
-        ASSERT_EQ(words[i], 0) << "word " << i << " was written";
-      }
+  std::vector<float> k = RandomRows(1, kKvHeads * kDim, rng),
+                     v = RandomRows(1, kKvHeads * kDim, rng);
+  const std::vector<int32_t> slot = {2 * kSlots + 5};  // block 2, its sixth slot
+
+  // The bf16 mode: each KV head's words of a block in turn; the key as
+  // dimension pairs, each in the key's 32-bit lane of its tile's vector for
+  // that pair; the value in the odd half of each dimension's word pair.
+  CpuBackend tiled(1, MatMulMode::kBf16);
+  ASSERT_TRUE(tiled.CreateKvCache(shape).ok());
+  tiled.WriteKv(0, View(k, 1, kKvHeads * kDim), View(v, 1, kKvHeads * kDim), slot);
+  const auto* words = static_cast<const uint16_t*>(tiled.kv_storage().data);
+  std::vector<bool> written(2 * kPool, false);
+  for (size_t h = 0; h < kKvHeads; ++h) {
+    const size_t head = (2 * kKvHeads + h) * kHeadWords;  // block 2, KV head h
+    for (size_t d = 0; d < kDim; ++d) {
+      const size_t key_word = head + (d / 2 * kSlots + 5) * 2 + d % 2;
+      const size_t value_word = kPool + head + 2 * kDim * 2 + 2 * d + 1;  // pair (4, 5), odd
+      ASSERT_EQ(words[key_word], FloatToBf16(k[h * kDim + d])) << "K head " << h << " dim " << d;
+      ASSERT_EQ(words[value_word], FloatToBf16(v[h * kDim + d])) << "V head " << h << " dim " << d;
+      written[key_word] = written[value_word] = true;
     }
   }
+  for (size_t i = 0; i < 2 * kPool; ++i) {
+    if (!written[i]) {
+      ASSERT_EQ(words[i], 0) << "word " << i << " was written";
+    }
+  }
+  // Writing the even partner, slot 4, clears slot 5's value words.
+  const std::vector<int32_t> partner = {2 * kSlots + 4};
+  tiled.WriteKv(0, View(v, 1, kKvHeads * kDim), View(k, 1, kKvHeads * kDim), partner);
+  for (size_t h = 0; h < kKvHeads; ++h) {
+    const size_t pair = kPool + (2 * kKvHeads + h) * kHeadWords + 2 * kDim * 2;
+    for (size_t d = 0; d < kDim; ++d) {
+      ASSERT_EQ(words[pair + 2 * d], FloatToBf16(k[h * kDim + d]))
+          << "V head " << h << " dim " << d;
+      ASSERT_EQ(words[pair + 2 * d + 1], 0) << "V head " << h << " dim " << d << " of slot 5";
+    }
+  }
+
+  // Halves in place, [slot][KV head][dim]: the f32 mode, and the bf16 mode
+  // where blocks are not whole tiles of 16 keys.
+  for (const auto& [mode, slots] :
+       {std::pair{MatMulMode::kF32, kSlots}, std::pair{MatMulMode::kBf16, 8}}) {
+    const KvCacheShape halves_shape{1, 4, slots, kKvHeads, kDim};
+    const size_t pool = size_t{4} * static_cast<size_t>(slots) * kKvHeads * kDim;
+    CpuBackend backend(1, mode);
+    ASSERT_TRUE(backend.CreateKvCache(halves_shape).ok());
+    const std::vector<int32_t> fifth = {5};
+    backend.WriteKv(0, View(k, 1, kKvHeads * kDim), View(v, 1, kKvHeads * kDim), fifth);
+    const auto* halves = static_cast<const uint16_t*>(backend.kv_storage().data);
+    for (size_t i = 0; i < kKvHeads * kDim; ++i) {
+      ASSERT_EQ(halves[5 * kKvHeads * kDim + i], FloatToHalf(k[i]))
+          << MatMulModeName(mode) << " K " << i;
+      ASSERT_EQ(halves[pool + 5 * kKvHeads * kDim + i], FloatToHalf(v[i]))
+          << MatMulModeName(mode) << " V " << i;
+    }
+  }
+
   CpuBackend bf16(1, MatMulMode::kBf16), f32(1, MatMulMode::kF32), other_bf16(1, MatMulMode::kBf16);
   ASSERT_TRUE(bf16.CreateKvCache(shape).ok());
   const absl::Status refused = f32.ShareKvCache(bf16);

@@ -46,7 +46,26 @@ struct Task {
   int32_t kv_head;
   int32_t head_begin, head_end;
   int32_t row_begin, row_end;
+  // Over a bfloat16 cache, keys go in chunks of kKeyChunk (RunBf16Task):
+  // this task takes chunks [chunk_begin, chunk_end) of its queries' chunks
+  // [group_chunk, group_chunk + group_chunks). A task with all of them
+  // combines them itself; the parts of a split group write their partial
+  // sums at `partials` in the call's buffer, combined after all have run.
+  int64_t chunk_begin = 0, chunk_end = 0;
+  int64_t group_chunk = 0, group_chunks = 0;
+  int64_t partials = -1;
 };
+
+// A query's partial result over one chunk of keys: the chunk's maximum
+// score, the sum of its softmax numerators (0: the query sees no key of
+// the chunk) and its value sums, head_dim floats, in that order.
+inline size_t PartialFloats(int head_dim) { return static_cast<size_t>(head_dim) + 2; }
+
+// Keys per chunk of a bfloat16 cache's attention: each query's softmax runs
+// over each chunk on its own (its maximum, its sum, its value sums), and
+// the chunks are then combined in order, so a long context can be split
+// between threads at chunk boundaries without changing any bit.
+constexpr int64_t kKeyChunk = 256;
 
 // The head sizes with vector kernels (64: SmolLM2, Llama 3.2 1B; 128: most
 // models from 1.5B up; 256: Gemma). A head of kDim dimensions is kDim / 8
@@ -103,14 +122,7 @@ void AccumulateRows(float* acc, const float* p, const T* const* rows, int n) {
   for (int i = 0; i < kDim / 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
 }
 
-// Calls fn(std::integral_constant<int, head_dim>{}) for a head size with
-// vector kernels. REQUIRES: HasVectorKernels(head_dim).
-template <typename Fn>
-inline void WithHeadDim(int head_dim, Fn&& fn) {
-  if (head_dim == 64) return fn(std::integral_constant<int, 64>{});
-  if (head_dim == 128) return fn(std::integral_constant<int, 128>{});
-  return fn(std::integral_constant<int, 256>{});
-}
+using bf16_attention::WithHeadDim;  // REQUIRES: HasVectorKernels(head_dim)
 #endif
 
 #ifdef TANDEM_CPU_AVX512
@@ -406,107 +418,235 @@ void AccumulateQueries(const TaskQueries& tq, const T* const* rows, int64_t firs
 #endif
 
 #ifdef TANDEM_CPU_BF16_ATTENTION
+// The words of one KV head in block `block` of a bfloat16 pool
+// (attention_bf16.h's layout).
+inline const uint16_t* HeadInBlock(const uint16_t* pool, const KvLayerView& kv, int32_t block,
+                                   int kv_head) {
+  const int64_t head_words = int64_t{kv.block_size} * kv.head_dim;
+  return pool + (int64_t{block} * kv.kv_heads + kv_head) * head_words;
+}
+
+// tiles[t] = the key tile of keys [first + 16 t, first + 16 t + 16) of one
+// KV head, for t < n; `first` a multiple of 16.
+void KeyTiles(const KvLayerView& kv, std::span<const int32_t> table, int kv_head, int64_t first,
+              int n, const uint16_t** tiles) {
+  constexpr int kTile = bf16_attention::kTileKeys;
+  for (int t = 0; t < n; ++t) {
+    const int64_t key = first + int64_t{kTile} * t;
+    tiles[t] = HeadInBlock(kv.k, kv, table[static_cast<size_t>(key / kv.block_size)], kv_head) +
+               (key % kv.block_size) * kv.head_dim;
+  }
+}
+
+// pairs[i] = the value pair of keys (first + 2i, first + 2i + 1) of one KV
+// head, for i < n; `first` even.
+void ValuePairs(const KvLayerView& kv, std::span<const int32_t> table, int kv_head, int64_t first,
+                int n, const uint16_t** pairs) {
+  size_t block = static_cast<size_t>(first / kv.block_size);
+  int slot = static_cast<int>(first % kv.block_size);
+  const uint16_t* head = HeadInBlock(kv.v, kv, table[block], kv_head);
+  for (int i = 0; i < n; ++i) {
+    pairs[i] = head + slot * kv.head_dim;  // a pair is 2 x head_dim words
+    slot += 2;
+    if (slot == kv.block_size && i + 1 < n) {
+      slot = 0;
+      head = HeadInBlock(kv.v, kv, table[++block], kv_head);
+    }
+  }
+}
+
+// Calls fn(std::integral_constant<int, n>{}) for n in [1, 4].
+template <typename Fn>
+inline void WithTileCount(int n, Fn&& fn) {
+  if (n == 4) return fn(std::integral_constant<int, 4>{});
+  if (n == 3) return fn(std::integral_constant<int, 3>{});
+  if (n == 2) return fn(std::integral_constant<int, 2>{});
+  return fn(std::integral_constant<int, 1>{});
+}
+
+// out[0..kDim) = the softmax-weighted value sum from a query's partials
+// over `chunks` chunks in order: each chunk weighted by exp(its maximum -
+// the largest), the weighted value sums and numerator sums added chunk by
+// chunk, then divided.
+template <int kDim>
+void CombineChunks(const float* partials, int64_t chunks, float* out) {
+  const size_t stride = PartialFloats(kDim);
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* part = partials + static_cast<size_t>(c) * stride;
+    if (part[1] > 0.0f) max = std::max(max, part[0]);
+  }
+  __m512 acc[kDim / 16];
+  for (int d = 0; d < kDim / 16; ++d) acc[d] = _mm512_setzero_ps();
+  float sum = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* part = partials + static_cast<size_t>(c) * stride;
+    if (part[1] == 0.0f) continue;
+    const float weight = ExpApprox(part[0] - max);
+    sum = std::fma(weight, part[1], sum);
+    const __m512 w = _mm512_set1_ps(weight);
+    for (int d = 0; d < kDim / 16; ++d) {
+      acc[d] = _mm512_fmadd_ps(w, _mm512_loadu_ps(part + 2 + 16 * d), acc[d]);
+    }
+  }
+  const __m512 inverse = _mm512_set1_ps(1.0f / sum);
+  for (int d = 0; d < kDim / 16; ++d)
+    _mm512_storeu_ps(out + 16 * d, _mm512_mul_ps(acc[d], inverse));
+}
+
+// CombineChunks for heads of `head_dim`.
+void CombineQuery(int head_dim, const float* partials, int64_t chunks, float* out) {
+  WithHeadDim(head_dim, [&](auto dim) { CombineChunks<dim()>(partials, chunks, out); });
+}
+
 // The rest of RunTask over a bfloat16 cache (attention_bf16.h), for heads of
-// kDim: `tq` holds the task's queries, whose score rows have room for keys
-// [0, max_keys rounded up to even); `task_lowest` is the first key the
-// task's first query sees. Keys are read from the even position at or below
-// it, so a query's value pairs are the same in every task.
+// kDim: `tq` holds the task's queries; `task_lowest` is the first key the
+// task's first query sees. Chunk by chunk of the task's: keys are scored
+// from the tile that holds the first one the task reads on, for every query
+// of the task (scores past a query's own keys are never read), and values
+// read in pairs from there, so a query's value pairs are the same in every
+// task; each query's partial result goes to `partials` ([query][chunk of
+// the group]), and a task with all its group's chunks combines them into
+// the queries' outputs.
 template <int kDim>
 void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& shape,
-                 const AttentionSpan& span, TaskQueries& tq, int64_t max_keys,
-                 int64_t task_lowest) {
+                 const AttentionSpan& span, TaskQueries& tq, int64_t max_keys, int64_t task_lowest,
+                 float* partials) {
   namespace b16 = bf16_attention;
+  constexpr int kTile = b16::kTileKeys;
+  constexpr int kTilesAtOnce = kKeyBlock / kTile;
   const int queries = static_cast<int>(tq.q.size());
-  const int64_t start = task_lowest & ~int64_t{1};
-  const size_t stride = static_cast<size_t>(max_keys + 1) & ~size_t{1};
-  // Per query: its bfloat16 form, then its bfloat16 probabilities by key.
+  const size_t stride = PartialFloats(kDim);
+  // Per query: its bfloat16 form, its scores over a chunk, its bfloat16
+  // probabilities (and a pair's second key past the chunk), the odd pairs'
+  // value sums.
+  constexpr size_t kChunk = static_cast<size_t>(kKeyChunk);
   thread_local std::vector<uint16_t> words;
-  words.resize(static_cast<size_t>(queries) * (kDim + stride));
+  words.resize(static_cast<size_t>(queries) * (kDim + kChunk + 2));
+  thread_local std::vector<float> floats;
+  floats.resize(static_cast<size_t>(queries) * (kChunk + kDim));
   auto query_words = [&](int i) { return words.data() + static_cast<size_t>(i) * kDim; };
-  auto probabilities = [&](int i) {
-    return words.data() + static_cast<size_t>(queries) * kDim + static_cast<size_t>(i) * stride;
-  };
-  for (int i = 0; i < queries; ++i)
-    b16::QueryToBf16<kDim>(tq.q[static_cast<size_t>(i)], query_words(i));
   auto keys = [&](int i) { return tq.keys[static_cast<size_t>(i)]; };
   auto lowest = [&](int i) {
     return shape.window > 0 ? std::max<int64_t>(0, keys(i) - shape.window) : int64_t{0};
   };
+  for (int i = 0; i < queries; ++i)
+    b16::QueryToBf16<kDim>(tq.q[static_cast<size_t>(i)], query_words(i));
 
-  constexpr int kScoreGroup = 2;
-  const uint16_t* rows[kKeyBlock + 1];
-  for (int64_t first = start; first < max_keys; first += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    HalfRows(kv.k, kv, span.block_table, task.kv_head, first, n, rows);
-    ForQueryGroups<kScoreGroup>(tq, first, n, [&](int begin, int count, int offset, int many) {
-      const uint16_t* q[kScoreGroup];
-      float* scores[kScoreGroup];
-      for (int b = 0; b < count; ++b) {
-        q[b] = query_words(begin + b);
-        scores[b] = tq.scores[static_cast<size_t>(begin + b)] + first + offset;
-      }
-      if (count == kScoreGroup) {
-        b16::ScoreRows<kScoreGroup, kDim>(q, rows + offset, many, shape.scale, scores);
-      } else {
-        b16::ScoreRows<1, kDim>(q, rows + offset, many, shape.scale, scores);
-      }
-    });
-  }
-  // The softmax's numerators in bfloat16 (keys below a query's window get
-  // 0) and their float32 sum.
-  for (int i = 0; i < queries; ++i) {
-    float* scores = tq.scores[static_cast<size_t>(i)];
-    const int64_t low = lowest(i);
-    if (shape.softcap > 0.0f) SoftcapRow(scores + low, keys(i) - low, shape.softcap);
-    uint16_t* p = probabilities(i);
-    std::fill(p + start, p + low, uint16_t{0});
-    tq.sums.push_back(b16::ExpToBf16(scores + low, keys(i) - low, p + low));
-    // The probability of the pair's second key a query does not see.
-    if ((keys(i) - start) % 2 != 0) p[keys(i)] = 0;
-    std::memset(tq.out[static_cast<size_t>(i)], 0, sizeof(float) * kDim);
-  }
-  // Value sums over pairs of keys: consecutive queries in groups over the
-  // pairs they all see, then each alone over the rest of its own.
-  constexpr int kGroup = kAccumulateGroup<kDim>;
-  for (int64_t first = start; first < max_keys; first += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, max_keys - first));
-    HalfRows(kv.v, kv, span.block_table, task.kv_head, first, n, rows);
-    if (n % 2 != 0) rows[n] = b16::kZeroRow;
-    auto pairs = [&](int i) {
-      return static_cast<int>((std::clamp<int64_t>(keys(i) - first, 0, n) + 1) / 2);
+  for (int64_t chunk = task.chunk_begin; chunk < task.chunk_end; ++chunk) {
+    const int64_t chunk_first = chunk * kKeyChunk;
+    const int64_t end = std::min(max_keys, chunk_first + kKeyChunk);
+    const int64_t start = std::max(chunk_first, task_lowest / kTile * kTile);
+    // Key k's score, probability and (for the odd pairs) value sums, at
+    // k - chunk_first.
+    auto scores = [&](int i) {
+      return floats.data() + static_cast<size_t>(i) * (kChunk + kDim) - chunk_first;
     };
-    ForQueryGroupsOf<kGroup>(queries, pairs, [&](int begin, int count, int offset, int many) {
-      float* acc[kGroup];
-      const uint16_t* p[kGroup];
-      for (int b = 0; b < count; ++b) {
-        acc[b] = tq.out[static_cast<size_t>(begin + b)];
-        p[b] = probabilities(begin + b) + first + 2 * offset;
+    auto odd_sums = [&](int i) {
+      return floats.data() + static_cast<size_t>(i) * (kChunk + kDim) + kChunk;
+    };
+    auto probabilities = [&](int i) {
+      return words.data() + static_cast<size_t>(queries) * kDim +
+             static_cast<size_t>(i) * (kChunk + 2) - chunk_first;
+    };
+    auto partial = [&](int i) {
+      return partials + (static_cast<size_t>(i) * static_cast<size_t>(task.group_chunks) +
+                         static_cast<size_t>(chunk - task.group_chunk)) *
+                            stride;
+    };
+    // Scores, two queries at a time over up to four tiles at a time.
+    const uint16_t* tiles[kTilesAtOnce];
+    for (int64_t first = start; first < end; first += kKeyBlock) {
+      const int n =
+          static_cast<int>(std::min<int64_t>(kTilesAtOnce, (end - first + kTile - 1) / kTile));
+      KeyTiles(kv, span.block_table, task.kv_head, first, n, tiles);
+      for (int begin = 0; begin < queries; begin += 2) {
+        const int count = std::min(2, queries - begin);
+        const uint32_t* q[2];
+        float* out[2];
+        for (int b = 0; b < count; ++b) {
+          q[b] = reinterpret_cast<const uint32_t*>(query_words(begin + b));
+          out[b] = scores(begin + b) + first;
+        }
+        WithTileCount(n, [&](auto nt) {
+          if (count == 2) {
+            b16::ScoreTiles<2, nt(), kDim>(q, tiles, shape.scale, out);
+          } else {
+            b16::ScoreTiles<1, nt(), kDim>(q, tiles, shape.scale, out);
+          }
+        });
       }
-      if (count == kGroup) {
-        b16::AccumulatePairs<kGroup, kDim>(acc, p, rows + 2 * offset, many);
-      } else {
-        b16::AccumulatePairs<1, kDim>(acc, p, rows + 2 * offset, many);
-      }
-    });
+    }
+    // The softmax's numerators in bfloat16 over the keys of the chunk each
+    // query sees (others get 0), their maximum and float32 sum.
+    for (int i = 0; i < queries; ++i) {
+      float* part = partial(i);
+      const int64_t low = std::max(start, lowest(i));
+      const int64_t high = std::min(end, keys(i));
+      uint16_t* p = probabilities(i);
+      std::fill(p + start, p + end + 1, uint16_t{0});
+      std::memset(part, 0, sizeof(float) * stride);
+      std::memset(odd_sums(i), 0, sizeof(float) * kDim);
+      if (high <= low) continue;  // sum 0: no key of this chunk
+      float* s = scores(i);
+      if (shape.softcap > 0.0f) SoftcapRow(s + low, high - low, shape.softcap);
+      part[1] = b16::ExpToBf16(s + low, high - low, p + low, &part[0]);
+    }
+    // Value sums over pairs of keys: consecutive queries in groups over the
+    // pairs they all see, then each alone over the rest of its own; the
+    // sums of even pairs in the partials, of odd ones in odd_sums.
+    constexpr int kGroup = 4;
+    const uint16_t* pairs[kKeyBlock / 2];
+    for (int64_t first = start; first < end; first += kKeyBlock) {
+      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, end - first));
+      ValuePairs(kv, span.block_table, task.kv_head, first, (n + 1) / 2, pairs);
+      auto count_pairs = [&](int i) {
+        return static_cast<int>((std::clamp<int64_t>(keys(i) - first, 0, n) + 1) / 2);
+      };
+      ForQueryGroupsOf<kGroup>(
+          queries, count_pairs, [&](int begin, int count, int offset, int many) {
+            float* even[kGroup];
+            float* odd[kGroup];
+            const uint16_t* p[kGroup];
+            for (int b = 0; b < count; ++b) {
+              even[b] = partial(begin + b) + 2;
+              odd[b] = odd_sums(begin + b);
+              p[b] = probabilities(begin + b) + first + 2 * offset;
+            }
+            const int parity = static_cast<int>((first / 2 + offset) % 2);
+            if (count == kGroup) {
+              b16::AccumulatePairs<kGroup, kDim>(even, odd, p, pairs + offset, many, parity);
+            } else {
+              b16::AccumulatePairs<1, kDim>(even, odd, p, pairs + offset, many, parity);
+            }
+          });
+    }
+    for (int i = 0; i < queries; ++i) {
+      float* sums = partial(i) + 2;
+      const float* odd = odd_sums(i);
+      for (int d = 0; d < kDim; ++d) sums[d] += odd[d];
+    }
   }
-  for (int i = 0; i < queries; ++i) {
-    float* out = tq.out[static_cast<size_t>(i)];
-    float acc[kDim];
-    std::memcpy(acc, out, sizeof(acc));
-    b16::UninterleaveDims<kDim>(acc, 1.0f / tq.sums[static_cast<size_t>(i)], out);
+  if (task.chunk_begin == task.group_chunk &&
+      task.chunk_end == task.group_chunk + task.group_chunks) {
+    for (int i = 0; i < queries; ++i) {
+      CombineChunks<kDim>(
+          partials + static_cast<size_t>(i) * static_cast<size_t>(task.group_chunks) * stride,
+          task.group_chunks, tq.out[static_cast<size_t>(i)]);
+    }
   }
 }
 #endif
 
 void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const AttentionShape& shape,
-             const AttentionSpan& span, std::vector<float>& scratch, Matrix out) {
+             const AttentionSpan& span, std::vector<float>& scratch, float* partials, Matrix out) {
   const int head_dim = shape.head_dim;
   const int heads = task.head_end - task.head_begin;
   const int rows = task.row_end - task.row_begin;
   const int queries = heads * rows;
   const int64_t max_keys = int64_t{span.first_position} + task.row_end;
-  // (Rounded up to even: the bfloat16 kernels read keys in pairs.)
-  const size_t score_stride = static_cast<size_t>(max_keys + 1) & ~size_t{1};
+  // (The bfloat16 kernels keep their own scores, a chunk at a time.)
+  const size_t score_stride = kv.bf16 ? 0 : static_cast<size_t>(max_keys);
   scratch.resize(score_stride * static_cast<size_t>(queries) +
                  static_cast<size_t>(kKeyBlock) * static_cast<size_t>(head_dim));
   float* block = scratch.data() + score_stride * static_cast<size_t>(queries);
@@ -536,8 +676,16 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
   const int64_t task_lowest = lowest(0);
 #ifdef TANDEM_CPU_BF16_ATTENTION
   if (kv.bf16) {
+    // A task with all its group's chunks keeps its partials here.
+    thread_local std::vector<float> own;
+    float* at = partials + std::max<int64_t>(0, task.partials);
+    if (task.partials < 0) {
+      own.resize(static_cast<size_t>(queries) * static_cast<size_t>(task.group_chunks) *
+                 PartialFloats(head_dim));
+      at = own.data();
+    }
     WithHeadDim(head_dim, [&](auto dim) {
-      RunBf16Task<dim()>(task, kv, shape, span, tq, max_keys, task_lowest);
+      RunBf16Task<dim()>(task, kv, shape, span, tq, max_keys, task_lowest, at);
     });
     return;
   }
@@ -651,35 +799,91 @@ void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
   scratch.resize(static_cast<size_t>(pool.size()));
   // Whole head groups share the most. When there would be too few tasks to
   // keep every thread busy, a sequence's rows are split into tiles of 8, then
-  // 4 (a verification: each KV head's keys are still converted for a whole
-  // group of heads), and only then the groups into single heads (a decode
-  // step of one sequence). Each query's arithmetic is the same either way.
+  // 4 (a verification: each KV head's keys are still read once for a whole
+  // group of heads); over a bfloat16 cache, then its keys into runs of
+  // whole chunks (a decode step: each key is still read once); and only
+  // then the groups into single heads. Each query's arithmetic is the same
+  // either way.
+  const bool chunked = kv.bf16;
   std::vector<Task> tasks;
-  auto plan = [&](int heads_per_task, int row_tile) {
+  size_t partial_floats = 0;  // the call's buffer, for the parts of split groups
+  auto plan = [&](int heads_per_task, int row_tile, int64_t parts) {
     tasks.clear();
+    partial_floats = 0;
     for (size_t s = 0; s < spans.size(); ++s) {
-      for (int32_t r = 0; r < spans[s].rows; r += row_tile) {
+      const AttentionSpan& span = spans[s];
+      for (int32_t r = 0; r < span.rows; r += row_tile) {
+        const int32_t row_end = std::min(span.rows, r + row_tile);
+        // The chunks of keys the tile's queries see: from the first one's
+        // lowest key to the last one's.
+        const int64_t lowest =
+            shape.window > 0
+                ? std::max<int64_t>(0, int64_t{span.first_position} + r + 1 - shape.window)
+                : 0;
+        const int64_t group_chunk = lowest / kKeyChunk;
+        const int64_t group_chunks =
+            (int64_t{span.first_position} + row_end + kKeyChunk - 1) / kKeyChunk - group_chunk;
+        const int64_t split = chunked ? std::min(parts, group_chunks) : 1;
         for (int kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
           for (int h = 0; h < group; h += heads_per_task) {
-            tasks.push_back({static_cast<int32_t>(s), kv_head, kv_head * group + h,
-                             kv_head * group + std::min(group, h + heads_per_task), r,
-                             std::min(spans[s].rows, r + row_tile)});
+            Task task{static_cast<int32_t>(s),
+                      kv_head,
+                      kv_head * group + h,
+                      kv_head * group + std::min(group, h + heads_per_task),
+                      r,
+                      row_end};
+            task.group_chunk = group_chunk;
+            task.group_chunks = group_chunks;
+            if (split > 1) {
+              task.partials = static_cast<int64_t>(partial_floats);
+              partial_floats += static_cast<size_t>(task.head_end - task.head_begin) *
+                                static_cast<size_t>(row_end - r) *
+                                static_cast<size_t>(group_chunks) * PartialFloats(shape.head_dim);
+            }
+            for (int64_t part = 0; part < split; ++part) {
+              task.chunk_begin = group_chunk + group_chunks * part / split;
+              task.chunk_end = group_chunk + group_chunks * (part + 1) / split;
+              tasks.push_back(task);
+            }
           }
         }
       }
     }
   };
   const size_t threads = static_cast<size_t>(pool.size());
-  plan(group, kRowTile);
-  for (int row_tile = kRowTile / 2; row_tile >= 4 && tasks.size() < 2 * threads; row_tile /= 2) {
-    plan(group, row_tile);
+  int row_tile = kRowTile;
+  plan(group, row_tile, 1);
+  while (row_tile > 4 && tasks.size() < 2 * threads) plan(group, row_tile /= 2, 1);
+  if (chunked && tasks.size() < 2 * threads) {
+    plan(group, row_tile, static_cast<int64_t>((2 * threads + tasks.size() - 1) / tasks.size()));
   }
-  if (group > 1 && tasks.size() < 2 * threads) plan(1, kRowTile);
+  if (group > 1 && tasks.size() < 2 * threads) plan(1, kRowTile, 1);
+  // (The calling thread's: a thread_local named inside the tasks would be
+  // each helper's own.)
+  thread_local std::vector<float> partials;
+  partials.resize(partial_floats);
+  float* const partial_data = partials.data();
   pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t, int thread) {
     const Task& task = tasks[static_cast<size_t>(t)];
     RunTask(task, kv, q, shape, spans[static_cast<size_t>(task.span)],
-            scratch[static_cast<size_t>(thread)], out);
+            scratch[static_cast<size_t>(thread)], partial_data, out);
   });
+#ifdef TANDEM_CPU_BF16_ATTENTION
+  // The split groups' queries, from their parts' partials (each group's
+  // first part stands for it).
+  for (const Task& task : tasks) {
+    if (task.partials < 0 || task.chunk_begin != task.group_chunk) continue;
+    const AttentionSpan& span = spans[static_cast<size_t>(task.span)];
+    const int heads = task.head_end - task.head_begin;
+    const size_t per_query = static_cast<size_t>(task.group_chunks) * PartialFloats(shape.head_dim);
+    for (int i = 0; i < heads * (task.row_end - task.row_begin); ++i) {
+      const int64_t row = int64_t{span.first_row} + task.row_begin + i / heads;
+      float* dst = out.Row(row) + int64_t{task.head_begin + i % heads} * shape.head_dim;
+      CombineQuery(shape.head_dim, partial_data + task.partials + per_query * i, task.group_chunks,
+                   dst);
+    }
+  }
+#endif
 }
 
 }  // namespace tandem::kernels::cpu

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
@@ -30,12 +31,16 @@ constexpr size_t kAlignment = 64;
 // revisions compute other bits with the same mode and instructions, and must
 // not hand requests to each other (arithmetic()).
 // 2: the bf16 mode's KV cache in bfloat16 and its attention in BF16 dot products.
-constexpr int kKernelRevision = 2;
+// 3: that cache in key tiles and value pairs (attention_bf16.h), scores as
+//    one lane per key.
+constexpr int kKernelRevision = 3;
 
-// Whether a KV cache for heads of `head_dim` is kept in bfloat16 (the bf16
-// mode, where its attention kernels exist) rather than in halves.
-bool KvInBf16(MatMulMode mode, int head_dim) {
-  return mode == MatMulMode::kBf16 && bf16_attention::Supported(head_dim);
+// Whether a KV cache of `shape` is kept in bfloat16 (the bf16 mode, where
+// its attention kernels exist for the head size and the blocks hold whole
+// key tiles) rather than in halves.
+bool KvInBf16(MatMulMode mode, const KvCacheShape& shape) {
+  return mode == MatMulMode::kBf16 && bf16_attention::Supported(shape.head_dim) &&
+         bf16_attention::SupportedBlock(shape.block_size);
 }
 
 // The kernels this build has (their arithmetic differs).
@@ -184,7 +189,7 @@ absl::Status CpuBackend::CreateKvCache(const KvCacheShape& shape) {
   kv_storage_ =
       std::make_shared<DeviceBuffer>(data, bytes, [bytes](void* p) { ::munmap(p, bytes); });
   kv_shape_ = shape;
-  kv_bf16_ = KvInBf16(matmul_mode_, shape.head_dim);
+  kv_bf16_ = KvInBf16(matmul_mode_, shape);
   return absl::OkStatus();
 }
 
@@ -201,7 +206,7 @@ absl::Status CpuBackend::ShareKvCache(const Backend& other) {
     return absl::FailedPreconditionError(
         "KV storage can be shared only with a CPU backend that has one");
   }
-  if (KvInBf16(matmul_mode_, cpu->kv_shape_.head_dim) != cpu->kv_bf16_) {
+  if (KvInBf16(matmul_mode_, cpu->kv_shape_) != cpu->kv_bf16_) {
     return absl::FailedPreconditionError(
         StrCat("KV storage can be shared only between CPU backends that store it alike: this one's "
                "mode '",
@@ -276,25 +281,32 @@ void CpuBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
   auto* base = static_cast<uint16_t*>(kv_storage_->data());
   uint16_t* k_pool = base + int64_t{2} * layer * per_layer_pool;
   uint16_t* v_pool = k_pool + per_layer_pool;
+#ifdef TANDEM_CPU_BF16_ATTENTION
+  if (kv_bf16_) {  // key tiles and value pairs (attention_bf16.h), rounded to nearest even
+    const int block_size = kv_shape_.block_size, head_dim = kv_shape_.head_dim;
+    const int64_t head_words = int64_t{block_size} * head_dim;
+    for (size_t r = 0; r < slots.size(); ++r) {
+      const int64_t block = slots[r] / block_size;
+      const int slot = slots[r] % block_size;
+      for (int h = 0; h < kv_shape_.kv_heads; ++h) {
+        const int64_t head = (block * kv_shape_.kv_heads + h) * head_words;
+        const float* kr = k.Row(static_cast<int64_t>(r)) + int64_t{h} * head_dim;
+        const float* vr = v.Row(static_cast<int64_t>(r)) + int64_t{h} * head_dim;
+        bf16_attention::WithHeadDim(head_dim, [&](auto dim) {
+          bf16_attention::StoreKey<dim()>(kr, slot, k_pool + head);
+          bf16_attention::StoreValue<dim()>(vr, slot, v_pool + head);
+        });
+      }
+    }
+    return;
+  }
+#endif
   for (size_t r = 0; r < slots.size(); ++r) {
     const float* kr = k.Row(static_cast<int64_t>(r));
     const float* vr = v.Row(static_cast<int64_t>(r));
     uint16_t* kd = k_pool + int64_t{slots[r]} * per_token;
     uint16_t* vd = v_pool + int64_t{slots[r]} * per_token;
     int64_t i = 0;
-#ifdef TANDEM_CPU_BF16_ATTENTION
-    if (kv_bf16_) {  // rounded to nearest even; rows are whole vectors (Supported)
-      for (; i < per_token; i += 16) {
-        const __m256bh kb = _mm512_cvtneps_pbh(_mm512_loadu_ps(kr + i));
-        const __m256bh vb = _mm512_cvtneps_pbh(_mm512_loadu_ps(vr + i));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(kd + i),
-                            reinterpret_cast<const __m256i&>(kb));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(vd + i),
-                            reinterpret_cast<const __m256i&>(vb));
-      }
-      continue;
-    }
-#endif
 #ifdef TANDEM_CPU_AVX512
     // The hardware conversion rounds to nearest even, as FloatToHalf does
     // (they differ only in NaN payloads).
