@@ -592,14 +592,13 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
       if (shape.softcap > 0.0f) SoftcapRow(s + low, high - low, shape.softcap);
       part[1] = b16::ExpToBf16(s + low, high - low, p + low, &part[0]);
     }
-    // Value sums over pairs of keys: consecutive queries in groups over the
-    // pairs they all see, then each alone over the rest of its own; the
-    // sums of even pairs in the partials, of odd ones in odd_sums.
-    constexpr int kGroup = 4;
+    // Value sums over pairs of keys: consecutive queries in groups (of 4, or
+    // all of a smaller task's) over the pairs they all see, then each alone
+    // over the rest of its own; the sums of even pairs in the partials, of
+    // odd ones in odd_sums.
     const uint16_t* pairs[kKeyBlock / 2];
-    for (int64_t first = start; first < end; first += kKeyBlock) {
-      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, end - first));
-      ValuePairs(kv, span.block_table, task.kv_head, first, (n + 1) / 2, pairs);
+    auto accumulate = [&](auto group, int64_t first, int n) {
+      constexpr int kGroup = decltype(group)::value;
       auto count_pairs = [&](int i) {
         return static_cast<int>((std::clamp<int64_t>(keys(i) - first, 0, n) + 1) / 2);
       };
@@ -620,6 +619,23 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
               b16::AccumulatePairs<1, kDim>(even, odd, p, pairs + offset, many, parity);
             }
           });
+    };
+    for (int64_t first = start; first < end; first += kKeyBlock) {
+      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, end - first));
+      ValuePairs(kv, span.block_table, task.kv_head, first, (n + 1) / 2, pairs);
+      switch (std::min(queries, 4)) {
+        case 1:
+          accumulate(std::integral_constant<int, 1>{}, first, n);
+          break;
+        case 2:
+          accumulate(std::integral_constant<int, 2>{}, first, n);
+          break;
+        case 3:
+          accumulate(std::integral_constant<int, 3>{}, first, n);
+          break;
+        default:
+          accumulate(std::integral_constant<int, 4>{}, first, n);
+      }
     }
     for (int i = 0; i < queries; ++i) {
       float* sums = partial(i) + 2;
