@@ -537,17 +537,19 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
     const int64_t chunk_first = chunk * kKeyChunk;
     const int64_t end = std::min(max_keys, chunk_first + kKeyChunk);
     const int64_t start = std::max(chunk_first, task_lowest / kTile * kTile);
-    // Key k's score, probability and (for the odd pairs) value sums, at
-    // k - chunk_first.
-    auto scores = [&](int i) {
-      return floats.data() + static_cast<size_t>(i) * (kChunk + kDim) - chunk_first;
+    // Query i's score and probability of key k (k - chunk_first in
+    // [0, kChunk], a pair's second key past the chunk included), and its odd
+    // pairs' value sums.
+    auto score_at = [&](int i, int64_t k) {
+      return floats.data() + static_cast<size_t>(i) * (kChunk + kDim) +
+             static_cast<size_t>(k - chunk_first);
     };
     auto odd_sums = [&](int i) {
       return floats.data() + static_cast<size_t>(i) * (kChunk + kDim) + kChunk;
     };
-    auto probabilities = [&](int i) {
+    auto probability_at = [&](int i, int64_t k) {
       return words.data() + static_cast<size_t>(queries) * kDim +
-             static_cast<size_t>(i) * (kChunk + 2) - chunk_first;
+             static_cast<size_t>(i) * (kChunk + 2) + static_cast<size_t>(k - chunk_first);
     };
     auto partial = [&](int i) {
       return partials + (static_cast<size_t>(i) * static_cast<size_t>(task.group_chunks) +
@@ -566,7 +568,7 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
         float* out[2];
         for (int b = 0; b < count; ++b) {
           q[b] = reinterpret_cast<const uint32_t*>(query_words(begin + b));
-          out[b] = scores(begin + b) + first;
+          out[b] = score_at(begin + b, first);
         }
         WithTileCount(n, [&](auto nt) {
           if (count == 2) {
@@ -583,14 +585,12 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
       float* part = partial(i);
       const int64_t low = std::max(start, lowest(i));
       const int64_t high = std::min(end, keys(i));
-      uint16_t* p = probabilities(i);
-      std::fill(p + start, p + end + 1, uint16_t{0});
+      std::fill(probability_at(i, start), probability_at(i, end + 1), uint16_t{0});
       std::memset(part, 0, sizeof(float) * stride);
       std::memset(odd_sums(i), 0, sizeof(float) * kDim);
       if (high <= low) continue;  // sum 0: no key of this chunk
-      float* s = scores(i);
-      if (shape.softcap > 0.0f) SoftcapRow(s + low, high - low, shape.softcap);
-      part[1] = b16::ExpToBf16(s + low, high - low, p + low, &part[0]);
+      if (shape.softcap > 0.0f) SoftcapRow(score_at(i, low), high - low, shape.softcap);
+      part[1] = b16::ExpToBf16(score_at(i, low), high - low, probability_at(i, low), &part[0]);
     }
     // Value sums over pairs of keys: consecutive queries in groups (of 4, or
     // all of a smaller task's) over the pairs they all see, then each alone
@@ -610,7 +610,7 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
             for (int b = 0; b < count; ++b) {
               even[b] = partial(begin + b) + 2;
               odd[b] = odd_sums(begin + b);
-              p[b] = probabilities(begin + b) + first + 2 * offset;
+              p[b] = probability_at(begin + b, first + 2 * offset);
             }
             const int parity = static_cast<int>((first / 2 + offset) % 2);
             if (count == kGroup) {
