@@ -37,7 +37,8 @@ def llama(model, threads, prompt_tokens, decode_tokens, repeats):
 
 def tandem(bench, model, threads, prompt_tokens, decode_tokens, repeats, matmul):
     out = subprocess.run([bench, f"--model={model}", f"--threads={threads}",
-                          f"--prompt_tokens={prompt_tokens}", f"--decode_tokens={decode_tokens}",
+                          f"--prompt_tokens={prompt_tokens}", f"--decode_context={prompt_tokens}",
+                          f"--decode_tokens={decode_tokens}",
                           f"--repeats={repeats}", f"--cpu_matmul={matmul}"],
                          capture_output=True, text=True, check=True).stdout
     values = dict(line.split(" ", 1) for line in out.splitlines())
