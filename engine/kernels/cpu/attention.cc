@@ -564,10 +564,10 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
       KeyTiles(kv, span.block_table, task.kv_head, first, n, tiles);
       for (int begin = 0; begin < queries; begin += 2) {
         const int count = std::min(2, queries - begin);
-        const uint32_t* q[2];
+        const uint16_t* q[2];
         float* out[2];
         for (int b = 0; b < count; ++b) {
-          q[b] = reinterpret_cast<const uint32_t*>(query_words(begin + b));
+          q[b] = query_words(begin + b);
           out[b] = score_at(begin + b, first);
         }
         WithTileCount(n, [&](auto nt) {
@@ -870,10 +870,14 @@ void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
   int row_tile = kRowTile;
   plan(group, row_tile, 1);
   while (row_tile > 4 && tasks.size() < 2 * threads) plan(group, row_tile /= 2, 1);
+  int64_t parts = 1;
   if (chunked && tasks.size() < 2 * threads) {
-    plan(group, row_tile, static_cast<int64_t>((2 * threads + tasks.size() - 1) / tasks.size()));
+    parts = static_cast<int64_t>((2 * threads + tasks.size() - 1) / tasks.size());
+    plan(group, row_tile, parts);
   }
-  if (group > 1 && tasks.size() < 2 * threads) plan(1, kRowTile, 1);
+  // Single heads keep the chunk split (short contexts have fewer chunks
+  // than the parts asked for).
+  if (group > 1 && tasks.size() < 2 * threads) plan(1, kRowTile, parts);
   // (The calling thread's: a thread_local named inside the tasks would be
   // each helper's own.)
   thread_local std::vector<float> partials;

@@ -171,13 +171,20 @@ inline void StoreValue(const float* v, int slot, uint16_t* head) {
   }
 }
 
+// The 32-bit word of dimension pair p of a bfloat16 row (QueryToBf16's).
+inline int32_t PairWord(const uint16_t* row, int p) {
+  int32_t word;
+  std::memcpy(&word, row + 2 * p, sizeof(word));
+  return word;
+}
+
 // scores[b][16 t + j] = scale * (q[b] . key j of tile t), for the tiles
-// tiles[0..NT) and NQ queries (q[b]: the query's bfloat16 dimension pairs
-// as 32-bit words). Two chains a key and query, over the even and the odd
-// dimension pairs, then added: the same instructions for every key in
-// every lane, so a score does not depend on its tile or its companions.
+// tiles[0..NT) and NQ queries (q[b]: the query in bfloat16). Two chains a
+// key and query, over the even and the odd dimension pairs, then added:
+// the same instructions for every key in every lane, so a score does not
+// depend on its tile or its companions.
 template <int NQ, int NT, int kDim>
-inline void ScoreTiles(const uint32_t* const* q, const uint16_t* const* tiles, float scale,
+inline void ScoreTiles(const uint16_t* const* q, const uint16_t* const* tiles, float scale,
                        float* const* scores) {
   __m512 even[NQ][NT], odd[NQ][NT];
   for (int b = 0; b < NQ; ++b) {
@@ -188,10 +195,9 @@ inline void ScoreTiles(const uint32_t* const* q, const uint16_t* const* tiles, f
       const __m512bh k0 = AsBf16(LoadWords(tiles[t] + p * 2 * kTileKeys));
       const __m512bh k1 = AsBf16(LoadWords(tiles[t] + (p + 1) * 2 * kTileKeys));
       for (int b = 0; b < NQ; ++b) {
-        even[b][t] =
-            _mm512_dpbf16_ps(even[b][t], AsBf16(_mm512_set1_epi32(static_cast<int>(q[b][p]))), k0);
-        odd[b][t] = _mm512_dpbf16_ps(odd[b][t],
-                                     AsBf16(_mm512_set1_epi32(static_cast<int>(q[b][p + 1]))), k1);
+        even[b][t] = _mm512_dpbf16_ps(even[b][t], AsBf16(_mm512_set1_epi32(PairWord(q[b], p))), k0);
+        odd[b][t] =
+            _mm512_dpbf16_ps(odd[b][t], AsBf16(_mm512_set1_epi32(PairWord(q[b], p + 1))), k1);
       }
     }
   }
