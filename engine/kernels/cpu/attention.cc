@@ -53,13 +53,20 @@ struct Task {
   // sums at `partials` in the call's buffer, combined after all have run.
   int64_t chunk_begin = 0, chunk_end = 0;
   int64_t group_chunk = 0, group_chunks = 0;
-  int64_t partials = -1;
+  int64_t partials = -1;  // -1: the task has all its group's chunks
 };
 
 // A query's partial result over one chunk of keys: the chunk's maximum
 // score, the sum of its softmax numerators (0: the query sees no key of
 // the chunk) and its value sums, head_dim floats, in that order.
 inline size_t PartialFloats(int head_dim) { return static_cast<size_t>(head_dim) + 2; }
+
+// The floats of a task's partials: [query][chunk of its group].
+inline size_t TaskPartialFloats(const Task& task, int head_dim) {
+  return static_cast<size_t>(task.head_end - task.head_begin) *
+         static_cast<size_t>(task.row_end - task.row_begin) *
+         static_cast<size_t>(task.group_chunks) * PartialFloats(head_dim);
+}
 
 // Keys per chunk of a bfloat16 cache's attention: each query's softmax runs
 // over each chunk on its own (its maximum, its sum, its value sums), and
@@ -422,8 +429,7 @@ void AccumulateQueries(const TaskQueries& tq, const T* const* rows, int64_t firs
 // (attention_bf16.h's layout).
 inline const uint16_t* HeadInBlock(const uint16_t* pool, const KvLayerView& kv, int32_t block,
                                    int kv_head) {
-  const int64_t head_words = int64_t{kv.block_size} * kv.head_dim;
-  return pool + (int64_t{block} * kv.kv_heads + kv_head) * head_words;
+  return pool + bf16_attention::HeadOffset(block, kv_head, kv.kv_heads, kv.block_size, kv.head_dim);
 }
 
 // tiles[t] = the key tile of keys [first + 16 t, first + 16 t + 16) of one
@@ -643,8 +649,7 @@ void RunBf16Task(const Task& task, const KvLayerView& kv, const AttentionShape& 
       for (int d = 0; d < kDim; ++d) sums[d] += odd[d];
     }
   }
-  if (task.chunk_begin == task.group_chunk &&
-      task.chunk_end == task.group_chunk + task.group_chunks) {
+  if (task.partials < 0) {  // all its group's chunks
     for (int i = 0; i < queries; ++i) {
       CombineChunks<kDim>(
           partials + static_cast<size_t>(i) * static_cast<size_t>(task.group_chunks) * stride,
@@ -696,8 +701,7 @@ void RunTask(const Task& task, const KvLayerView& kv, const Matrix& q, const Att
     thread_local std::vector<float> own;
     float* at = partials + std::max<int64_t>(0, task.partials);
     if (task.partials < 0) {
-      own.resize(static_cast<size_t>(queries) * static_cast<size_t>(task.group_chunks) *
-                 PartialFloats(head_dim));
+      own.resize(TaskPartialFloats(task, head_dim));
       at = own.data();
     }
     WithHeadDim(head_dim, [&](auto dim) {
@@ -852,9 +856,7 @@ void PagedAttention(ComputeLane& pool, std::vector<std::vector<float>>& scratch,
             task.group_chunks = group_chunks;
             if (split > 1) {
               task.partials = static_cast<int64_t>(partial_floats);
-              partial_floats += static_cast<size_t>(task.head_end - task.head_begin) *
-                                static_cast<size_t>(row_end - r) *
-                                static_cast<size_t>(group_chunks) * PartialFloats(shape.head_dim);
+              partial_floats += TaskPartialFloats(task, shape.head_dim);
             }
             for (int64_t part = 0; part < split; ++part) {
               task.chunk_begin = group_chunk + group_chunks * part / split;

@@ -78,6 +78,12 @@ inline constexpr int kTileKeys = 16;
 // Whether blocks of `block_size` slots hold whole tiles.
 inline bool SupportedBlock(int block_size) { return block_size % kTileKeys == 0; }
 
+// Where KV head `kv_head`'s words of block `block` start in a pool (K or
+// V), in words: each block holds its KV heads' words in turn.
+inline int64_t HeadOffset(int64_t block, int kv_head, int kv_heads, int block_size, int head_dim) {
+  return (block * kv_heads + kv_head) * int64_t{block_size} * head_dim;
+}
+
 #ifdef TANDEM_CPU_BF16_ATTENTION
 
 inline __m512bh AsBf16(__m512i x) { return reinterpret_cast<__m512bh&>(x); }

@@ -284,12 +284,12 @@ void CpuBackend::WriteKv(int layer, const Matrix& k, const Matrix& v,
 #ifdef TANDEM_CPU_BF16_ATTENTION
   if (kv_bf16_) {  // key tiles and value pairs (attention_bf16.h), rounded to nearest even
     const int block_size = kv_shape_.block_size, head_dim = kv_shape_.head_dim;
-    const int64_t head_words = int64_t{block_size} * head_dim;
     for (size_t r = 0; r < slots.size(); ++r) {
       const int64_t block = slots[r] / block_size;
       const int slot = slots[r] % block_size;
       for (int h = 0; h < kv_shape_.kv_heads; ++h) {
-        const int64_t head = (block * kv_shape_.kv_heads + h) * head_words;
+        const int64_t head =
+            bf16_attention::HeadOffset(block, h, kv_shape_.kv_heads, block_size, head_dim);
         const float* kr = k.Row(static_cast<int64_t>(r)) + int64_t{h} * head_dim;
         const float* vr = v.Row(static_cast<int64_t>(r)) + int64_t{h} * head_dim;
         bf16_attention::WithHeadDim(head_dim, [&](auto dim) {
