@@ -9,7 +9,8 @@
 // The compute loops (the float ones are those --cpu_matmul=auto measures,
 // product_rates.h) run 12 independent accumulator chains per thread (more
 // than the latency times the issue rate), in registers; the bandwidth loop
-// streams a buffer much larger than the caches with 512-bit loads.
+// streams a buffer much larger than the caches with 512-bit loads (256-bit
+// on AVX2 machines, which get only the float32 FMA rate and the bandwidth).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -22,7 +23,7 @@
 #include "absl/flags/parse.h"
 #include "engine/kernels/cpu/product_rates.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -42,9 +43,9 @@ double OnThreads(int threads, Fn fn) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-#if defined(__AVX512F__)
 constexpr long kIterations = 100'000'000;
 
+#if defined(__AVX512F__)
 float SumBytes(const float* data, size_t floats) {
   __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
   __m512 c = _mm512_setzero_ps(), d = _mm512_setzero_ps();
@@ -55,6 +56,41 @@ float SumBytes(const float* data, size_t floats) {
     d = _mm512_add_ps(d, _mm512_load_ps(data + i + 48));
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+// Machines without AVX-512 (AVX2 and FMA): 256-bit loads, and the float32
+// FMA peak in 8-lane chains.
+float SumBytes(const float* data, size_t floats) {
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+  __m256 c = _mm256_setzero_ps(), d = _mm256_setzero_ps();
+  for (size_t i = 0; i + 32 <= floats; i += 32) {
+    a = _mm256_add_ps(a, _mm256_load_ps(data + i));
+    b = _mm256_add_ps(b, _mm256_load_ps(data + i + 8));
+    c = _mm256_add_ps(c, _mm256_load_ps(data + i + 16));
+    d = _mm256_add_ps(d, _mm256_load_ps(data + i + 24));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
+  float sum = 0;
+  for (float lane : lanes) sum += lane;
+  return sum;
+}
+
+float Fp32FmaChains256(long iterations) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
+  const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
+  }
+  alignas(32) float lanes[8];
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float lane : lanes) sum += lane;
+  }
+  return sum;
 }
 #endif
 
@@ -82,13 +118,20 @@ uint32_t Int8DotChains(long iterations) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   volatile float sink = 0;
   std::printf("threads %d\n", threads);
+#if !defined(__AVX512F__)
+  const double fma_seconds =
+      OnThreads(threads, [&](int) { sink = sink + Fp32FmaChains256(kIterations); });
+  // 12 FMAs x 8 lanes x 2 flops per iteration.
+  std::printf("fp32_fma_gflops %.1f\n", threads * kIterations * 12.0 * 16 / fma_seconds / 1e9);
+#else
   const double fma_seconds = OnThreads(
       threads, [&](int) { sink = sink + tandem::kernels::cpu::Fp32FmaChains(kIterations); });
   // 12 FMAs x 16 lanes x 2 flops per iteration.
   std::printf("fp32_fma_gflops %.1f\n", threads * kIterations * 12.0 * 32 / fma_seconds / 1e9);
+#endif
 #if defined(__AVX512BF16__)
   const double bf16_seconds = OnThreads(
       threads, [&](int) { sink = sink + tandem::kernels::cpu::Bf16DotChains(kIterations); });
@@ -118,7 +161,7 @@ int main(int argc, char** argv) {
   std::free(buffer);
   return 0;
 #else
-  std::fprintf(stderr, "tandem-roofline measures AVX-512 machines only\n");
+  std::fprintf(stderr, "tandem-roofline measures AVX-512 or AVX2 machines only\n");
   return 1;
 #endif
 }

@@ -17,7 +17,46 @@ KvCacheStats KvCacheManager::stats() const {
   s.prefix_queried_tokens = queried_tokens_;
   s.prefix_hit_tokens = hit_tokens_;
   s.evictions = pool_.evictions();
+  s.sliding_released = sliding_released_;
   return s;
+}
+
+void KvCacheManager::EnableSlidingRelease(int32_t window,
+                                          std::function<void(std::span<const BlockId>)> release) {
+  TANDEM_CHECK(window > 0 && sequences_.empty(),
+               "sliding release needs a window and must start before any sequence");
+  window_ = window;
+  release_ = std::move(release);
+  released_.assign(static_cast<size_t>(total_blocks()), 0);
+}
+
+bool KvCacheManager::Allocate(int32_t count, std::vector<BlockId>* out) {
+  const size_t first = out->size();
+  if (!pool_.Allocate(count, out)) return false;
+  if (!released_.empty()) {
+    for (size_t i = first; i < out->size(); ++i) released_[static_cast<size_t>((*out)[i])] = 0;
+  }
+  return true;
+}
+
+void KvCacheManager::ReleaseBehindWindow(Sequence& seq) {
+  if (window_ == 0) return;
+  // Position p reads keys from p + 1 - window_ on, and every later position
+  // of the sequence is at least `filled`: blocks wholly below filled + 1 -
+  // window_ are never read again in the sliding layers.
+  const int32_t behind = std::min(static_cast<int32_t>(seq.blocks.size()),
+                                  std::max(0, seq.filled + 1 - window_) / block_size());
+  std::vector<BlockId> released;
+  for (int32_t i = seq.passed; i < behind; ++i) {
+    const BlockId b = seq.blocks[static_cast<size_t>(i)];
+    if (released_[static_cast<size_t>(b)] != 0 || pool_.ref_count(b) != 1) continue;
+    released_[static_cast<size_t>(b)] = 1;
+    released.push_back(b);
+  }
+  seq.passed = std::max(seq.passed, behind);
+  if (released.empty()) return;
+  sliding_released_ += static_cast<int64_t>(released.size());
+  release_(released);
 }
 
 PrefixMatch KvCacheManager::FindPrefix(std::span<const TokenId> tokens,
@@ -33,6 +72,23 @@ PrefixMatch KvCacheManager::FindPrefix(std::span<const TokenId> tokens,
     const std::optional<BlockId> found = pool_.Find(hash, block);
     if (!found.has_value()) break;
     match.blocks.push_back(*found);
+  }
+  // With sliding-window layers whose pages may have been given back: the
+  // first computed position, match.tokens, reads keys from match.tokens + 1
+  // - window_ on; a match whose window reaches a released block ends before
+  // that block (shorter matches' windows start lower, so they need it too).
+  for (;;) {
+    const size_t end = match.blocks.size();
+    if (window_ == 0 || end == 0) break;
+    const size_t from =
+        static_cast<size_t>(std::max<int64_t>(0, static_cast<int64_t>(end * bs) + 1 - window_)) /
+        bs;
+    size_t last_released = end;
+    for (size_t i = from; i < end; ++i) {
+      if (released_[static_cast<size_t>(match.blocks[i])] != 0) last_released = i;
+    }
+    if (last_released == end) break;
+    match.blocks.resize(last_released);
   }
   match.tokens = static_cast<int32_t>(match.blocks.size() * bs);
   return match;
@@ -56,7 +112,7 @@ bool KvCacheManager::Admit(SequenceId id, const std::string& salt, std::span<con
     seq.blocks.push_back(match.blocks[static_cast<size_t>(i)]);
     seq.last_hash = ChainHash(seq.last_hash, prompt.subspan(static_cast<size_t>(i) * bs, bs));
   }
-  TANDEM_CHECK(pool_.Allocate(needed, &seq.blocks), "the pool shrank while admitting");
+  TANDEM_CHECK(Allocate(needed, &seq.blocks), "the pool shrank while admitting");
   seq.committed = matched;
   seq.filled = match.tokens;
   sequences_.emplace(id, std::move(seq));
@@ -78,14 +134,14 @@ bool KvCacheManager::Reserve(SequenceId id, int32_t tokens) {
   if (needed + (copy_on_write ? 1 : 0) > pool_.free_blocks()) return false;
   if (copy_on_write) {
     std::vector<BlockId> fresh;
-    pool_.Allocate(1, &fresh);
+    Allocate(1, &fresh);
     BlockId& slot = seq.blocks[static_cast<size_t>(partial)];
     copies_.push_back({slot, fresh[0]});
     const BlockId shared = slot;
     slot = fresh[0];
     pool_.Release({&shared, 1});
   }
-  TANDEM_CHECK(pool_.Allocate(needed, &seq.blocks), "the pool shrank while reserving");
+  TANDEM_CHECK(Allocate(needed, &seq.blocks), "the pool shrank while reserving");
   return true;
 }
 
@@ -94,6 +150,7 @@ void KvCacheManager::Commit(SequenceId id, std::span<const TokenId> tokens, int3
   TANDEM_CHECK(it != sequences_.end(), "committing an unknown sequence");
   Sequence& seq = it->second;
   seq.filled = computed;
+  ReleaseBehindWindow(seq);
   if (!prefix_caching_) return;
   const int32_t full = computed / block_size();
   const size_t bs = static_cast<size_t>(block_size());

@@ -18,6 +18,7 @@
 #define TANDEM_KVCACHE_KV_CACHE_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -50,6 +51,9 @@ struct KvCacheStats {
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t evictions = 0;
+  // Blocks whose sliding-window layers' pages were given back
+  // (EnableSlidingRelease), counted each time.
+  int64_t sliding_released = 0;
 };
 
 class KvCacheManager {
@@ -98,6 +102,23 @@ class KvCacheManager {
   // Block copies needed before the next step, in order; clears the queue.
   std::vector<BlockCopy> TakeCopies();
 
+  // Sliding-window layers (Gemma 2 and 3): a position p of those layers
+  // attends only to positions (p - window, p]. Once a sequence has computed
+  // a whole window past a block, none of its later positions reads that
+  // block in those layers; from then on, each such block the sequence holds
+  // alone (a block shared with another sequence is kept) is passed to
+  // `release`, once, from Commit, so the backend can give those layers'
+  // pages back. The block stays held and, when full, in the prefix index
+  // (its other layers are intact); FindPrefix never ends a match where the
+  // window of its first computed position would read a released block. A
+  // block is whole again once it is allocated anew (whoever takes it writes
+  // it before reading). REQUIRES: window > 0, before any sequence.
+  void EnableSlidingRelease(int32_t window, std::function<void(std::span<const BlockId>)> release);
+  // Whether `block`'s sliding-window layers' pages were given back.
+  bool sliding_released(BlockId block) const {
+    return !released_.empty() && released_[static_cast<size_t>(block)] != 0;
+  }
+
   // The prefix index's event journal (BlockPool::RecordEvents).
   void RecordEvents() { pool_.RecordEvents(); }
   std::vector<KvEvent> TakeEvents() { return pool_.TakeEvents(); }
@@ -109,7 +130,14 @@ class KvCacheManager {
     BlockHash last_hash;    // key of the last committed block (or the salt's root)
     int32_t committed = 0;  // full blocks already considered for the index
     int32_t filled = 0;     // tokens known to be written (for copy-on-write)
+    int32_t passed = 0;     // leading blocks a window behind, already considered for release
   };
+
+  // pool_.Allocate, with the blocks taken marked whole (not released).
+  bool Allocate(int32_t count, std::vector<BlockId>* out);
+  // The sequence's blocks that fell a window behind since the last call:
+  // those it holds alone are marked released and given to release_.
+  void ReleaseBehindWindow(Sequence& seq);
 
   bool prefix_caching_;
   BlockPool pool_;
@@ -117,6 +145,11 @@ class KvCacheManager {
   std::vector<BlockCopy> copies_;
   int64_t queried_tokens_ = 0;
   int64_t hit_tokens_ = 0;
+  // Sliding-window release (EnableSlidingRelease); window_ 0: off.
+  int32_t window_ = 0;
+  std::function<void(std::span<const BlockId>)> release_;
+  std::vector<uint8_t> released_;  // per block: its sliding layers' pages were given back
+  int64_t sliding_released_ = 0;
 };
 
 }  // namespace tandem::kvcache

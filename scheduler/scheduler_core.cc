@@ -40,6 +40,15 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
     decode_kv_.emplace(options_.decode_kv_blocks, options_.block_size, options_.prefix_caching);
   }
   if (options_.on_kv_events) kv_.RecordEvents();
+  if (options_.sliding_window > 0 && options_.release_sliding_pages) {
+    for (Lane lane : {Lane::kPrefill, Lane::kDecode}) {
+      if (lane == Lane::kDecode && !decode_kv_) continue;
+      Kv(lane).EnableSlidingRelease(
+          options_.sliding_window,
+          [release = options_.release_sliding_pages,
+           lane](std::span<const kvcache::BlockId> blocks) { release(lane, blocks); });
+    }
+  }
 }
 
 kvcache::KvCacheStats SchedulerCore::kv_stats() const {
@@ -50,6 +59,7 @@ kvcache::KvCacheStats SchedulerCore::kv_stats() const {
     stats.used_blocks += d.used_blocks;
     stats.cached_blocks += d.cached_blocks;
     stats.evictions += d.evictions;
+    stats.sliding_released += d.sliding_released;
   }
   return stats;
 }

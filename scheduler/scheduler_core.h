@@ -148,6 +148,14 @@ struct SchedulerOptions {
   // the next call (at the index's next change) then carries the whole index
   // instead (AllCleared, then every cached block). Must be quick.
   std::function<bool(std::vector<kvcache::KvEvent>)> on_kv_events;
+  // Sliding-window layers (Gemma 2 and 3): when sliding_window > 0 and
+  // release_sliding_pages is set, blocks a whole window behind the sequence
+  // that holds them alone are passed to it with the lane whose storage
+  // holds them, once each, so the backend gives those layers' pages back
+  // (kvcache::KvCacheManager::EnableSlidingRelease). Called on the scheduler
+  // thread, possibly while a step runs: must be quick.
+  int32_t sliding_window = 0;
+  std::function<void(Lane, std::span<const int32_t>)> release_sliding_pages;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 

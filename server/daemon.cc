@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -90,6 +91,33 @@ absl::Status WarmUp(ServingModel& model) {
   if (absl::Status s = model.prefill_worker()->Execute(plan).status; !s.ok()) return s;
   if (model.decode_worker() == nullptr) return absl::OkStatus();
   return model.decode_worker()->Execute(plan).status;
+}
+
+// Sliding-window layers (Gemma 2 and 3): their pages of blocks a whole
+// window behind every sequence that holds them go back to the system, so
+// the KV cache's resident size at long contexts follows the full-attention
+// layers. Not where a KV transport registers the storage (a prefill or
+// decode daemon, a decode worker with pages of its own): it could go on
+// reading the pages that were given back.
+void EnableSlidingRelease(ServingModel& model, Role role, scheduler::SchedulerOptions& sched) {
+  const model::ModelConfig& config = model.config();
+  if (!config.HasSlidingLayers()) return;
+  const auto sliding = std::count(config.sliding_layers.begin(), config.sliding_layers.end(), true);
+  if (role != Role::kUnified || model.decode_kv_blocks() > 0) {
+    spdlog::info(
+        "sliding-window layers ({} of {}, window {}): all their KV pages are kept (a KV "
+        "transport has the storage registered)",
+        sliding, config.layers, config.sliding_window);
+    return;
+  }
+  sched.sliding_window = config.sliding_window;
+  sched.release_sliding_pages = [&model](scheduler::Lane, std::span<const int32_t> blocks) {
+    model.ReleaseSlidingKvPages(blocks);
+  };
+  spdlog::info(
+      "sliding-window layers ({} of {}, window {}): their KV pages a window behind a "
+      "sequence are given back",
+      sliding, config.layers, config.sliding_window);
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> LoadModel(const DaemonOptions& options) {
@@ -274,6 +302,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // The measurements are done and no block holds anything yet: their KV
   // pages (~60 MB on the default model) need not stay resident.
   p.model->ReleaseKvPages();
+  EnableSlidingRelease(*p.model, role, sched);
 
   step::Worker* prefill_worker = p.model->prefill_worker();
   step::Worker* decode_worker = p.model->decode_worker();

@@ -83,6 +83,10 @@ std::vector<prometheus::MetricFamily> SchedulerCollector::Collect() const {
       Family("tandem_kv_cache_evictions_total",
              "Cached KV blocks evicted (least recently used first) to make room.",
              MetricType::Counter, static_cast<double>(load.kv.evictions)),
+      Family("tandem_kv_cache_sliding_released_blocks_total",
+             "KV blocks whose sliding-window layers' pages were given back, a whole window "
+             "behind the sequence that held them (models with sliding-window layers).",
+             MetricType::Counter, static_cast<double>(load.kv.sliding_released)),
       Family("tandem_prefix_cache_queried_tokens_total",
              "Prompt tokens looked up in the prefix cache at admission.", MetricType::Counter,
              static_cast<double>(load.kv.prefix_queried_tokens)),

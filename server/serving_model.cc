@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 
+#include "common/check.h"
 #include "common/median.h"
 #include "common/strings.h"
 #include "engine/kernels/backend_factory.h"
@@ -188,6 +189,11 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
 void ServingModel::ReleaseKvPages() {
   prefill_->ReleaseKvPages();
   if (decode_ != nullptr) decode_->ReleaseKvPages();
+}
+
+void ServingModel::ReleaseSlidingKvPages(std::span<const int32_t> blocks) {
+  TANDEM_CHECK(decode_kv_blocks_ == 0, "sliding pages are given back only from one shared storage");
+  prefill_->mutable_model()->ReleaseSlidingKvPages(blocks);
 }
 
 absl::StatusOr<scheduler::DisaggregationCosts> ServingModel::MeasureDisaggregationCosts(

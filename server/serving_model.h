@@ -132,6 +132,10 @@ class ServingModel {
   // ReleaseKvPages), a separate draft model's included: call once they are
   // done, before anything serves.
   void ReleaseKvPages();
+  // Gives back the sliding-window layers' pages of `blocks` in the storage
+  // both workers share (model::LlamaModel::ReleaseSlidingKvPages). REQUIRES
+  // decode_kv_blocks() == 0. Safe while a step runs.
+  void ReleaseSlidingKvPages(std::span<const int32_t> blocks);
   // The backend that owns the paged KV storage (both workers use it).
   const kernels::Backend& kv_backend() const { return prefill_->backend(); }
   // The decode worker's backend (its own KV storage when decode_kv_blocks()

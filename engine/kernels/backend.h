@@ -208,6 +208,16 @@ class Backend {
   // that no request will read. REQUIRES: no block holds data anything will
   // read, and no one else (a KV transport) has registered the storage.
   virtual void ReleaseKvPages() {}
+  // Gives back the memory of blocks `blocks` in layers `layers`, their K and
+  // V, where the device can (a page only when it lies wholly inside those
+  // blocks' part of a pool): afterwards those parts read as zeros, or keep
+  // their bytes, until written. For sliding-window layers' blocks that no
+  // position will read again (kvcache::KvCacheManager::EnableSlidingRelease).
+  // May run while a step runs. REQUIRES: nothing reads those blocks in those
+  // layers until they are written again, and no KV transport has registered
+  // the storage (it could go on reading the old pages).
+  virtual void ReleaseKvBlockPages(std::span<const int32_t> /*blocks*/,
+                                   std::span<const int> /*layers*/) {}
   // Uses the KV storage of `other` (a backend on the same device), so that
   // two workers read and write one paged cache: a handoff between them moves
   // a block table, not bytes.

@@ -116,6 +116,15 @@ absl::Status LlamaModel::CreateKvCache(int kv_blocks, int block_size) {
   return backend_->CreateKvCache(shape);
 }
 
+void LlamaModel::ReleaseSlidingKvPages(std::span<const int32_t> blocks) {
+  if (!config_.HasSlidingLayers()) return;
+  std::vector<int> layers;
+  for (int i = 0; i < config_.layers; ++i) {
+    if (config_.sliding_layers[static_cast<size_t>(i)]) layers.push_back(i);
+  }
+  backend_->ReleaseKvBlockPages(blocks, layers);
+}
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateLike(const LlamaModel& other,
                                                                    kernels::Backend* backend,
                                                                    int kv_blocks) {

@@ -69,6 +69,11 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   int block_size() const { return block_size_; }
   int kv_blocks() const { return kv_blocks_; }
+  // Gives back the pages of `blocks` in the sliding-window layers
+  // (Backend::ReleaseKvBlockPages); nothing when the model has none. Safe
+  // while a step runs. REQUIRES: no position still to come reads those
+  // blocks in those layers (kvcache::KvCacheManager::EnableSlidingRelease).
+  void ReleaseSlidingKvPages(std::span<const int32_t> blocks);
 
   // Runs the sequences as one batch. Writes, for each sequence in order, its
   // `logits` rows of config().vocab floats to `logits_out` (host memory).

@@ -159,3 +159,56 @@ def test_tandemd_serves_it(arch_file):
         assert answer["choices"][0]["message"]["content"]
     finally:
         daemon.stop()
+
+
+def test_tandemd_gives_back_sliding_pages_and_keeps_gemmas_answers(arch_file, prompt):
+    """Gemma's sliding-window layers (a window of 6 in these files, blocks of
+    16 tokens whose part of a pool is one 4 KiB page): tandemd gives back
+    those layers' pages of blocks a whole window behind a sequence, and its
+    greedy answers (the exact mode, through gRPC) are still the float64
+    pass's. Three requests: the prompt; the prompt and most of that answer
+    resent (a prefix match over released blocks whose window is whole); a
+    prompt sharing only the conversation's first 20 tokens (a match of 16
+    would read a released block in its window, so it must be cut)."""
+    arch, path = arch_file
+    if not arch.startswith("gemma"):
+        pytest.skip("no sliding-window layers")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e", "python"))
+    import grpc
+    import tandem_e2e
+    pb2, pb2_grpc = tandem_e2e.generated_stubs()
+    first, _ = numpy_reference.greedy(prompt, TOKENS, path)
+    conversation = prompt + first
+    resent = conversation[:len(prompt) + 40]
+    diverging = conversation[:20] + first[:8]
+    daemon = tandem_e2e.Daemon(f"--model={path}", "--cpu_matmul=f32", "--block_size=16",
+                               "--speculative=off")
+
+    def released():
+        for line in daemon.metrics_text().splitlines():
+            if line.startswith("tandem_kv_cache_sliding_released_blocks_total "):
+                return int(float(line.split()[-1]))
+        raise KeyError("tandem_kv_cache_sliding_released_blocks_total")
+
+    try:
+        daemon.wait_serving()
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb2_grpc.GenerationStub(channel)
+
+            def generate(ids, tokens):
+                response = stub.GenerateUnary(pb2.GenerateRequest(
+                    token_ids=ids, max_tokens=tokens, ignore_eos=True,
+                    sampling=pb2.SamplingParams(temperature=0.0)), timeout=120)
+                return list(response.token_ids)
+
+            assert generate(prompt, TOKENS) == first
+            # Its last step left len(conversation) - 1 tokens computed, so
+            # the next position reads keys from len(conversation) - 6 on:
+            # every block wholly below that is behind.
+            assert released() == (len(conversation) - 1 + 1 - 6) // 16
+            assert generate(resent, 16) == numpy_reference.greedy(resent, 16, path)[0]
+            assert generate(diverging, 16) == numpy_reference.greedy(diverging, 16, path)[0]
+    finally:
+        daemon.stop()
+    log = daemon.read_log()
+    assert "sliding-window layers" in log and "given back" in log, log

@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -257,13 +259,122 @@ TEST_F(KvCacheManagerTest, EvictionFreesSpaceForNewSequencesLeastRecentlyUsedFir
   EXPECT_EQ(kv.FindPrefix(a, "").tokens, 2);  // block 0, the first of a's prefix, survives
 }
 
+// Sliding-window layers (window 6, blocks of 4): a block is released once
+// the sequence has computed a whole window past it, exactly once, and only
+// while the sequence holds it alone.
+TEST_F(KvCacheManagerTest, SlidingReleaseGivesBackBlocksAWholeWindowBehindExactlyOnce) {
+  KvCacheManager kv(16, 4);
+  std::vector<Blocks> calls;
+  kv.EnableSlidingRelease(
+      6, [&](std::span<const BlockId> b) { calls.emplace_back(b.begin(), b.end()); });
+  std::vector<TokenId> tokens = Tokens(10);
+  ASSERT_TRUE(kv.Admit(1, "", tokens, {}, 10));
+  kv.Commit(1, tokens, 10);  // position 10 reads keys 5.. : block 0 (keys 0-3) is behind
+  EXPECT_EQ(calls, (std::vector<Blocks>{{0}}));
+  const std::vector<TokenId> more = Tokens(20);
+  for (int32_t computed = 11; computed <= 20; ++computed) {
+    tokens.push_back(more[static_cast<size_t>(computed - 1)]);
+    ASSERT_TRUE(kv.Reserve(1, computed));
+    kv.Commit(1, tokens, computed);
+  }
+  // Computed 13: keys from 8 on (block 1 behind); 17: from 12 (block 2).
+  EXPECT_EQ(calls, (std::vector<Blocks>{{0}, {1}, {2}}));
+  EXPECT_EQ(kv.stats().sliding_released, 3);
+  for (BlockId b : {0, 1, 2}) EXPECT_TRUE(kv.sliding_released(b)) << b;
+  for (BlockId b : {3, 4}) EXPECT_FALSE(kv.sliding_released(b)) << b;
+  kv.Commit(1, tokens, 20);  // nothing new
+  EXPECT_EQ(calls.size(), 3u);
+}
+
+TEST_F(KvCacheManagerTest, APrefixMatchNeverEndsWhereItsWindowReadsAReleasedBlock) {
+  KvCacheManager kv(16, 4);
+  kv.EnableSlidingRelease(6, [](std::span<const BlockId>) {});
+  const std::vector<TokenId> tokens = Tokens(24);
+  ASSERT_TRUE(kv.Admit(1, "", std::span(tokens).first(20), {}, 20));
+  kv.Commit(1, std::span(tokens).first(20), 20);  // keys from 15 on: blocks 0-2 released
+  kv.Release(1);
+  // The whole conversation resent: its first computed position, 20, reads
+  // keys 15-19 (blocks 3 and 4, whole).
+  const PrefixMatch whole = kv.FindPrefix(std::span(tokens).first(21), "");
+  EXPECT_EQ(whole.tokens, 20);
+  EXPECT_EQ(whole.blocks, (Blocks{0, 1, 2, 3, 4}));
+  // A prompt that shares only 17 tokens: a match of 16 would read keys
+  // 11-15 (block 2, released), and every shorter one a released block too.
+  std::vector<TokenId> diverging(tokens.begin(), tokens.begin() + 17);
+  diverging.push_back(9999);
+  EXPECT_EQ(kv.FindPrefix(diverging, "").tokens, 0);
+  // Without sliding release the same prompt matches 16 tokens.
+  KvCacheManager plain(16, 4);
+  ASSERT_TRUE(plain.Admit(1, "", std::span(tokens).first(20), {}, 20));
+  plain.Commit(1, std::span(tokens).first(20), 20);
+  EXPECT_EQ(plain.FindPrefix(diverging, "").tokens, 16);
+}
+
+TEST_F(KvCacheManagerTest, SharedBlocksAreKeptAndAReallocatedBlockIsWholeAgain) {
+  KvCacheManager kv(8, 4);
+  std::vector<Blocks> calls;
+  kv.EnableSlidingRelease(
+      6, [&](std::span<const BlockId> b) { calls.emplace_back(b.begin(), b.end()); });
+  const std::vector<TokenId> prompt = Tokens(8);
+  ASSERT_TRUE(kv.Admit(1, "", prompt, {}, 8));
+  kv.Commit(1, prompt, 8);
+  EXPECT_TRUE(calls.empty());  // keys from 3 on: block 0 is still read
+  kv.Fork(1, 2);               // parallel samples share blocks 0 and 1
+  std::vector<TokenId> tokens = prompt;
+  tokens.push_back(7);
+  ASSERT_TRUE(kv.Reserve(1, 9));
+  kv.Commit(1, tokens, 9);  // keys from 4 on: block 0 behind, but shared
+  EXPECT_TRUE(calls.empty());
+  kv.Release(2);
+  for (TokenId t : {8, 9, 10, 11}) {
+    tokens.push_back(t);
+    ASSERT_TRUE(kv.Reserve(1, static_cast<int32_t>(tokens.size())));
+    kv.Commit(1, tokens, static_cast<int32_t>(tokens.size()));
+  }
+  // Computed 13: keys from 8 on; block 0 was passed while shared (kept),
+  // block 1 is held alone now.
+  EXPECT_EQ(calls, (std::vector<Blocks>{{1}}));
+  EXPECT_FALSE(kv.sliding_released(0));
+  EXPECT_TRUE(kv.sliding_released(1));
+  kv.Release(1);
+  // Another prompt takes every block, the released one among them: whoever
+  // takes a block writes it before reading, so it is whole again.
+  const std::vector<TokenId> other = Tokens(32, 5);
+  ASSERT_TRUE(kv.Admit(3, "", other, {}, 32));
+  EXPECT_FALSE(kv.sliding_released(1));
+}
+
 // Thousands of random operations against a model that tracks, for every
 // block, its holders and the tokens written in it (as the backend would).
-TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
+// With `window` > 0, also sliding release: a block's sliding-window layers
+// (`sliding`, per block) are lost when it is released and whole again when
+// written; every key a sequence's next position or a prefix match's first
+// computed position reads in those layers must be whole.
+void RunRandomOperations(int32_t window) {
   constexpr int32_t kBlocks = 24, kBlockSize = 4;
   std::mt19937 rng(2024);
   KvCacheManager kv(kBlocks, kBlockSize);
   std::vector<std::vector<TokenId>> content(kBlocks, std::vector<TokenId>(kBlockSize, -1));
+  std::vector<bool> sliding(kBlocks, true);
+  int64_t released = 0;
+  if (window > 0) {
+    kv.EnableSlidingRelease(window, [&](std::span<const BlockId> blocks) {
+      for (BlockId b : blocks) {
+        EXPECT_EQ(kv.pool().ref_count(b), 1) << "released block " << b << " is shared";
+        EXPECT_TRUE(sliding[static_cast<size_t>(b)]) << "block " << b << " released twice";
+        sliding[static_cast<size_t>(b)] = false;
+        ++released;
+      }
+    });
+  }
+  // The keys [from, to) of these blocks are whole in the sliding layers.
+  auto expect_window_whole = [&](const std::vector<BlockId>& table, int32_t to) {
+    if (window == 0) return;
+    for (int32_t p = std::max(0, to + 1 - window); p < to; ++p) {
+      ASSERT_TRUE(sliding[static_cast<size_t>(table[static_cast<size_t>(p / kBlockSize)])])
+          << "key " << p << " of a window was released";
+    }
+  };
   std::map<SequenceId, std::vector<TokenId>> sequences;  // id -> tokens computed
   const std::vector<std::vector<TokenId>> prefixes = {Tokens(9, 1), Tokens(13, 2), Tokens(6, 3)};
   const std::vector<std::string> salts = {"", "t1"};
@@ -274,13 +385,16 @@ TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
   auto write = [&](SequenceId id, int32_t from, int32_t to) {
     const auto& table = kv.BlockTable(id);
     for (int32_t p = from; p < to; ++p) {
-      content[static_cast<size_t>(table[static_cast<size_t>(p / kBlockSize)])]
-             [static_cast<size_t>(p % kBlockSize)] = sequences[id][static_cast<size_t>(p)];
+      const auto block = static_cast<size_t>(table[static_cast<size_t>(p / kBlockSize)]);
+      content[block][static_cast<size_t>(p % kBlockSize)] = sequences[id][static_cast<size_t>(p)];
+      sliding[block] = true;
     }
   };
   auto apply_copies = [&] {
-    for (const BlockCopy& c : kv.TakeCopies())
+    for (const BlockCopy& c : kv.TakeCopies()) {
       content[static_cast<size_t>(c.to)] = content[static_cast<size_t>(c.from)];
+      sliding[static_cast<size_t>(c.to)] = sliding[static_cast<size_t>(c.from)];
+    }
   };
   auto check = [&] {
     std::vector<int32_t> holders(kBlocks, 0);
@@ -296,6 +410,7 @@ TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
         ASSERT_EQ(content[static_cast<size_t>(table[p / kBlockSize])][p % kBlockSize], tokens[p])
             << "sequence " << id << " lost token " << p;
       }
+      expect_window_whole(table, static_cast<int32_t>(tokens.size()));
     }
     int32_t free = 0;
     for (BlockId b = 0; b < kBlocks; ++b) {
@@ -322,6 +437,8 @@ TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
                          [static_cast<size_t>(p % kBlockSize)],
                   prompt[static_cast<size_t>(p)]);
       }
+      expect_window_whole(match.blocks, match.tokens);
+      if (::testing::Test::HasFatalFailure()) return;
       hits += match.tokens;
       const SequenceId id = next++;
       if (!kv.Admit(id, salt, prompt, match, static_cast<int32_t>(prompt.size()))) continue;
@@ -352,11 +469,22 @@ TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) {
     check();
     if (::testing::Test::HasFatalFailure()) return;
   }
-  EXPECT_GT(hits, 1000) << "the workload should exercise the prefix cache";
+  // (Sliding release cuts the matches whose window would read a released block.)
+  EXPECT_GT(hits, window > 0 ? 500 : 1000) << "the workload should exercise the prefix cache";
   EXPECT_GT(kv.stats().evictions, 10) << "the workload should exercise eviction";
+  EXPECT_EQ(kv.stats().sliding_released, released);
+  if (window > 0) {
+    EXPECT_GT(released, 100) << "the workload should exercise sliding release";
+  }
   for (const auto& [id, tokens] : sequences) kv.Release(id);
   EXPECT_EQ(kv.free_blocks(), kBlocks);
   EXPECT_EQ(kv.stats().used_blocks, 0);
+}
+
+TEST(KvCacheManagerPropertyTest, RandomOperationsKeepEveryInvariant) { RunRandomOperations(0); }
+
+TEST(KvCacheManagerPropertyTest, RandomOperationsNeverReleaseAKeyAWindowReads) {
+  RunRandomOperations(6);
 }
 
 // --- the event journal (kvcache/kv_event.h) -------------------------------------

@@ -15,7 +15,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "engine/step/step_plan.h"
@@ -75,6 +77,17 @@ class FakeWorker {
     return result;
   }
 
+  // Sliding-window attention: a sampled token hashes only the last `window`
+  // positions, as a sliding-window layer reads them (0: every position).
+  void SetWindow(int32_t window) { window_ = window; }
+  // What giving back blocks' sliding-layer pages does: their tokens are lost.
+  void Clobber(std::span<const int32_t> blocks) {
+    for (int32_t b : blocks) {
+      for (int32_t i = 0; i < block_size_; ++i)
+        slots_[static_cast<size_t>(b * block_size_ + i)] = -2;
+    }
+  }
+
   // What a KV transfer between two daemons does: block src[i] of `from`'s
   // storage into block dst[i] of this one's.
   void CopyBlocksFrom(const FakeWorker& from, const std::vector<int32_t>& src,
@@ -88,10 +101,11 @@ class FakeWorker {
   }
 
  private:
-  // The hash of every token at positions 0..pos, read through the table.
+  // The hash of every token at positions 0..pos (the window's last ones
+  // with SetWindow), read through the table.
   uint64_t Next(const step::SequenceStep& s, int32_t pos) const {
     uint64_t h = 1469598103934665603ull ^ s.sampling.seed;
-    for (int32_t p = 0; p <= pos; ++p) {
+    for (int32_t p = window_ > 0 ? std::max(0, pos + 1 - window_) : 0; p <= pos; ++p) {
       h = (h ^ static_cast<uint64_t>(slots_[Slot(s, p)] + 7)) * 1099511628211ull;
     }
     return h;
@@ -101,6 +115,7 @@ class FakeWorker {
         s.block_table.at(static_cast<size_t>(pos / block_size_)) * block_size_ + pos % block_size_);
   }
   int32_t block_size_;
+  int32_t window_ = 0;
   std::vector<TokenId> slots_;
 };
 

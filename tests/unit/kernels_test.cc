@@ -1061,6 +1061,55 @@ TEST(CpuBackendKvCacheTest, ReleasedPagesLeaveMemoryAndReadAsZeros) {
   EXPECT_TRUE(std::all_of(bytes, bytes + storage.bytes, [](unsigned char b) { return b == 0; }));
 }
 
+// Sliding-window layers give back the pages of blocks no position reads
+// again: exactly those blocks' parts of those layers' K and V pools read as
+// zeros and leave memory, every other byte stays, and a page shared with a
+// block that is not given back stays whole.
+TEST(CpuBackendKvCacheTest, BlockPagesOfChosenLayersLeaveMemoryAndNothingElse) {
+  if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "the shapes assume pages of 4 KiB";
+  // A block's part of a pool is one page: 16 slots x 2 KV heads x 64 x 2 bytes.
+  const KvCacheShape paged{3, 8, 16, 2, 64};
+  CpuBackend backend(1);
+  ASSERT_TRUE(backend.CreateKvCache(paged).ok());
+  KvStorage storage = backend.kv_storage();
+  std::memset(storage.data, 0x5a, storage.bytes);
+  const std::vector<int32_t> blocks = {5, 2, 3};
+  const std::vector<int> layers = {0, 2};
+  backend.ReleaseKvBlockPages(blocks, layers);
+  // (Before reading: a page read after it left maps the zero page back in.)
+  EXPECT_EQ(testing::ResidentPages(storage),
+            static_cast<std::ptrdiff_t>(testing::PagesOf(storage)) - 2 * 2 * 3);
+  const auto* bytes = static_cast<const unsigned char*>(storage.data);
+  constexpr size_t kPart = 4096;
+  for (size_t pool = 0; pool < 6; ++pool) {  // [layer][K, V]
+    for (size_t block = 0; block < 8; ++block) {
+      const bool released =
+          (pool / 2 == 0 || pool / 2 == 2) && (block == 2 || block == 3 || block == 5);
+      const unsigned char* part = bytes + (pool * 8 + block) * kPart;
+      const unsigned char want = released ? 0 : 0x5a;
+      ASSERT_TRUE(std::all_of(part, part + kPart, [&](unsigned char b) { return b == want; }))
+          << "pool " << pool << " block " << block;
+    }
+  }
+
+  // Parts of a quarter page (16 slots x 1 KV head x 32 x 2 bytes): only the
+  // pages wholly inside the blocks given back go.
+  const KvCacheShape small{1, 8, 16, 1, 32};
+  CpuBackend quarters(1);
+  ASSERT_TRUE(quarters.CreateKvCache(small).ok());
+  storage = quarters.kv_storage();
+  std::memset(storage.data, 0x5a, storage.bytes);
+  const std::vector<int> layer0 = {0};
+  quarters.ReleaseKvBlockPages(std::vector<int32_t>{1, 2, 3, 4}, layer0);  // no whole page
+  bytes = static_cast<const unsigned char*>(storage.data);
+  EXPECT_TRUE(std::all_of(bytes, bytes + storage.bytes, [](unsigned char b) { return b == 0x5a; }));
+  quarters.ReleaseKvBlockPages(std::vector<int32_t>{3, 0, 2, 1}, layer0);  // page 0 of K and of V
+  for (size_t i = 0; i < storage.bytes; ++i) {
+    const bool released = i % 8192 < 4096;  // each pool: blocks 0-3, then 4-7
+    ASSERT_EQ(bytes[i], released ? 0 : 0x5a) << "byte " << i;
+  }
+}
+
 TEST(CpuBackendKvCacheTest, StoresTheModesFormatAndSharesItOnlyWithTheSameMode) {
   if (!bf16_attention::Supported(64)) GTEST_SKIP() << "this build has no AVX-512 BF16 attention";
   constexpr int kSlots = 16, kKvHeads = 2, kDim = 64;

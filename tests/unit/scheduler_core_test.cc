@@ -9,6 +9,9 @@
 
 #include <map>
 #include <memory>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include "tests/unit/fake_worker.h"
 
@@ -88,6 +91,54 @@ TEST(SchedulerCoreTest, ChunksAPromptToTheBudgetThenDecodes) {
   EXPECT_EQ(sink->finish->usage.completion_tokens, 5);
   EXPECT_EQ(sink->tokens, Alone(40, 5, 1));
   EXPECT_EQ(core.free_blocks(), 64);
+}
+
+// Sliding-window layers: the blocks a window behind go to
+// release_sliding_pages, which here loses their tokens. Requests whose
+// prompts are prefixes of each other's, in two waves (the second matching
+// the first's cached blocks), in a roomy cache and in one small enough to
+// preempt, generate what they generate without any release: nothing a
+// window reads, in a step or through a prefix match, was given back.
+TEST(SchedulerCoreTest, SlidingReleaseNeverGivesBackAKeyAWindowReads) {
+  constexpr int32_t kWindow = 6;
+  const std::vector<std::pair<int32_t, int32_t>> waves[] = {{{30, 20}, {12, 25}},
+                                                            {{30, 20}, {21, 10}, {17, 12}}};
+  auto run = [&](bool release, int32_t blocks, int64_t* released) {
+    SchedulerOptions o = Options(16, blocks);
+    FakeWorker worker(blocks);
+    worker.SetWindow(kWindow);
+    *released = 0;
+    if (release) {
+      o.sliding_window = kWindow;
+      o.release_sliding_pages = [&](Lane lane, std::span<const int32_t> b) {
+        EXPECT_EQ(lane, Lane::kPrefill);
+        worker.Clobber(b);
+        *released += static_cast<int64_t>(b.size());
+      };
+    }
+    SchedulerCore core(o);
+    std::vector<std::vector<TokenId>> outputs;
+    uint64_t id = 1;
+    for (const auto& wave : waves) {
+      std::vector<std::shared_ptr<Record>> sinks;
+      for (const auto& [prompt, max_tokens] : wave) {
+        sinks.push_back(std::make_shared<Record>());
+        core.Add(id, MakeRequest(prompt, max_tokens, sinks.back(), id));
+        ++id;
+      }
+      RunToCompletion(core, worker, 16);
+      for (const auto& sink : sinks) outputs.push_back(sink->tokens);
+    }
+    EXPECT_EQ(core.kv_stats().sliding_released, *released);
+    EXPECT_EQ(core.free_blocks(), blocks);
+    return outputs;
+  };
+  int64_t released = 0;
+  const auto reference = run(false, 256, &released);
+  for (int32_t blocks : {256, 16}) {
+    EXPECT_EQ(run(true, blocks, &released), reference) << blocks << " blocks";
+    EXPECT_GT(released, 20) << blocks << " blocks";
+  }
 }
 
 TEST(SchedulerCoreTest, OutputDoesNotDependOnTheBudget) {

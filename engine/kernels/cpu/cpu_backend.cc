@@ -1,7 +1,9 @@
 #include "engine/kernels/cpu/cpu_backend.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -198,6 +200,35 @@ void CpuBackend::ReleaseKvPages() {
   // An anonymous private mapping (CreateKvCache): its pages are dropped and
   // read as zeros when next touched.
   ::madvise(kv_storage_->data(), kv_storage_->bytes(), MADV_DONTNEED);
+}
+
+void CpuBackend::ReleaseKvBlockPages(std::span<const int32_t> blocks, std::span<const int> layers) {
+  if (kv_storage_ == nullptr || blocks.empty()) return;
+  // Runs of consecutive block ids are one range of each pool (one call each).
+  std::vector<int32_t> sorted(blocks.begin(), blocks.end());
+  std::sort(sorted.begin(), sorted.end());
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const size_t block_bytes =
+      kv_shape_.BytesPerBlock() / (2 * static_cast<size_t>(kv_shape_.layers));
+  const size_t pool_bytes = block_bytes * static_cast<size_t>(kv_shape_.blocks);
+  const auto base = reinterpret_cast<uintptr_t>(kv_storage_->data());
+  for (size_t run = 0; run < sorted.size();) {
+    size_t end = run + 1;
+    while (end < sorted.size() && sorted[end] == sorted[end - 1] + 1) ++end;
+    for (int layer : layers) {
+      for (size_t pool = 2 * static_cast<size_t>(layer); pool < 2 * static_cast<size_t>(layer) + 2;
+           ++pool) {  // K, V
+        const uintptr_t first =
+            base + pool * pool_bytes + static_cast<size_t>(sorted[run]) * block_bytes;
+        const uintptr_t last = first + (end - run) * block_bytes;
+        // Only pages wholly inside the run: a page it shares holds a
+        // neighbouring block's keys.
+        const uintptr_t from = (first + page - 1) / page * page, to = last / page * page;
+        if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+      }
+    }
+    run = end;
+  }
 }
 
 absl::Status CpuBackend::ShareKvCache(const Backend& other) {

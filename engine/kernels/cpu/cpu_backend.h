@@ -43,6 +43,7 @@ class CpuBackend final : public Backend {
   absl::Status CreateKvCache(const KvCacheShape& shape) override;
   absl::Status ShareKvCache(const Backend& other) override;
   void ReleaseKvPages() override;
+  void ReleaseKvBlockPages(std::span<const int32_t> blocks, std::span<const int> layers) override;
   const KvCacheShape& kv_cache_shape() const override { return kv_shape_; }
   KvStorage kv_storage() const override {
     if (kv_storage_ == nullptr) return {};
