@@ -99,11 +99,19 @@ absl::Status WarmUp(ServingModel& model) {
 // layers. Not where a KV transport registers the storage (a prefill or
 // decode daemon, a decode worker with pages of its own): it could go on
 // reading the pages that were given back.
-void EnableSlidingRelease(ServingModel& model, Role role, scheduler::SchedulerOptions& sched) {
+void EnableSlidingRelease(ServingModel& model, const DaemonOptions& options,
+                          scheduler::SchedulerOptions& sched) {
   const model::ModelConfig& config = model.config();
   if (!config.HasSlidingLayers()) return;
   const auto sliding = std::count(config.sliding_layers.begin(), config.sliding_layers.end(), true);
-  if (role != Role::kUnified || model.decode_kv_blocks() > 0) {
+  if (!options.release_sliding_kv) {
+    spdlog::info(
+        "sliding-window layers ({} of {}, window {}): all their KV pages are kept "
+        "(--release_sliding_kv=false)",
+        sliding, config.layers, config.sliding_window);
+    return;
+  }
+  if (options.role != Role::kUnified || model.decode_kv_blocks() > 0) {
     spdlog::info(
         "sliding-window layers ({} of {}, window {}): all their KV pages are kept (a KV "
         "transport has the storage registered)",
@@ -302,7 +310,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // The measurements are done and no block holds anything yet: their KV
   // pages (~60 MB on the default model) need not stay resident.
   p.model->ReleaseKvPages();
-  EnableSlidingRelease(*p.model, role, sched);
+  EnableSlidingRelease(*p.model, options, sched);
 
   step::Worker* prefill_worker = p.model->prefill_worker();
   step::Worker* decode_worker = p.model->decode_worker();

@@ -117,6 +117,10 @@ ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
           "will take of it, instead of --kv_cache_bytes");
 ABSL_FLAG(bool, prefix_caching, true,
           "reuse the KV blocks of prompt prefixes seen before (per cache_salt)");
+ABSL_FLAG(bool, release_sliding_kv, true,
+          "models with sliding-window layers (Gemma 2, 3): give those layers' KV pages back "
+          "once a sequence is a whole window past them (a unified daemon with one KV storage); "
+          "false keeps them, so that prompts diverging from a cached one early still reuse it");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
 ABSL_FLAG(int, context_length, 0, "tokens per sequence (0: the model's context length)");
 ABSL_FLAG(int, max_batched_tokens, 128,
@@ -481,6 +485,7 @@ absl::Status ReadScheduling(DaemonOptions& options) {
   sched.max_running =
       running > 0 ? running : std::min(kDefaultMaxRunning, sched.max_batched_tokens);
   sched.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  options.release_sliding_kv = absl::GetFlag(FLAGS_release_sliding_kv);
   sched.priority_aging = absl::GetFlag(FLAGS_priority_aging);
   sched.remote_decode = options.role == Role::kPrefill;
   sched.kv_lease = absl::GetFlag(FLAGS_kv_lease);

@@ -116,6 +116,9 @@ struct DaemonOptions {
   scheduler::DispatchOptions dispatch;
   // --admission=slo: refuse a request whose predicted TTFT passes its budget.
   bool admission_by_slo = false;
+  // --release_sliding_kv: give back sliding-window layers' pages a window
+  // behind (docs/architecture.md, "Sliding-window layers' pages").
+  bool release_sliding_kv = true;
   std::string speculative = "ngram";  // off, ngram, suffix or draft, as given
   RequestPolicy requests;
   ListenOptions listen;

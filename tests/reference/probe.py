@@ -27,6 +27,36 @@ def using_model(path):
         MODEL = saved
 
 
+_MATMUL_SUPPORT = {}
+
+
+def supports_matmul(mode):
+    """Whether this build's CPU kernels run --matmul=MODE: bf16 needs AVX-512
+    BF16 instructions, which not every x86-64 machine has."""
+    if mode not in _MATMUL_SUPPORT:
+        with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+            out = subprocess.run([PROBE, "logits", f"--model={MODEL}", f"--matmul={mode}",
+                                  f"--out={f.name}"], input="1\n", capture_output=True,
+                                 text=True, check=False)
+        unsupported = out.returncode != 0 and "target CPU lacks" in out.stderr
+        if out.returncode != 0 and not unsupported:
+            raise RuntimeError(f"tandem-probe logits failed: {out.stderr}")
+        _MATMUL_SUPPORT[mode] = not unsupported
+    return _MATMUL_SUPPORT[mode]
+
+
+def default_matmul():
+    """The mode --cpu_matmul=auto can pick here: bf16 where the CPU has it."""
+    return "bf16" if supports_matmul("bf16") else "f32"
+
+
+def require_matmul(mode):
+    """Skips the calling test where this build cannot run --matmul=MODE."""
+    import pytest
+    if not supports_matmul(mode):
+        pytest.skip(f"--matmul={mode} needs instructions this machine's CPU lacks")
+
+
 def run(command, lines, *flags):
     """Runs a probe subcommand with one input line per item; returns stdout lines."""
     out = subprocess.run(

@@ -89,6 +89,7 @@ def test_the_bf16_mode_follows_float64_on_bf16_weights(tmp_path):
     multiplied as stored by bfloat16 pair products: along the float64 pass's
     greedy continuation, our choices agree at >= 95% of positions and every
     miss is a near-tie of float64's."""
+    probe.require_matmul("bf16")
     path = random_models.write(str(tmp_path / "random-qwen3-bf16.gguf"), "qwen3-bf16", seed=7)
     with probe.using_model(path):
         prompt = probe.tokenize([PROMPT], parse_special=False)[0]
@@ -181,34 +182,32 @@ def test_tandemd_gives_back_sliding_pages_and_keeps_gemmas_answers(arch_file, pr
     conversation = prompt + first
     resent = conversation[:len(prompt) + 40]
     diverging = conversation[:20] + first[:8]
-    daemon = tandem_e2e.Daemon(f"--model={path}", "--cpu_matmul=f32", "--block_size=16",
-                               "--speculative=off")
+    answers = {tuple(ids): numpy_reference.greedy(ids, 16, path)[0] for ids in (resent, diverging)}
+    # Its last step leaves len(conversation) - 1 tokens computed, so the next
+    # position reads keys from len(conversation) - 6 on: every block wholly
+    # below that is behind. --release_sliding_kv=false keeps them all.
+    for release, behind in ((True, (len(conversation) - 6) // 16), (False, 0)):
+        daemon = tandem_e2e.Daemon(f"--model={path}", "--cpu_matmul=f32", "--block_size=16",
+                                   "--speculative=off", f"--release_sliding_kv={str(release).lower()}")
+        try:
+            daemon.wait_serving()
+            with grpc.insecure_channel(daemon.address) as channel:
+                stub = pb2_grpc.GenerationStub(channel)
 
-    def released():
-        for line in daemon.metrics_text().splitlines():
-            if line.startswith("tandem_kv_cache_sliding_released_blocks_total "):
-                return int(float(line.split()[-1]))
-        raise KeyError("tandem_kv_cache_sliding_released_blocks_total")
+                def generate(ids, tokens):
+                    response = stub.GenerateUnary(pb2.GenerateRequest(
+                        token_ids=ids, max_tokens=tokens, ignore_eos=True,
+                        sampling=pb2.SamplingParams(temperature=0.0)), timeout=120)
+                    return list(response.token_ids)
 
-    try:
-        daemon.wait_serving()
-        with grpc.insecure_channel(daemon.address) as channel:
-            stub = pb2_grpc.GenerationStub(channel)
-
-            def generate(ids, tokens):
-                response = stub.GenerateUnary(pb2.GenerateRequest(
-                    token_ids=ids, max_tokens=tokens, ignore_eos=True,
-                    sampling=pb2.SamplingParams(temperature=0.0)), timeout=120)
-                return list(response.token_ids)
-
-            assert generate(prompt, TOKENS) == first
-            # Its last step left len(conversation) - 1 tokens computed, so
-            # the next position reads keys from len(conversation) - 6 on:
-            # every block wholly below that is behind.
-            assert released() == (len(conversation) - 1 + 1 - 6) // 16
-            assert generate(resent, 16) == numpy_reference.greedy(resent, 16, path)[0]
-            assert generate(diverging, 16) == numpy_reference.greedy(diverging, 16, path)[0]
-    finally:
-        daemon.stop()
-    log = daemon.read_log()
-    assert "sliding-window layers" in log and "given back" in log, log
+                assert generate(prompt, TOKENS) == first
+                name = "tandem_kv_cache_sliding_released_blocks_total "
+                assert [float(line[len(name):]) for line in daemon.metrics_text().splitlines()
+                        if line.startswith(name)] == [behind]
+                for ids in (resent, diverging):
+                    assert generate(ids, 16) == answers[tuple(ids)]
+        finally:
+            daemon.stop()
+        log = daemon.read_log()
+        assert "sliding-window layers" in log, log
+        assert ("given back" in log) == release, log

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import llama_reference
+import numpy_reference
 import probe
 
 CENTERED_MAX = 1.25
@@ -74,12 +75,36 @@ def distances(ours, reference):
     return centered, kl
 
 
+@pytest.fixture(scope="module")
+def reference_error(prompts, reference):
+    """KL(float64 || llama.cpp) of prompt i, from a float64 pass (computed
+    only where asked). llama.cpp's rounding depends on the CPU it runs on:
+    where AVX-512 machines measured KL 0.0005-0.007 between it and us, its
+    AVX2 kernels (an AMD EPYC without AVX-512, 2026-12-06) are 0.0227 from
+    float64 on the first prompt, and ours 4e-7."""
+    cache = {}
+
+    def error(i):
+        if i not in cache:
+            f64 = numpy_reference.Session(None).forward(prompts[i])[-1][None]
+            cache[i] = float(distances(reference[i][None], f64.astype(np.float64))[1][0])
+        return cache[i]
+    return error
+
+
 @pytest.mark.parametrize("matmul", ["f32", "bf16", "q8"])
-def test_logits_match_llama_cpp(prompts, reference, matmul):
+def test_logits_match_llama_cpp(prompts, reference, reference_error, matmul):
+    probe.require_matmul(matmul)
     centered, kl = distances(probe.logits(prompts, f"--matmul={matmul}"), reference)
     print(f"{matmul}: centered max {np.round(centered, 3)}, KL {np.round(kl, 5)}")
     assert (centered <= CENTERED_MAX).all(), centered
-    assert (kl <= KL_MAX_BY_MODE.get(matmul, KL_MAX)).all(), kl
+    # Beyond the limit, only by as much as the reference itself is from
+    # float64 on that prompt.
+    limit = KL_MAX_BY_MODE.get(matmul, KL_MAX)
+    for i in np.flatnonzero(kl > limit):
+        own = reference_error(int(i))
+        print(f"prompt {i}: KL {kl[i]:.5f}; llama.cpp's own from float64 {own:.5f}")
+        assert kl[i] <= limit + own, (i, kl[i], own)
 
 
 @pytest.mark.parametrize("wrong", [
@@ -98,6 +123,7 @@ def test_a_wrong_model_fails_the_tolerance(prompts, reference, wrong):
 def test_chunked_and_batched_logits_are_bitwise_identical(prompts, matmul):
     """In the exact mode and in the default one (bf16: bfloat16 activations,
     a bfloat16 KV cache and its attention in BF16 dot products)."""
+    probe.require_matmul(matmul)
     whole = probe.logits(prompts, f"--matmul={matmul}")
     for chunk in ["1", "7", "64"]:
         np.testing.assert_array_equal(

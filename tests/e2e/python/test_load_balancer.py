@@ -224,6 +224,7 @@ def test_stopping_one_instance_under_load(cluster, request):
     for t in clients:
         t.start()
     time.sleep(2.0)
+    drain_start = time.time()
     a.process.send_signal(15)  # SIGTERM: drain
     exited = []
     watcher = threading.Thread(target=lambda: exited.append((a.process.wait(), time.time())))
@@ -254,11 +255,16 @@ def test_stopping_one_instance_under_load(cluster, request):
     assert len(raced) <= len(clients), raced
     unavailable = len(failed) - len(raced)
     if request.node.callspec.params["cluster"] == "haproxy":
-        # Its /health check takes the draining daemon out within a second.
+        # Its /health check (every second, out at the first failure) takes the
+        # draining daemon out within about a second: no call is refused by it
+        # after that, however many calls this machine completes meanwhile.
         # (With a bare connect check, least-connections can send it most new
         # calls for the whole drain, since it has the fewest open: one run
         # here had 118 UNAVAILABLE to 241 completed, another none.)
-        assert unavailable * 4 <= len(completed), (unavailable, len(completed))
+        late = [ended - drain_start for outcome, _, ended in failed
+                if outcome == "UNAVAILABLE" and ended > drain_start + 2.5]
+        assert not late, (f"{len(late)} of {unavailable} UNAVAILABLE more than 2.5 s into the "
+                          f"drain: {sorted(late)[:5]}")
     for outcome, tokens, _ in completed:
         assert tokens == 16
     # The other instance keeps serving.
