@@ -1,6 +1,7 @@
 """Resident memory of a long request on a model with sliding-window layers:
-tandemd (and, to compare, another tandemd binary or llama.cpp's
-llama-server) on the same file, the same prompt of token ids.
+tandemd with its sliding layers' pages given back (the default) and kept
+(--release_sliding_kv=false), and optionally llama.cpp's llama-server, on
+the same file and the same prompt of token ids.
 
 The file is a random-weight Gemma 3 of Gemma 3 1B's KV shape (26 layers,
 five sliding of every six with a window of 512, one KV head of 256) and a
@@ -33,9 +34,9 @@ def model_file(cache):
     if not os.path.exists(path):
         import random_models
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        random_models.CONFIGS["gemma3kv"] = SHAPE
+        random_models.CONFIGS["gemma3"] = SHAPE  # this shape under the family's name
         tmp = path + ".tmp"
-        random_models.write(tmp, "gemma3kv", seed=11)
+        random_models.write(tmp, "gemma3", seed=11)
         os.replace(tmp, path)
     return path
 
@@ -101,8 +102,7 @@ def measure(name, command, port, completion, prompt, max_tokens):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tandemd", action="append", required=True,
-                        help="a tandemd binary (repeat to compare builds)")
+    parser.add_argument("--tandemd", required=True, help="the tandemd binary")
     parser.add_argument("--llama_server", default="", help="llama-server binary (optional)")
     parser.add_argument("--prompt_tokens", type=int, default=8000)
     parser.add_argument("--max_tokens", type=int, default=32)
@@ -122,17 +122,21 @@ def main():
                                sliding * (SHAPE["window"] + 16)) / 1024
     print(f"KV of every position: {full:.0f} MiB; with sliding layers at their window: "
           f"{windowed:.0f} MiB", flush=True)
-    for binary in args.tandemd:
+    for release in ("true", "false"):
         port = free_port()
 
         def completion(ids, tokens, port=port):
-            post(f"http://127.0.0.1:{port}/v1/completions",
-                 {"model": "m", "prompt": ids, "max_tokens": tokens, "temperature": 0})
+            base = f"http://127.0.0.1:{port}/v1"
+            with urllib.request.urlopen(f"{base}/models", timeout=60) as response:
+                model = json.load(response)["data"][0]["id"]
+            post(f"{base}/completions",
+                 {"model": model, "prompt": ids, "max_tokens": tokens, "temperature": 0})
 
-        measure(f"tandemd {binary}",
-                [binary, f"--model={path}", f"--listen=127.0.0.1:{free_port()}",
+        measure(f"tandemd --release_sliding_kv={release}",
+                [args.tandemd, f"--model={path}", f"--listen=127.0.0.1:{free_port()}",
                  f"--metrics_listen=127.0.0.1:{free_port()}", f"--http_port={port}",
-                 f"--context_length={context}", "--speculative=off"],
+                 f"--context_length={context}", "--speculative=off",
+                 f"--release_sliding_kv={release}"],
                 port, completion, prompt, args.max_tokens)
     if args.llama_server:
         port = free_port()
