@@ -50,10 +50,10 @@ float SumBytes(const float* data, size_t floats) {
   __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
   __m512 c = _mm512_setzero_ps(), d = _mm512_setzero_ps();
   for (size_t i = 0; i + 64 <= floats; i += 64) {
-    a = _mm512_add_ps(a, _mm512_load_ps(data + i));
-    b = _mm512_add_ps(b, _mm512_load_ps(data + i + 16));
-    c = _mm512_add_ps(c, _mm512_load_ps(data + i + 32));
-    d = _mm512_add_ps(d, _mm512_load_ps(data + i + 48));
+    a = _mm512_add_ps(a, _mm512_loadu_ps(data + i));
+    b = _mm512_add_ps(b, _mm512_loadu_ps(data + i + 16));
+    c = _mm512_add_ps(c, _mm512_loadu_ps(data + i + 32));
+    d = _mm512_add_ps(d, _mm512_loadu_ps(data + i + 48));
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
 }
@@ -64,10 +64,10 @@ float SumBytes(const float* data, size_t floats) {
   __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
   __m256 c = _mm256_setzero_ps(), d = _mm256_setzero_ps();
   for (size_t i = 0; i + 32 <= floats; i += 32) {
-    a = _mm256_add_ps(a, _mm256_load_ps(data + i));
-    b = _mm256_add_ps(b, _mm256_load_ps(data + i + 8));
-    c = _mm256_add_ps(c, _mm256_load_ps(data + i + 16));
-    d = _mm256_add_ps(d, _mm256_load_ps(data + i + 24));
+    a = _mm256_add_ps(a, _mm256_loadu_ps(data + i));
+    b = _mm256_add_ps(b, _mm256_loadu_ps(data + i + 8));
+    c = _mm256_add_ps(c, _mm256_loadu_ps(data + i + 16));
+    d = _mm256_add_ps(d, _mm256_loadu_ps(data + i + 24));
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));

@@ -43,9 +43,15 @@ void KvCacheManager::ReleaseBehindWindow(Sequence& seq) {
   if (window_ == 0) return;
   // Position p reads keys from p + 1 - window_ on, and every later position
   // of the sequence is at least `filled`: blocks wholly below filled + 1 -
-  // window_ are never read again in the sliding layers.
+  // window_ are never read again in the sliding layers. Released only below
+  // the window of the last block boundary instead, (filled rounded down to
+  // a block) + 1 - window_: a later request that resends this sequence's
+  // tokens resumes there at best (a partly filled block is never cached),
+  // and its match must not be cut (FindPrefix). At most one block more is
+  // kept.
+  const int32_t boundary = seq.filled / block_size() * block_size();
   const int32_t behind = std::min(static_cast<int32_t>(seq.blocks.size()),
-                                  std::max(0, seq.filled + 1 - window_) / block_size());
+                                  std::max(0, boundary + 1 - window_) / block_size());
   std::vector<BlockId> released;
   for (int32_t i = seq.passed; i < behind; ++i) {
     const BlockId b = seq.blocks[static_cast<size_t>(i)];

@@ -104,8 +104,10 @@ class KvCacheManager {
 
   // Sliding-window layers (Gemma 2 and 3): a position p of those layers
   // attends only to positions (p - window, p]. Once a sequence has computed
-  // a whole window past a block, none of its later positions reads that
-  // block in those layers; from then on, each such block the sequence holds
+  // a whole window past a block (counted from its last block boundary, so
+  // that a resent conversation's match stays whole), none of its later
+  // positions reads that block in those layers; from then on, each such
+  // block the sequence holds
   // alone (a block shared with another sequence is kept) is passed to
   // `release`, once, from Commit, so the backend can give those layers'
   // pages back. The block stays held and, when full, in the prefix index

@@ -111,6 +111,13 @@ void EnableSlidingRelease(ServingModel& model, const DaemonOptions& options,
         sliding, config.layers, config.sliding_window);
     return;
   }
+  if (!model.kv_backend().MemoryIsHost()) {
+    spdlog::info(
+        "sliding-window layers ({} of {}, window {}): all their KV pages are kept "
+        "(device memory is not given back page by page)",
+        sliding, config.layers, config.sliding_window);
+    return;
+  }
   if (options.role != Role::kUnified || model.decode_kv_blocks() > 0) {
     spdlog::info(
         "sliding-window layers ({} of {}, window {}): all their KV pages are kept (a KV "

@@ -170,7 +170,8 @@ def test_tandemd_gives_back_sliding_pages_and_keeps_gemmas_answers(arch_file, pr
     pass's. Three requests: the prompt; the prompt and most of that answer
     resent (a prefix match over released blocks whose window is whole); a
     prompt sharing only the conversation's first 20 tokens (a match of 16
-    would read a released block in its window, so it must be cut)."""
+    would read a released block in its window, so it must be cut). The
+    cached prompt tokens each reports are exact."""
     arch, path = arch_file
     if not arch.startswith("gemma"):
         pytest.skip("no sliding-window layers")
@@ -180,13 +181,18 @@ def test_tandemd_gives_back_sliding_pages_and_keeps_gemmas_answers(arch_file, pr
     pb2, pb2_grpc = tandem_e2e.generated_stubs()
     first, _ = numpy_reference.greedy(prompt, TOKENS, path)
     conversation = prompt + first
-    resent = conversation[:len(prompt) + 40]
+    resent = conversation + first[:8]  # the next turn: the conversation and more
     diverging = conversation[:20] + first[:8]
+    # The first request leaves len(conversation) - 1 tokens computed; the
+    # resend resumes at the last block boundary below that, whose window
+    # (keys from there + 1 - 6 on) is whole, so every block wholly below it
+    # was given back.
+    boundary = (len(conversation) - 1) // 16 * 16
     answers = {tuple(ids): numpy_reference.greedy(ids, 16, path)[0] for ids in (resent, diverging)}
-    # Its last step leaves len(conversation) - 1 tokens computed, so the next
-    # position reads keys from len(conversation) - 6 on: every block wholly
-    # below that is behind. --release_sliding_kv=false keeps them all.
-    for release, behind in ((True, (len(conversation) - 6) // 16), (False, 0)):
+    # --release_sliding_kv=false keeps them all, and the diverging prompt
+    # then reuses its first block.
+    for release, behind, diverging_cached in ((True, (boundary + 1 - 6) // 16, 0),
+                                              (False, 0, 16)):
         daemon = tandem_e2e.Daemon(f"--model={path}", "--cpu_matmul=f32", "--block_size=16",
                                    "--speculative=off", f"--release_sliding_kv={str(release).lower()}")
         try:
@@ -194,18 +200,19 @@ def test_tandemd_gives_back_sliding_pages_and_keeps_gemmas_answers(arch_file, pr
             with grpc.insecure_channel(daemon.address) as channel:
                 stub = pb2_grpc.GenerationStub(channel)
 
-                def generate(ids, tokens):
+                def generate(ids, tokens, cached):
                     response = stub.GenerateUnary(pb2.GenerateRequest(
                         token_ids=ids, max_tokens=tokens, ignore_eos=True,
                         sampling=pb2.SamplingParams(temperature=0.0)), timeout=120)
+                    assert response.usage.cached_prompt_tokens == cached
                     return list(response.token_ids)
 
-                assert generate(prompt, TOKENS) == first
+                assert generate(prompt, TOKENS, 0) == first
                 name = "tandem_kv_cache_sliding_released_blocks_total "
                 assert [float(line[len(name):]) for line in daemon.metrics_text().splitlines()
                         if line.startswith(name)] == [behind]
-                for ids in (resent, diverging):
-                    assert generate(ids, 16) == answers[tuple(ids)]
+                assert generate(resent, 16, boundary) == answers[tuple(resent)]
+                assert generate(diverging, 16, diverging_cached) == answers[tuple(diverging)]
         finally:
             daemon.stop()
         log = daemon.read_log()

@@ -269,21 +269,37 @@ TEST_F(KvCacheManagerTest, SlidingReleaseGivesBackBlocksAWholeWindowBehindExactl
       6, [&](std::span<const BlockId> b) { calls.emplace_back(b.begin(), b.end()); });
   std::vector<TokenId> tokens = Tokens(10);
   ASSERT_TRUE(kv.Admit(1, "", tokens, {}, 10));
-  kv.Commit(1, tokens, 10);  // position 10 reads keys 5.. : block 0 (keys 0-3) is behind
-  EXPECT_EQ(calls, (std::vector<Blocks>{{0}}));
+  kv.Commit(1, tokens, 10);
+  // Position 10 reads keys from 5 on, but a request resending these tokens
+  // would resume at 8 (the last block boundary), reading from 3: block 0
+  // (keys 0-3) is kept.
+  EXPECT_TRUE(calls.empty());
   const std::vector<TokenId> more = Tokens(20);
   for (int32_t computed = 11; computed <= 20; ++computed) {
     tokens.push_back(more[static_cast<size_t>(computed - 1)]);
     ASSERT_TRUE(kv.Reserve(1, computed));
     kv.Commit(1, tokens, computed);
   }
-  // Computed 13: keys from 8 on (block 1 behind); 17: from 12 (block 2).
+  // Computed 12: a resend resumes at 12, reading from 7 (block 0 behind);
+  // 16: from 11 (block 1); 20: from 15 (block 2).
   EXPECT_EQ(calls, (std::vector<Blocks>{{0}, {1}, {2}}));
   EXPECT_EQ(kv.stats().sliding_released, 3);
   for (BlockId b : {0, 1, 2}) EXPECT_TRUE(kv.sliding_released(b)) << b;
   for (BlockId b : {3, 4}) EXPECT_FALSE(kv.sliding_released(b)) << b;
   kv.Commit(1, tokens, 20);  // nothing new
   EXPECT_EQ(calls.size(), 3u);
+  // Computed 23: keys from 18 on, but a resend resumes at 20, reading from
+  // 15: block 3 (keys 12-15) is kept.
+  for (int32_t computed = 21; computed <= 23; ++computed) {
+    tokens.push_back(static_cast<TokenId>(computed));
+    ASSERT_TRUE(kv.Reserve(1, computed));
+    kv.Commit(1, tokens, computed);
+  }
+  EXPECT_EQ(calls, (std::vector<Blocks>{{0}, {1}, {2}}));
+  kv.Release(1);
+  std::vector<TokenId> next_turn = tokens;
+  next_turn.push_back(7);
+  EXPECT_EQ(kv.FindPrefix(next_turn, "").tokens, 20);  // the resend's match is whole
 }
 
 TEST_F(KvCacheManagerTest, APrefixMatchNeverEndsWhereItsWindowReadsAReleasedBlock) {
@@ -321,18 +337,19 @@ TEST_F(KvCacheManagerTest, SharedBlocksAreKeptAndAReallocatedBlockIsWholeAgain) 
   EXPECT_TRUE(calls.empty());  // keys from 3 on: block 0 is still read
   kv.Fork(1, 2);               // parallel samples share blocks 0 and 1
   std::vector<TokenId> tokens = prompt;
-  tokens.push_back(7);
-  ASSERT_TRUE(kv.Reserve(1, 9));
-  kv.Commit(1, tokens, 9);  // keys from 4 on: block 0 behind, but shared
+  auto decode = [&](std::initializer_list<TokenId> more) {
+    for (TokenId t : more) {
+      tokens.push_back(t);
+      ASSERT_TRUE(kv.Reserve(1, static_cast<int32_t>(tokens.size())));
+      kv.Commit(1, tokens, static_cast<int32_t>(tokens.size()));
+    }
+  };
+  decode({7, 8, 9, 10});  // computed 12: block 0 behind, but shared
   EXPECT_TRUE(calls.empty());
   kv.Release(2);
-  for (TokenId t : {8, 9, 10, 11}) {
-    tokens.push_back(t);
-    ASSERT_TRUE(kv.Reserve(1, static_cast<int32_t>(tokens.size())));
-    kv.Commit(1, tokens, static_cast<int32_t>(tokens.size()));
-  }
-  // Computed 13: keys from 8 on; block 0 was passed while shared (kept),
-  // block 1 is held alone now.
+  decode({11, 12, 13, 14});
+  // Computed 16: block 1 behind, held alone now; block 0 was passed while
+  // shared (kept).
   EXPECT_EQ(calls, (std::vector<Blocks>{{1}}));
   EXPECT_FALSE(kv.sliding_released(0));
   EXPECT_TRUE(kv.sliding_released(1));
