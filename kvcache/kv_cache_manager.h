@@ -107,10 +107,9 @@ class KvCacheManager {
   // a whole window past a block (counted from its last block boundary, so
   // that a resent conversation's match stays whole), none of its later
   // positions reads that block in those layers; from then on, each such
-  // block the sequence holds
-  // alone (a block shared with another sequence is kept) is passed to
-  // `release`, once, from Commit, so the backend can give those layers'
-  // pages back. The block stays held and, when full, in the prefix index
+  // block the sequence holds alone (a block shared with another sequence is
+  // kept) is passed to `release`, once, from Commit, so the backend can give
+  // those layers' pages back. The block stays held and, when full, in the prefix index
   // (its other layers are intact); FindPrefix never ends a match where the
   // window of its first computed position would read a released block. A
   // block is whole again once it is allocated anew (whoever takes it writes

@@ -104,25 +104,15 @@ void EnableSlidingRelease(ServingModel& model, const DaemonOptions& options,
   const model::ModelConfig& config = model.config();
   if (!config.HasSlidingLayers()) return;
   const auto sliding = std::count(config.sliding_layers.begin(), config.sliding_layers.end(), true);
-  if (!options.release_sliding_kv) {
-    spdlog::info(
-        "sliding-window layers ({} of {}, window {}): all their KV pages are kept "
-        "(--release_sliding_kv=false)",
-        sliding, config.layers, config.sliding_window);
-    return;
-  }
-  if (!model.kv_backend().MemoryIsHost()) {
-    spdlog::info(
-        "sliding-window layers ({} of {}, window {}): all their KV pages are kept "
-        "(device memory is not given back page by page)",
-        sliding, config.layers, config.sliding_window);
-    return;
-  }
-  if (options.role != Role::kUnified || model.decode_kv_blocks() > 0) {
-    spdlog::info(
-        "sliding-window layers ({} of {}, window {}): all their KV pages are kept (a KV "
-        "transport has the storage registered)",
-        sliding, config.layers, config.sliding_window);
+  const char* kept_because = !options.release_sliding_kv ? "--release_sliding_kv=false"
+                             : !model.kv_backend().MemoryIsHost()
+                                 ? "device memory is not given back page by page"
+                             : options.role != Role::kUnified || model.decode_kv_blocks() > 0
+                                 ? "a KV transport has the storage registered"
+                                 : nullptr;
+  if (kept_because != nullptr) {
+    spdlog::info("sliding-window layers ({} of {}, window {}): all their KV pages are kept ({})",
+                 sliding, config.layers, config.sliding_window, kept_because);
     return;
   }
   sched.sliding_window = config.sliding_window;
