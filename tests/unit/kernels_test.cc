@@ -96,8 +96,9 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
       // and bf16 decode on the fly, four panels at a time for up to 2 rows
       // and two panels for tiles of up to 8 rows, up to 16 rows (f32) or 32
       // (bf16; 64 for Q4_0, Q4_1 and Q4_K), and multiply dequantized panels
-      // in tiles of 8 rows above; q8
-      // takes tiles of up to 4 rows.
+      // in tiles of 8 rows above; q8 takes tiles of up to 4 rows. AVX2's
+      // f32: one panel at a time for up to 2 rows, then dequantized panels
+      // in tiles of 6 rows.
       for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65, 72}) {
         std::vector<int64_t> order(static_cast<size_t>(m));
         std::iota(order.begin(), order.end(), 0);
@@ -217,7 +218,7 @@ TEST(MatMulTest, Q5_0AndIq4NlWithoutPanelsOfTheirOwnBecomeQ8_0BlocksOfExactlyThe
         EXPECT_EQ(wa.dtype, DType::kQ8_0);
         EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
         EXPECT_NE(wa.data, bytes.data());
-#ifdef TANDEM_CPU_AVX512
+#ifdef TANDEM_CPU_AVX2
         // The packed Q8_0 kernels, where the mode packs (q8 without integer
         // panels reads the blocks).
         EXPECT_EQ(wa.packed != nullptr,
@@ -284,7 +285,7 @@ TEST(MatMulTest, BiasIsAddedPerOutputFeature) {
               plain[static_cast<size_t>(i)] + bias_values[static_cast<size_t>(i % 8)]);
 }
 
-#ifdef TANDEM_CPU_AVX512
+#ifdef TANDEM_CPU_AVX2
 TEST(PackedMatMulTest, PackableWeightsArePackedAndStayUsableAsEmbeddingTables) {
   std::mt19937 rng(21);
   const int64_t n = 48, k = 64;
@@ -335,8 +336,9 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
                                 !(mode == MatMulMode::kBf16 && HasBf16Panels(type)) &&
                                 !(int8_panels && HasInt8Panels(type));
       if (!float_panels) continue;
-      // Decoded on the fly (1, 9) and from dequantized panels (17).
-      for (const int64_t m : {1, 9, 17}) {
+      // Decoded on the fly (1, 9; AVX2: 1, 2) and from dequantized panels
+      // (17; AVX2: 3, 9 and 17).
+      for (const int64_t m : {1, 2, 3, 9, 17}) {
         const std::vector<float> x = RandomRows(m, k, rng);
         std::vector<int64_t> all(static_cast<size_t>(m));
         std::iota(all.begin(), all.end(), 0);
@@ -554,7 +556,7 @@ TEST(PackedMatMulTest, Q5_0PanelsGiveExactlyTheBitsOfTheQ8_0BlocksItWidensTo) {
     CpuBackend a(2, mode), b(2, mode);
     const Weight own = Upload(a, DType::kQ5_0, n, k, bytes);
     const Weight as_q8_0 = Upload(b, DType::kQ8_0, n, k, widened);
-#ifdef TANDEM_CPU_AVX512
+#ifdef TANDEM_CPU_AVX2
     // Q8_0 blocks in q8 without integer panels (its block kernel).
     EXPECT_EQ(own.dtype == DType::kQ5_0, mode != MatMulMode::kQ8 || HasInt8Products())
         << MatMulModeName(mode);
@@ -658,7 +660,7 @@ TEST(PackedMatMulTest, AWeightAfterAnUnpackableOneIsStillBatchInvariant) {
     }
   }
 }
-#endif  // TANDEM_CPU_AVX512
+#endif  // TANDEM_CPU_AVX2
 
 TEST(RmsNormTest, MatchesFloat64AndIsRowIndependent) {
   std::mt19937 rng(9);

@@ -35,7 +35,9 @@ constexpr size_t kAlignment = 64;
 // 2: the bf16 mode's KV cache in bfloat16 and its attention in BF16 dot products.
 // 3: that cache in key tiles and value pairs (attention_bf16.h), scores as
 //    one lane per key.
-constexpr int kKernelRevision = 3;
+// 4: AVX2 builds multiply packed panels (packed_matmul_avx2.cc), not the
+//    GGUF blocks.
+constexpr int kKernelRevision = 4;
 
 // Whether a KV cache of `shape` is kept in bfloat16 (the bf16 mode, where
 // its attention kernels exist for the head size and the blocks hold whole

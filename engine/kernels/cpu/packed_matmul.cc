@@ -42,7 +42,7 @@ constexpr int kGemmPanels = 2;
 // 2j + 1 of a block for the panel's 16 rows, with exactly DequantizeRow's
 // arithmetic (multiply, then add; no fusing).
 struct Q4_1Format {
-  using L = PlainLayout<32 + 32 + 256>;
+  using L = Q4_1Layout;
   struct Scales {
     __m512 d, m;
   };
@@ -58,7 +58,7 @@ struct Q4_1Format {
 };
 
 struct Q4_0Format {
-  using L = PlainLayout<32 + 256>;
+  using L = Q4_0Layout;
   struct Scales {
     __m512 d;
   };
@@ -73,7 +73,7 @@ struct Q4_0Format {
 };
 
 struct Q8_0Format {
-  using L = PlainLayout<32 + 512>;
+  using L = Q8_0Layout;
   struct Scales {
     __m512 d;
   };
@@ -103,27 +103,6 @@ struct Q5_0Format {
   }
 };
 
-// Row i's quants q[0..32) (unsigned, 4 + kTopBits bits) in the nibble
-// layout (NibbleAt); their fifth (and sixth) bits go to the words after the
-// nibbles (packed_matmul.h). `quants` is zeroed.
-template <int kTopBits, typename Q>
-inline void PackQuants(const Q* q, int i, uint8_t* quants) {
-  for (int e = 0; e < kBlockInputs; ++e) {
-    const NibblePlace at = NibbleAt(e, i);
-    quants[at.byte] = static_cast<uint8_t>(quants[at.byte] | (q[e] & 0x0f) << at.shift);
-  }
-  for (int j = 0; j < kBlockInputs / 2; ++j) {
-    for (int t = 0; t < kTopBits; ++t) {
-      uint32_t word;
-      uint8_t* at = quants + kFifthBitsOffset + 64 * t + 4 * j;
-      std::memcpy(&word, at, sizeof(word));
-      word |= static_cast<uint32_t>((q[2 * j] >> (4 + t)) & 1) << (2 * i) |
-              static_cast<uint32_t>((q[2 * j + 1] >> (4 + t)) & 1) << (2 * i + 1);
-      std::memcpy(at, &word, sizeof(word));
-    }
-  }
-}
-
 // Block32 types (block32.h) with a minimum: Q4_K (Q4KLayout, nibbles), Q5_K
 // (Q5KLayout) and Q5_1 (ScaledMinLayout), five bits. w = (d * scale) * q -
 // dmin * min, multiply then subtract as DequantizeRow (every product is
@@ -148,16 +127,6 @@ struct ScaledMinFormat {
     *w0 = _mm512_sub_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(lo)), s.m);
     *w1 = _mm512_sub_ps(_mm512_mul_ps(s.d, _mm512_cvtepi32_ps(hi)), s.m);
   }
-  // Writes the rows' block (and, each time again, their header).
-  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
-    for (int i = 0; i < kPanelWidth; ++i) {
-      std::memcpy(header + L::kD + 2 * i, &rows[i].d, 2);
-      std::memcpy(header + L::kDmin + 2 * i, &rows[i].dmin, 2);
-      dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
-      dst[L::kMin + i] = rows[i].min;
-      PackQuants<kFiveBits ? 1 : 0>(rows[i].q, i, dst + L::kQuants);
-    }
-  }
 };
 
 // Q6_K, with a scale per 16 inputs: w = (d * scale[j / 16]) * q.
@@ -178,16 +147,6 @@ struct TwoScaleFormat {
     SixBitIndices(block + L::kQuants, j, &lo, &hi);
     *w0 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, thirty_two)));
     *w1 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, thirty_two)));
-  }
-  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* header, uint8_t* dst) {
-    for (int i = 0; i < kPanelWidth; ++i) {
-      std::memcpy(header + L::kD + 2 * i, &rows[i].d, 2);
-      dst[L::kScale0 + i] = static_cast<uint8_t>(rows[i].scale[0]);
-      dst[L::kScale1 + i] = static_cast<uint8_t>(rows[i].scale[1]);
-      int stored[kBlockInputs];
-      for (int e = 0; e < kBlockInputs; ++e) stored[e] = rows[i].q[e] + 32;
-      PackQuants<2>(stored, i, dst + L::kQuants);
-    }
   }
 };
 
@@ -212,13 +171,6 @@ struct LevelsFormat {
     NibbleIndices(block + L::kQuants, j, &lo, &hi);
     *w0 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(lo, s.levels));
     *w1 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(hi, s.levels));
-  }
-  static void Pack(const Block32 (&rows)[kPanelWidth], uint8_t* /*header*/, uint8_t* dst) {
-    for (int i = 0; i < kPanelWidth; ++i) {
-      std::memcpy(dst + L::kD + 2 * i, &rows[i].d, 2);
-      dst[L::kScale + i] = static_cast<uint8_t>(rows[i].scale[0]);
-      PackQuants<0>(rows[i].q, i, dst + L::kQuants);
-    }
   }
 };
 
@@ -363,99 +315,6 @@ void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t
   }
 }
 
-// Element e of a 4-bit block: the low nibbles hold elements 0..15, the high
-// ones 16..31 (GGUF's order).
-inline uint8_t Nibble(const uint8_t* qs, int e) {
-  return e < 16 ? static_cast<uint8_t>(qs[e] & 0x0f) : static_cast<uint8_t>(qs[e - 16] >> 4);
-}
-
-template <typename Block>
-void PackBlock(const Block* const* rows, int64_t b, uint8_t* dst) {
-  auto* d = reinterpret_cast<uint16_t*>(dst);
-  for (int i = 0; i < kPanelWidth; ++i) d[i] = rows[i][b].d;
-  if constexpr (std::is_same_v<Block, BlockQ5_0>) {
-    for (int i = 0; i < kPanelWidth; ++i) {
-      int q[kBlockInputs];
-      FiveBitValues(rows[i][b].qs, rows[i][b].qh, q);
-      PackQuants<1>(q, i, dst + Q5_0Layout::kQuants);
-    }
-  } else if constexpr (std::is_same_v<Block, BlockQ8_0>) {
-    for (int j = 0; j < kBlockInputs; ++j) {
-      for (int i = 0; i < kPanelWidth; ++i) {
-        dst[32 + 16 * j + i] = static_cast<uint8_t>(rows[i][b].qs[j]);
-      }
-    }
-  } else {
-    int64_t quants = 32;
-    if constexpr (std::is_same_v<Block, BlockQ4_1>) {
-      for (int i = 0; i < kPanelWidth; ++i) d[16 + i] = rows[i][b].m;
-      quants = 64;
-    }
-    for (int i = 0; i < kPanelWidth; ++i) {
-      uint8_t q[kBlockInputs];
-      for (int e = 0; e < kBlockInputs; ++e) q[e] = Nibble(rows[i][b].qs, e);
-      PackQuants<0>(q, i, dst + quants);
-    }
-  }
-}
-
-template <typename Block>
-void PackPanels(const Weight& weight, PackedWeight& packed) {
-  const size_t row_bytes = RowBytes(weight.dtype, weight.cols);
-  const auto* base = static_cast<const uint8_t*>(weight.data);
-  const int64_t blocks = weight.cols / kBlockInputs;
-  const int64_t block_bytes = packed.panel_bytes / blocks;  // plain layouts: no headers
-  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
-    const Block* rows[kPanelWidth];
-    for (int i = 0; i < kPanelWidth; ++i) {
-      rows[i] = reinterpret_cast<const Block*>(base + static_cast<size_t>(p * kPanelWidth + i) *
-                                                          row_bytes);
-    }
-    for (int64_t b = 0; b < blocks; ++b) {
-      PackBlock(rows, b, packed.data.get() + p * packed.panel_bytes + b * block_bytes);
-    }
-  }
-}
-
-// F16 or BF16 panels (HalfLayout): each block's 16 rows x 32 values, input
-// by input (F16) or pair by pair (BF16, kPairs).
-template <bool kPairs>
-void PackHalfPanels(const Weight& weight, PackedWeight& packed) {
-  const auto* src = static_cast<const uint16_t*>(weight.data);
-  constexpr int64_t kBlockValues = HalfLayout::kBlockBytes / 2;
-  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
-    auto* panel = reinterpret_cast<uint16_t*>(packed.data.get() + p * packed.panel_bytes);
-    for (int64_t b = 0; b < weight.cols / kBlockInputs; ++b) {
-      uint16_t* block = panel + b * kBlockValues;
-      for (int64_t i = 0; i < kPanelWidth; ++i) {
-        const uint16_t* row = src + (p * kPanelWidth + i) * weight.cols + b * kBlockInputs;
-        for (int64_t k = 0; k < kBlockInputs; ++k) {
-          const int64_t at = kPairs ? k / 2 * 32 + 2 * i + k % 2 : k * kPanelWidth + i;
-          block[at] = row[k];
-        }
-      }
-    }
-  }
-}
-
-// The panels of a Block32 type in format F.
-template <typename F>
-void PackBlock32Panels(const Weight& weight, PackedWeight& packed) {
-  const size_t row_bytes = RowBytes(weight.dtype, weight.cols);
-  const auto* base = static_cast<const uint8_t*>(weight.data);
-  for (int64_t p = 0; p < weight.rows / kPanelWidth; ++p) {
-    for (int64_t b = 0; b < weight.cols / kBlockInputs; ++b) {
-      Block32 rows[kPanelWidth];
-      for (int i = 0; i < kPanelWidth; ++i) {
-        rows[i] = ReadBlock32(weight.dtype,
-                              base + static_cast<size_t>(p * kPanelWidth + i) * row_bytes, b);
-      }
-      uint8_t* panel = packed.data.get() + p * packed.panel_bytes;
-      F::Pack(rows, panel + HeaderOffset<typename F::L>(b), panel + BlockOffset<typename F::L>(b));
-    }
-  }
-}
-
 // Calls f(F{}) with the packed format of `dtype`.
 template <typename Fn>
 auto WithFormat(DType dtype, Fn&& f) {
@@ -488,82 +347,14 @@ auto WithFormat(DType dtype, Fn&& f) {
 
 }  // namespace
 
-bool CanPackWeight(DType dtype, int64_t rows, int64_t cols) {
-  const bool half = dtype == DType::kF16 || dtype == DType::kBF16;
-  return (dtype == DType::kQ4_0 || dtype == DType::kQ4_1 || dtype == DType::kQ5_0 ||
-          dtype == DType::kQ8_0 || HasBlock32(dtype) || half) &&
-         rows > 0 && rows % kPanelWidth == 0 && cols > 0 &&
-         cols % std::max<int64_t>(Info(dtype).block_elements, kBlockInputs) == 0;
-}
-
-int64_t PackedWeightBytes(DType dtype, int64_t rows, int64_t cols) {
-  return rows / kPanelWidth *
-         WithFormat(dtype, [&](auto f) { return PanelBytes<typename decltype(f)::L>(cols); });
-}
-
-std::unique_ptr<PackedWeight> AllocatePanels(const Weight& weight, int64_t panel_bytes) {
-  auto packed = std::make_unique<PackedWeight>();
-  packed->dtype = weight.dtype;
-  packed->rows = weight.rows;
-  packed->cols = weight.cols;
-  packed->panel_bytes = panel_bytes;
-  const size_t bytes = static_cast<size_t>(weight.rows / kPanelWidth * panel_bytes);
-  constexpr size_t kAlignment = 64;
-  packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
-                      kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)),
-                  std::free};
-  std::memset(packed->data.get(), 0, bytes);
-  return packed;
-}
-
-std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
-  std::unique_ptr<PackedWeight> packed =
-      AllocatePanels(weight, PackedWeightBytes(weight.dtype, kPanelWidth, weight.cols));
-  switch (weight.dtype) {
-    case DType::kQ4_1:
-      PackPanels<BlockQ4_1>(weight, *packed);
-      break;
-    case DType::kQ4_0:
-      PackPanels<BlockQ4_0>(weight, *packed);
-      break;
-    case DType::kQ5_0:
-      PackPanels<BlockQ5_0>(weight, *packed);
-      break;
-    case DType::kQ8_0:
-      PackPanels<BlockQ8_0>(weight, *packed);
-      break;
-    case DType::kF16:
-      PackHalfPanels<false>(weight, *packed);
-      break;
-    case DType::kBF16:
-      PackHalfPanels<true>(weight, *packed);
-      break;
-    default:
-      WithFormat(weight.dtype, [&](auto f) {
-        using F = decltype(f);
-        if constexpr (requires { &F::Pack; }) PackBlock32Panels<F>(weight, *packed);
-      });
-      break;
-  }
-  return packed;
-}
-
 void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t n1,
                       const float* bias, std::vector<float>& scratch, const Matrix& out) {
   WithFormat(weight.dtype,
              [&](auto f) { PackedRows<decltype(f)>(weight, x, n0, n1, bias, scratch, out); });
 }
 
-#else  // no AVX-512: nothing is packed (CanPackWeight is false), so the
-       // other two functions are never reached.
-
-bool CanPackWeight(DType, int64_t, int64_t) { return false; }
-
-int64_t PackedWeightBytes(DType, int64_t, int64_t) { return 0; }
-
-std::unique_ptr<PackedWeight> AllocatePanels(const Weight&, int64_t) { return nullptr; }
-
-std::unique_ptr<PackedWeight> PackWeight(const Weight&) { return nullptr; }
+#elif !defined(TANDEM_CPU_AVX2)  // nothing is packed (CanPackWeight is
+                                 // false), so nothing calls this.
 
 void MatMulPackedRows(const PackedWeight&, const Matrix&, int64_t, int64_t, const float*,
                       std::vector<float>&, const Matrix&) {}

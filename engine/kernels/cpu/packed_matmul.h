@@ -1,5 +1,7 @@
 // Quantized weights re-laid out for the float32 matrix product, and the
-// kernels that multiply by them (AVX-512 builds).
+// kernels that multiply by them (AVX-512 and AVX2 builds: packed_panels.cc
+// packs, packed_matmul.cc multiplies with AVX-512, packed_matmul_avx2.cc
+// with AVX2).
 //
 // Why: GGUF keeps each output row's 32-input blocks together, so a vector
 // holds 32 inputs of one row, each output ends in a horizontal sum, and a
@@ -28,7 +30,7 @@
 
 namespace tandem::kernels::cpu {
 
-// Output rows per panel (one AVX-512 vector of floats).
+// Output rows per panel (one AVX-512 vector of floats, two AVX2 ones).
 inline constexpr int64_t kPanelWidth = 16;
 
 // A weight in the packed layout. Panel p covers output rows
@@ -100,6 +102,9 @@ template <int64_t kBytes>
 struct PlainLayout {
   static constexpr int64_t kBlocksPerHeader = 1, kHeaderBytes = 0, kBlockBytes = kBytes;
 };
+using Q4_1Layout = PlainLayout<32 + 32 + 256>;
+using Q4_0Layout = PlainLayout<32 + 256>;
+using Q8_0Layout = PlainLayout<32 + 512>;
 // Five-bit quants: the nibbles, then at this offset from them the fifth bits.
 inline constexpr int64_t kFifthBitsOffset = 256;
 inline constexpr int64_t kFiveBitBytes = kFifthBitsOffset + 64;
@@ -153,7 +158,7 @@ bool HasBf16Panels(DType dtype);
 // not F16 or BF16 (their values are no integers; float32 panels there).
 bool HasInt8Panels(DType dtype);
 
-// Whether this build packs weights of this type and shape (AVX-512; Q4_0,
+// Whether this build packs weights of this type and shape (AVX2 or AVX-512; Q4_0,
 // Q4_1, Q5_0, Q8_0, a Block32 type, F16 or BF16; rows a multiple of 16, cols
 // of 32).
 bool CanPackWeight(DType dtype, int64_t rows, int64_t cols);
