@@ -81,7 +81,8 @@ def reference_error(prompts, reference):
     only where asked). llama.cpp's rounding depends on the CPU it runs on:
     where AVX-512 machines measured KL 0.0005-0.007 between it and us, its
     AVX2 kernels (an AMD EPYC without AVX-512, 2026-12-06) are 0.0227 from
-    float64 on the first prompt, and ours 4e-7."""
+    float64 on the first prompt, and ours 4e-7 (before AVX2 builds had packed
+    panels)."""
     cache = {}
 
     def error(i):

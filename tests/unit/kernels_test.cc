@@ -97,8 +97,8 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
       // and two panels for tiles of up to 8 rows, up to 16 rows (f32) or 32
       // (bf16; 64 for Q4_0, Q4_1 and Q4_K), and multiply dequantized panels
       // in tiles of 8 rows above; q8 takes tiles of up to 4 rows. AVX2's
-      // f32: one panel at a time for up to 2 rows, then dequantized panels
-      // in tiles of 6 rows.
+      // f32: tiles of 2 rows x one panel for up to 4 rows, then dequantized
+      // panels in tiles of 6 rows.
       for (int64_t batch : {2, 3, 4, 5, 8, 9, 16, 17, 37, 64, 65, 72}) {
         std::vector<int64_t> order(static_cast<size_t>(m));
         std::iota(order.begin(), order.end(), 0);
@@ -126,7 +126,7 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
   for (const int64_t n : kMatMulOutputs) {
     // One row, and tiles of eight with a remainder of one: decoded on the
     // fly (9; 17 in bf16) and from dequantized panels (17 in f32; 65 in
-    // bf16).
+    // bf16). AVX2's f32 decodes 1 row on the fly, 9 and 17 from panels.
     for (const int64_t m : {1, 9, 17, 65}) {
       std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
       const std::vector<float> x = RandomRows(m, k, rng);
@@ -218,12 +218,10 @@ TEST(MatMulTest, Q5_0AndIq4NlWithoutPanelsOfTheirOwnBecomeQ8_0BlocksOfExactlyThe
         EXPECT_EQ(wa.dtype, DType::kQ8_0);
         EXPECT_EQ(wa.data, wb.data);  // one widened copy per process
         EXPECT_NE(wa.data, bytes.data());
-#ifdef TANDEM_CPU_AVX2
         // The packed Q8_0 kernels, where the mode packs (q8 without integer
         // panels reads the blocks).
-        EXPECT_EQ(wa.packed != nullptr,
-                  (mode != MatMulMode::kQ8 || HasInt8Products()) && n % 16 == 0);
-#endif
+        EXPECT_EQ(wa.packed != nullptr, (mode != MatMulMode::kQ8 || HasInt8Products()) &&
+                                            CanPackWeight(DType::kQ8_0, n, k));
         // Every value as the original blocks give it, bit for bit.
         for (int64_t r = 0; r < n; ++r) {
           std::vector<float> original(static_cast<size_t>(k)), widened(static_cast<size_t>(k));
@@ -336,8 +334,8 @@ TEST(PackedMatMulTest, FloatPanelsAreOneFmaChainOverExactlyDequantizeRowsWeights
                                 !(mode == MatMulMode::kBf16 && HasBf16Panels(type)) &&
                                 !(int8_panels && HasInt8Panels(type));
       if (!float_panels) continue;
-      // Decoded on the fly (1, 9; AVX2: 1, 2) and from dequantized panels
-      // (17; AVX2: 3, 9 and 17).
+      // Decoded on the fly (AVX-512: 1, 2, 3, 9; AVX2: 1, 2, 3) and from
+      // dequantized panels (AVX-512: 17; AVX2: 9 and 17).
       for (const int64_t m : {1, 2, 3, 9, 17}) {
         const std::vector<float> x = RandomRows(m, k, rng);
         std::vector<int64_t> all(static_cast<size_t>(m));
@@ -556,11 +554,9 @@ TEST(PackedMatMulTest, Q5_0PanelsGiveExactlyTheBitsOfTheQ8_0BlocksItWidensTo) {
     CpuBackend a(2, mode), b(2, mode);
     const Weight own = Upload(a, DType::kQ5_0, n, k, bytes);
     const Weight as_q8_0 = Upload(b, DType::kQ8_0, n, k, widened);
-#ifdef TANDEM_CPU_AVX2
     // Q8_0 blocks in q8 without integer panels (its block kernel).
     EXPECT_EQ(own.dtype == DType::kQ5_0, mode != MatMulMode::kQ8 || HasInt8Products())
         << MatMulModeName(mode);
-#endif
     for (const int64_t m : {1, 4, 9, 17, 33, 70}) {
       const std::vector<float> x = RandomRows(m, k, rng);
       std::vector<int64_t> all(static_cast<size_t>(m));

@@ -35,9 +35,15 @@ constexpr size_t kAlignment = 64;
 // 2: the bf16 mode's KV cache in bfloat16 and its attention in BF16 dot products.
 // 3: that cache in key tiles and value pairs (attention_bf16.h), scores as
 //    one lane per key.
-// 4: AVX2 builds multiply packed panels (packed_matmul_avx2.cc), not the
-//    GGUF blocks.
+// 4: AVX2 builds (without AVX-512) multiply packed panels
+//    (packed_matmul_avx2.cc), not the GGUF blocks; AVX-512 builds' bits did
+//    not change, so they stay at 3 and keep handing requests to daemons of
+//    the revision before.
+#if defined(TANDEM_CPU_AVX2) && !defined(TANDEM_CPU_AVX512)
 constexpr int kKernelRevision = 4;
+#else
+constexpr int kKernelRevision = 3;
+#endif
 
 // Whether a KV cache of `shape` is kept in bfloat16 (the bf16 mode, where
 // its attention kernels exist for the head size and the blocks hold whole

@@ -31,8 +31,11 @@ bool UsesInt8Panels(MatMulMode mode, const Weight& w) {
 }
 // Whether the weight is multiplied by bfloat16 products (the bf16 mode's
 // packed weights but F16's, whose float32 panels keep them exact).
+// (ParseMatMulMode refuses bf16 without the instructions; a backend made
+// with it anyway gets the float32 panels, not the bf16 kernels' no-op.)
 bool UsesBf16Panels(MatMulMode mode, const Weight& w) {
-  return mode == MatMulMode::kBf16 && w.packed != nullptr && HasBf16Panels(w.dtype);
+  return mode == MatMulMode::kBf16 && HasBf16Products() && w.packed != nullptr &&
+         HasBf16Panels(w.dtype);
 }
 // Whether the weight is multiplied by 8-bit activations (integer panels or
 // the block kernels).

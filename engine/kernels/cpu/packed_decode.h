@@ -1,5 +1,6 @@
 // Loads and decodings of packed panels (packed_matmul.h) shared by the
-// float32 and the bfloat16 kernels. AVX-512 builds only.
+// float32 and the bfloat16 kernels: AVX-512 builds; the part that does not
+// depend on the vector width (top-bit words, prefetch) also AVX2 ones.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_PACKED_DECODE_H_
 #define TANDEM_ENGINE_KERNELS_CPU_PACKED_DECODE_H_
 
@@ -9,6 +10,48 @@
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/simd.h"
+
+#ifdef TANDEM_CPU_AVX2
+namespace tandem::kernels::cpu {
+
+// The top-bit word of pair j (bit 2i: row i's input 2j, bit 2i + 1: its
+// input 2j + 1) from the words at `plane` (packed_matmul.h's fifth or sixth
+// bits).
+inline uint32_t TopBitWord(const uint8_t* plane, int j) {
+  uint32_t word;
+  std::memcpy(&word, plane + 4 * j, sizeof(word));
+  return word;
+}
+
+// Software prefetch for the kernels that stream a product's panels from
+// memory once (few activation rows). The hardware prefetchers ramp up per
+// stream, and a small model's panels end before they have (SmolLM2-135M's
+// are 5.8 KB in Q4_1): without this a decode step's 30 layers of products
+// read at ~19 GB/s on the 2-core Zen 4 of docs/performance.md, with it ~30
+// (`tandem-matmul-bench --rows=1 --lm_head=false`).
+//
+// A tile multiplies P consecutive panels block by block, so it reads P
+// streams. For panel p of the tile starting at `tile`, this prefetches the
+// bytes kPrefetchDistance past block b (its header included); a line past
+// the panel's end is taken at the same place in the next tile's panel p,
+// which the next tile reads. Addresses past the weight's end are harmless
+// (a prefetch never faults; they are computed as integers).
+inline constexpr int64_t kPrefetchDistance = 2048;
+
+template <typename L, int P>
+inline void PrefetchAhead(const uint8_t* tile, int64_t panel_bytes, int p, int64_t b) {
+  const uintptr_t panel =
+      reinterpret_cast<uintptr_t>(tile) + static_cast<uintptr_t>(p * panel_bytes);
+  for (int64_t line = 0; line < L::kHeaderBytes + L::kBlockBytes; line += 64) {
+    int64_t offset = BlockOffset<L>(b) + kPrefetchDistance + line;
+    if (offset >= panel_bytes) offset += (P - 1) * panel_bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(panel + static_cast<uintptr_t>(offset)),
+                 _MM_HINT_T0);
+  }
+}
+
+}  // namespace tandem::kernels::cpu
+#endif  // TANDEM_CPU_AVX2
 
 #ifdef TANDEM_CPU_AVX512
 namespace tandem::kernels::cpu {
@@ -40,15 +83,6 @@ inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi
   *hi = _mm512_and_si512(_mm512_srli_epi32(pair, 16), mask);
 }
 
-// The top-bit word of pair j (bit 2i: row i's input 2j, bit 2i + 1: its
-// input 2j + 1) from the words at `plane` (packed_matmul.h's fifth or sixth
-// bits).
-inline uint32_t TopBitWord(const uint8_t* plane, int j) {
-  uint32_t word;
-  std::memcpy(&word, plane + 4 * j, sizeof(word));
-  return word;
-}
-
 // Bits 0, 2, ..., 30 (or, shifted by one, 1, 3, ..., 31) of w as 16 bits.
 inline __mmask16 EvenBits(uint32_t w) {
 #ifdef __BMI2__
@@ -78,33 +112,6 @@ inline void SixBitIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi
   const __m512i thirty_two = _mm512_set1_epi32(32);
   *lo = _mm512_mask_add_epi32(*lo, EvenBits(word), *lo, thirty_two);
   *hi = _mm512_mask_add_epi32(*hi, EvenBits(word >> 1), *hi, thirty_two);
-}
-
-// Software prefetch for the kernels that stream a product's panels from
-// memory once (few activation rows). The hardware prefetchers ramp up per
-// stream, and a small model's panels end before they have (SmolLM2-135M's
-// are 5.8 KB in Q4_1): without this a decode step's 30 layers of products
-// read at ~19 GB/s on the 2-core Zen 4 of docs/performance.md, with it ~30
-// (`tandem-matmul-bench --rows=1 --lm_head=false`).
-//
-// A tile multiplies P consecutive panels block by block, so it reads P
-// streams. For panel p of the tile starting at `tile`, this prefetches the
-// bytes kPrefetchDistance past block b (its header included); a line past
-// the panel's end is taken at the same place in the next tile's panel p,
-// which the next tile reads. Addresses past the weight's end are harmless
-// (a prefetch never faults; they are computed as integers).
-inline constexpr int64_t kPrefetchDistance = 2048;
-
-template <typename L, int P>
-inline void PrefetchAhead(const uint8_t* tile, int64_t panel_bytes, int p, int64_t b) {
-  const uintptr_t panel =
-      reinterpret_cast<uintptr_t>(tile) + static_cast<uintptr_t>(p * panel_bytes);
-  for (int64_t line = 0; line < L::kHeaderBytes + L::kBlockBytes; line += 64) {
-    int64_t offset = BlockOffset<L>(b) + kPrefetchDistance + line;
-    if (offset >= panel_bytes) offset += (P - 1) * panel_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(panel + static_cast<uintptr_t>(offset)),
-                 _MM_HINT_T0);
-  }
 }
 
 }  // namespace tandem::kernels::cpu

@@ -2,13 +2,7 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
-#include <utility>
 
-#include "engine/kernels/cpu/block32.h"
-#include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/simd.h"
@@ -359,6 +353,6 @@ void MatMulPackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, i
 void MatMulPackedRows(const PackedWeight&, const Matrix&, int64_t, int64_t, const float*,
                       std::vector<float>&, const Matrix&) {}
 
-#endif  // TANDEM_CPU_AVX512
+#endif  // TANDEM_CPU_AVX512, else !TANDEM_CPU_AVX2
 
 }  // namespace tandem::kernels::cpu

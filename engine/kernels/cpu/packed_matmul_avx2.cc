@@ -14,10 +14,11 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/matmul_tiling.h"
+#include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/simd.h"
+#include "engine/kernels/dtype.h"
 
 #if defined(TANDEM_CPU_AVX2) && !defined(TANDEM_CPU_AVX512)
 namespace tandem::kernels::cpu {
@@ -26,14 +27,17 @@ namespace {
 constexpr int64_t kBlockInputs = 32;
 
 // Up to this many activation rows the weights are decoded inside the product
-// (OnTheFlyTile, one panel at a time); with more, each panel is dequantized
-// into scratch once and every tile of rows reads it from cache (GemmTile).
-// Measured with `tandem-matmul-bench --cpu_matmul=f32 --lm_head=false` on a
-// 2-core AMD Zen 3 (SmolLM2's 30 layers): on the fly 6.3 ms for 1 row and
-// 7.8 for 2; from scratch 16-19 ms for 3-6 rows, which on the fly took
-// more (tiles of 3 and 4 rows spill: 4 rows 19-32 ms). Two panels at a time
-// for one row spilled too (1.3-1.4x the time of one).
-constexpr int64_t kOnTheFlyMaxRows = 2;
+// (OnTheFlyTile: tiles of 2 rows x 1 panel, the second tile reading the
+// panel from cache); with more, each panel is dequantized into scratch once
+// and every tile of rows reads it from cache (GemmTile). Measured with
+// `tandem-matmul-bench --cpu_matmul=f32 --lm_head=false` on a 2-core AMD
+// Zen 3 (SmolLM2's 30 layers; this machine's times swing by 40%): on the
+// fly 6.2-7.1 ms for 1 row, 7.6-8.7 for 2, 13.1 for 3 and 14.5-14.7 for 4,
+// where dequantizing first took 15.7-19.5 and 16.2-22.2. Tiles of 3 and 4
+// rows, or of one row over two panels, spill (16 registers) and took longer
+// than the 2-row tiles; so did decoding one panel's pair and using it
+// before decoding the next.
+constexpr int64_t kOnTheFlyMaxRows = 4;
 constexpr int kOnTheFlyRows = 2;
 // The scratch kernel's register tile: 6 rows x one panel = 12 sums, two
 // weight vectors and a broadcast activation (BLIS's 6x16 for AVX2).
@@ -47,13 +51,15 @@ struct Ints16 {
   __m256i h[2];
 };
 
-template <typename Op>
-inline Rows16 Map(const Rows16& a, const Rows16& b, Op op) {
-  return {{op(a.h[0], b.h[0]), op(a.h[1], b.h[1])}};
+inline Rows16 Mul(const Rows16& a, const Rows16& b) {
+  return {{_mm256_mul_ps(a.h[0], b.h[0]), _mm256_mul_ps(a.h[1], b.h[1])}};
 }
-inline Rows16 Mul(const Rows16& a, const Rows16& b) { return Map(a, b, _mm256_mul_ps); }
-inline Rows16 Add(const Rows16& a, const Rows16& b) { return Map(a, b, _mm256_add_ps); }
-inline Rows16 Sub(const Rows16& a, const Rows16& b) { return Map(a, b, _mm256_sub_ps); }
+inline Rows16 Add(const Rows16& a, const Rows16& b) {
+  return {{_mm256_add_ps(a.h[0], b.h[0]), _mm256_add_ps(a.h[1], b.h[1])}};
+}
+inline Rows16 Sub(const Rows16& a, const Rows16& b) {
+  return {{_mm256_sub_ps(a.h[0], b.h[0]), _mm256_sub_ps(a.h[1], b.h[1])}};
+}
 inline Rows16 ToFloats(const Ints16& v) {
   return {{_mm256_cvtepi32_ps(v.h[0]), _mm256_cvtepi32_ps(v.h[1])}};
 }
@@ -111,12 +117,6 @@ inline void AddTopBits(uint32_t word, int bit, Ints16* lo, Ints16* hi) {
   }
 }
 
-inline uint32_t TopBitWord(const uint8_t* plane, int j) {
-  uint32_t word;
-  std::memcpy(&word, plane + 4 * j, sizeof(word));
-  return word;
-}
-
 // The five-bit quants (0-31) of inputs 2j (lo) and 2j + 1 (hi) of the 16
 // rows; the six-bit ones (0-63).
 inline void FiveBitIndices(const uint8_t* quants, int j, Ints16* lo, Ints16* hi) {
@@ -126,22 +126,6 @@ inline void FiveBitIndices(const uint8_t* quants, int j, Ints16* lo, Ints16* hi)
 inline void SixBitIndices(const uint8_t* quants, int j, Ints16* lo, Ints16* hi) {
   FiveBitIndices(quants, j, lo, hi);
   AddTopBits(TopBitWord(quants + kSixthBitsOffset, j), 5, lo, hi);
-}
-
-// Software prefetch ahead of the panels that a tile of few rows streams from
-// memory once; see packed_decode.h (the AVX-512 kernels' twin) for why.
-inline constexpr int64_t kPrefetchDistance = 2048;
-
-template <typename L, int P>
-inline void PrefetchAhead(const uint8_t* tile, int64_t panel_bytes, int p, int64_t b) {
-  const uintptr_t panel =
-      reinterpret_cast<uintptr_t>(tile) + static_cast<uintptr_t>(p * panel_bytes);
-  for (int64_t line = 0; line < L::kHeaderBytes + L::kBlockBytes; line += 64) {
-    int64_t offset = BlockOffset<L>(b) + kPrefetchDistance + line;
-    if (offset >= panel_bytes) offset += (P - 1) * panel_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(panel + static_cast<uintptr_t>(offset)),
-                 _MM_HINT_T0);
-  }
 }
 
 // Per packed format: its layout, the scale loads of a block and the decoding

@@ -7,10 +7,11 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/check.h"
 #include "engine/kernels/cpu/block32.h"
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/packed_matmul.h"
-#include "engine/kernels/cpu/simd.h"
+#include "engine/kernels/cpu/simd.h"  // TANDEM_CPU_AVX2 only: the code is scalar
 
 namespace tandem::kernels::cpu {
 
@@ -232,6 +233,7 @@ std::unique_ptr<PackedWeight> AllocatePanels(const Weight& weight, int64_t panel
   packed->data = {static_cast<uint8_t*>(std::aligned_alloc(
                       kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)),
                   std::free};
+  TANDEM_CHECK(packed->data != nullptr, "out of memory for a weight's packed panels");
   std::memset(packed->data.get(), 0, bytes);
   return packed;
 }
@@ -275,7 +277,7 @@ std::unique_ptr<PackedWeight> PackWeight(const Weight& weight) {
       PackBlock32Panels<LevelsPacker>(weight, *packed);
       break;
     default:
-      break;  // CanPackWeight is false for every other type
+      TANDEM_CHECK(false, "PackWeight of a type CanPackWeight refuses");
   }
   return packed;
 }
