@@ -978,7 +978,7 @@ int64_t SchedulerCore::running_prompt_tokens() const {
   return tokens;
 }
 
-PathLoad SchedulerCore::PathLoadNow() const {
+PathLoad SchedulerCore::PathLoadWithout(const Sequence* deciding) const {
   PathLoad load;
   double context = 0;
   for (int lane = 0; lane < kLanes; ++lane) {
@@ -986,6 +986,10 @@ PathLoad SchedulerCore::PathLoadNow() const {
       if (!Decoding(*s)) continue;
       (lane == 0 ? load.colocated_decodes : load.lane_decodes) += 1;
       context += static_cast<double>(s->tokens.size());
+      if (lane == 0 && s.get() != deciding) {
+        load.colocated_tpot_ms =
+            std::min(load.colocated_tpot_ms, absl::ToDoubleMilliseconds(s->request.slo.tpot));
+      }
     }
   }
   const int32_t decoding = load.colocated_decodes + load.lane_decodes;
@@ -1007,6 +1011,7 @@ PathLoad SchedulerCore::PathLoadNow() const {
   load.prompt_arrivals_per_ms = PromptArrivalsPerMs(options_.clock());
   load.max_chunk = options_.max_batched_tokens;
   load.min_chunk = std::min(options_.min_prompt_chunk, options_.max_batched_tokens);
+  load.shared_compute = !options_.remote_decode;
   return load;
 }
 
@@ -1065,7 +1070,7 @@ std::optional<bool> SchedulerCore::SloPrefersDecodeLane(Sequence& seq) {
   int32_t remaining = expected > seq.generated ? expected - seq.generated : seq.generated;
   remaining = std::min(remaining, seq.request.max_tokens - seq.generated);
   if (remaining <= 1) return std::nullopt;
-  PathLoad load = PathLoadNow();
+  PathLoad load = PathLoadWithout(&seq);
   // The load without this stream: the forecasts add it to either path.
   int32_t& here = seq.lane == Lane::kPrefill ? load.colocated_decodes : load.lane_decodes;
   here = std::max(0, here - 1);

@@ -233,7 +233,7 @@ class SchedulerCore {
   // The lane's decoding sequences that are not in flight, as a decode step.
   StepShape DecodeStepShape(Lane lane) const;
   // The load path decisions see (scheduler/slo_path.h).
-  PathLoad PathLoadNow() const;
+  PathLoad PathLoadNow() const { return PathLoadWithout(nullptr); }
   // Prompt tokens arriving per ms: those of the recent arrivals after the
   // first of them, over the time from it to `now` (0 until a few arrived),
   // less each one's prefix cached when it arrived (no compute).
@@ -400,6 +400,9 @@ class SchedulerCore {
                                    const absl::flat_hash_set<uint64_t>& planned, absl::Time now);
   void Preempt(RunningList& list, RunningList::iterator it);
   void MaybeHandOff(Sequence& seq);
+  // PathLoadNow, with `deciding` (the stream whose path is weighed) left out
+  // of the colocated streams' budget.
+  PathLoad PathLoadWithout(const Sequence* deciding) const;
   // The SLO policy: at a decoding sequence's first token and each time its
   // length doubles, whether it is better on the decode lane (or a decode
   // daemon) than colocated; nullopt between those points.

@@ -68,6 +68,16 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
     if (n <= 0) return 0.0;
     return std::min(kMaxShare, model.PredictMs(DecodeShape(n, ctx)) / pace);
   };
+  // The share the colocated streams' steps take of the same compute: a
+  // step with their `n` decodes about once per paced interval of the
+  // tightest of them (`with_this`: this stream among them). On the prefill
+  // lane's steps, prompts or not: paced steps are sized to that interval.
+  auto colocated_share = [&](int32_t n, bool with_this) {
+    if (n <= 0 || !load.shared_compute) return 0.0;
+    const double their_pace = kSloMargin * load.colocated_tpot_ms;
+    const double at = with_this ? std::min(pace, their_pace) : their_pace;
+    return std::min(kMaxShare, model.PredictMs(DecodeShape(n, ctx)) / at);
+  };
   // The share the arriving prompts need, at full-size steps.
   const double full_rate =
       static_cast<double>(load.max_chunk) / model.PredictMs(MixedShape(0, ctx, load.max_chunk));
@@ -113,7 +123,7 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
     const double riding = std::min(tokens, std::ceil(static_cast<double>(prompts) / chunk));
     f.tpot_ms = whole((riding * mixed + (tokens - riding) * steady) / tokens / (1.0 - share));
     if (prompts > 0) f.ttft_ms = static_cast<double>(prompts) / drain_rate(decodes, share);
-    f.load = prompt_share + share;
+    f.load = prompt_share + share + colocated_share(decodes, true);
     f.headroom = Headroom(f.ttft_ms, ttft_budget, f.tpot_ms, tpot_budget);
   }
   // Disaggregated: the decode lane's steps gain a row and take their share;
@@ -126,7 +136,7 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
     if (prompts > 0) {
       f.ttft_ms = static_cast<double>(prompts) / drain_rate(load.colocated_decodes, share);
     }
-    f.load = prompt_share + share;
+    f.load = prompt_share + share + colocated_share(load.colocated_decodes, false);
     f.headroom = Headroom(f.ttft_ms, ttft_budget, f.tpot_ms, tpot_budget);
   }
   // Moving exists to keep a TPOT that colocated steps cannot, and only

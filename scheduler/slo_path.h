@@ -14,7 +14,14 @@
 //                  it sits out while moving spread over its remaining tokens.
 //   load_P         the share of the compute the arriving prompts need (at
 //                  full-size steps) plus the share the decode lane takes on
-//                  P (its streams step about once per paced budget).
+//                  P (its streams step about once per paced budget) plus,
+//                  on one machine, the share the colocated streams' own
+//                  steps take at their paced budget. A stream that moves
+//                  costs the streams that stay: the decode lane's steps are
+//                  a second pass over the weights beside theirs, so a move
+//                  that would break their pace does not pay (with one fixed
+//                  cost per step, two lanes of streams at one tight budget
+//                  serve fewer tokens than one lane of all of them).
 // It moves to the decode lane when colocated steps would not keep its paced
 // TPOT (kSloMargin of the budget), the decode lane would, and the machine has
 // the compute for it: load_disaggregated <= kMaxLoad. Otherwise it stays
@@ -62,6 +69,12 @@ struct PathLoad {
   // Prompt tokens arriving per ms, over the last arrivals, less the prefixes
   // already cached when they arrived (SchedulerCore::PromptArrivalsPerMs).
   double prompt_arrivals_per_ms = 0;
+  // The tightest TPOT budget of the colocated streams (ms; +infinity: none
+  // or no budget to keep): the pace their own steps need.
+  double colocated_tpot_ms = std::numeric_limits<double>::infinity();
+  // The decode lane computes on the same machine as the prefill lane (not a
+  // remote decode daemon): the colocated streams' steps count in its load.
+  bool shared_compute = true;
 };
 
 struct PathForecast {

@@ -223,7 +223,8 @@ TEST(SloPathTest, TightTpotMovesLooseStaysAndABusyMachineKeepsItsCompute) {
   // chunk (5 + 0.6 * 19 = 16.4 ms) while the 1,500 prompt tokens last (94
   // steps), then in decode steps (6.8 ms): 11.3 ms a token over 200 tokens,
   // past the paced 10.8 ms of a 12 ms budget. A decode-lane step of its own
-  // takes 5.6 ms, about half the compute at that pace.
+  // takes 5.6 ms, about half the compute at that pace (the colocated
+  // streams bring no budget of their own here: nothing to keep for them).
   const LatencyBudget tight{absl::Seconds(5), absl::Milliseconds(12)};
   const PathChoice moved = ChoosePath(model, load, tight, 0, 300, 200);
   EXPECT_NEAR(moved.colocated.tpot_ms, (94 * 16.4 + 106 * 6.8) / 200, 0.01);
@@ -233,6 +234,25 @@ TEST(SloPathTest, TightTpotMovesLooseStaysAndABusyMachineKeepsItsCompute) {
   // A loose budget: colocated steps keep it; no move.
   EXPECT_FALSE(ChoosePath(model, load, {absl::Seconds(5), absl::Milliseconds(300)}, 0, 300, 200)
                    .disaggregate);
+  // The two colocated streams at the same tight budget: their own steps
+  // (5 + 0.6 * 2 = 6.2 ms) take 0.57 of the compute at the paced 10.8 ms,
+  // and a decode-lane step beside them (5.6 ms) would take the machine past
+  // its capacity (a second pass over the weights a token): it stays.
+  PathLoad tight_others = load;
+  tight_others.colocated_tpot_ms = 12;
+  const PathChoice stays = ChoosePath(model, tight_others, tight, 0, 300, 200);
+  EXPECT_NEAR(stays.disaggregated.load, (5.6 + 6.2) / 10.8, 0.01);
+  EXPECT_FALSE(stays.disaggregate);
+  // Theirs loose (300 ms): their steps take little of the compute, it moves.
+  tight_others.colocated_tpot_ms = 300;
+  const PathChoice moves = ChoosePath(model, tight_others, tight, 0, 300, 200);
+  EXPECT_NEAR(moves.disaggregated.load, 5.6 / 10.8 + 6.2 / 270, 0.01);
+  EXPECT_TRUE(moves.disaggregate);
+  // On a remote decode daemon the decode lane's steps take none of this
+  // machine's compute, whatever the colocated streams' budget.
+  tight_others.colocated_tpot_ms = 12;
+  tight_others.shared_compute = false;
+  EXPECT_TRUE(ChoosePath(model, tight_others, tight, 0, 300, 200).disaggregate);
   // Prompts arriving at 0.4 of the machine's prompt rate: with the decode
   // lane's half the compute would be oversubscribed; it stays.
   PathLoad busy = load;
