@@ -986,9 +986,9 @@ PathLoad SchedulerCore::PathLoadWithout(const Sequence* deciding) const {
       if (!Decoding(*s)) continue;
       (lane == 0 ? load.colocated_decodes : load.lane_decodes) += 1;
       context += static_cast<double>(s->tokens.size());
-      if (lane == 0 && s.get() != deciding) {
-        load.colocated_tpot_ms =
-            std::min(load.colocated_tpot_ms, absl::ToDoubleMilliseconds(s->request.slo.tpot));
+      if (s.get() != deciding) {
+        double& tightest = lane == 0 ? load.colocated_tpot_ms : load.lane_tpot_ms;
+        tightest = std::min(tightest, absl::ToDoubleMilliseconds(s->request.slo.tpot));
       }
     }
   }
@@ -1011,7 +1011,7 @@ PathLoad SchedulerCore::PathLoadWithout(const Sequence* deciding) const {
   load.prompt_arrivals_per_ms = PromptArrivalsPerMs(options_.clock());
   load.max_chunk = options_.max_batched_tokens;
   load.min_chunk = std::min(options_.min_prompt_chunk, options_.max_batched_tokens);
-  load.shared_compute = !options_.remote_decode;
+  load.shared_compute = options_.lanes_share_compute && !options_.remote_decode;
   return load;
 }
 

@@ -118,6 +118,11 @@ struct SchedulerOptions {
   // Hand requests due for decoding to other daemons (TakeOffers) instead of
   // a local decode lane.
   bool remote_decode = false;
+  // The decode lane's steps compute on the prefill lane's compute (one
+  // pool): a move to it costs the colocated streams (slo_path.h, load_P).
+  // false: it has threads of its own (--decode_reserved_threads), or
+  // (remote_decode) another daemon.
+  bool lanes_share_compute = true;
   // How long a prefill daemon holds an offered request's blocks for the
   // decode daemon to read them.
   absl::Duration kv_lease = absl::Seconds(30);

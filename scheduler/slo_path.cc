@@ -62,21 +62,27 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
   const double pace = kSloMargin * Ms(slo.tpot);
   const int32_t streams = load.colocated_decodes + load.lane_decodes;
   const double ctx = (load.mean_context * streams + static_cast<double>(context)) / (streams + 1.0);
-  // The share of the compute a decode lane of `n` streams takes: a step
-  // about once per paced interval.
-  auto lane_share = [&](int32_t n) {
+  // The share of the compute `n` decoding streams take: a step of theirs
+  // about once per paced interval of the tightest budget among them
+  // (`tpot_ms` of the others; `with_this`: this stream among them).
+  auto share_at = [&](int32_t n, double tpot_ms, bool with_this) {
     if (n <= 0) return 0.0;
-    return std::min(kMaxShare, model.PredictMs(DecodeShape(n, ctx)) / pace);
-  };
-  // The share the colocated streams' steps take of the same compute: a
-  // step with their `n` decodes about once per paced interval of the
-  // tightest of them (`with_this`: this stream among them). On the prefill
-  // lane's steps, prompts or not: paced steps are sized to that interval.
-  auto colocated_share = [&](int32_t n, bool with_this) {
-    if (n <= 0 || !load.shared_compute) return 0.0;
-    const double their_pace = kSloMargin * load.colocated_tpot_ms;
-    const double at = with_this ? std::min(pace, their_pace) : their_pace;
+    const double theirs = kSloMargin * tpot_ms;
+    const double at = with_this ? std::min(pace, theirs) : theirs;
     return std::min(kMaxShare, model.PredictMs(DecodeShape(n, ctx)) / at);
+  };
+  // The decode lane's share. A remote lane's budgets are not known here
+  // (+infinity): its streams are taken to keep this stream's pace.
+  auto lane_share = [&](int32_t n, bool with_this) {
+    const bool known = std::isfinite(load.lane_tpot_ms);
+    return share_at(n, known ? load.lane_tpot_ms : Ms(slo.tpot), with_this || !known);
+  };
+  // The share the colocated streams' own steps take of the same compute
+  // (on one shared pool only): paced steps are sized to their interval,
+  // prompts or not. (The prompts' share above counts full-size steps, so
+  // their fixed cost is counted twice here: it errs towards staying.)
+  auto colocated_share = [&](int32_t n, bool with_this) {
+    return load.shared_compute ? share_at(n, load.colocated_tpot_ms, with_this) : 0.0;
   };
   // The share the arriving prompts need, at full-size steps.
   const double full_rate =
@@ -110,7 +116,7 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
   // prompt_share of the time and decode steps otherwise.
   {
     const int32_t decodes = load.colocated_decodes + 1;
-    const double share = lane_share(load.lane_decodes);
+    const double share = lane_share(load.lane_decodes, false);
     PathForecast& f = choice.colocated;
     // Chunks sized so that a step, slowed by the decode lane's share, keeps
     // the pace (as the dispatcher sizes them from the slack it sees).
@@ -129,7 +135,7 @@ PathChoice ChoosePath(const StepTimeModel& model, const PathLoad& load, const La
   // Disaggregated: the decode lane's steps gain a row and take their share;
   // the move costs a step sat out, spread over the remaining tokens.
   {
-    const double share = lane_share(load.lane_decodes + 1);
+    const double share = lane_share(load.lane_decodes + 1, true);
     PathForecast& f = choice.disaggregated;
     const double step = model.PredictMs(DecodeShape(load.lane_decodes + 1, ctx));
     f.tpot_ms = whole(step * (1.0 + 1.0 / tokens));

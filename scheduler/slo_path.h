@@ -14,7 +14,8 @@
 //                  it sits out while moving spread over its remaining tokens.
 //   load_P         the share of the compute the arriving prompts need (at
 //                  full-size steps) plus the share the decode lane takes on
-//                  P (its streams step about once per paced budget) plus,
+//                  P (its streams step about once per paced budget, the
+//                  tightest of theirs and, moving, this stream's) plus,
 //                  on one machine, the share the colocated streams' own
 //                  steps take at their paced budget. A stream that moves
 //                  costs the streams that stay: the decode lane's steps are
@@ -51,11 +52,13 @@ namespace tandem::scheduler {
 // The share of a stream's TPOT budget the scheduler plans to use (the rest
 // absorbs prediction error and start-up jitter).
 inline constexpr double kSloMargin = 0.9;
-// The most of the compute the arriving prompts and the decode lane may need
-// together for a move to the decode lane.
+// The most of the compute the arriving prompts, the decode lane and (on one
+// shared compute pool) the colocated streams' steps may need together for a
+// move to the decode lane.
 inline constexpr double kMaxLoad = 0.9;
 
-// The load a path decision sees (SchedulerCore::PathLoadNow).
+// The load a path decision sees (SchedulerCore::PathLoadNow; a decision
+// leaves the stream it weighs out, SchedulerCore::PathLoadWithout).
 struct PathLoad {
   int32_t colocated_decodes = 0;  // streams decoding on the prefill lane (this one not counted)
   int32_t lane_decodes = 0;       // streams on the decode lane (remote: the peer's)
@@ -69,9 +72,12 @@ struct PathLoad {
   // Prompt tokens arriving per ms, over the last arrivals, less the prefixes
   // already cached when they arrived (SchedulerCore::PromptArrivalsPerMs).
   double prompt_arrivals_per_ms = 0;
-  // The tightest TPOT budget of the colocated streams (ms; +infinity: none
-  // or no budget to keep): the pace their own steps need.
+  // The tightest TPOT budget of the colocated streams and of the decode
+  // lane's (ms; +infinity: no other stream there, or a remote decode
+  // daemon's, whose budgets this daemon does not see): the pace their steps
+  // keep. The stream whose path is weighed is left out of both.
   double colocated_tpot_ms = std::numeric_limits<double>::infinity();
+  double lane_tpot_ms = std::numeric_limits<double>::infinity();
   // The decode lane computes on the same machine as the prefill lane (not a
   // remote decode daemon): the colocated streams' steps count in its load.
   bool shared_compute = true;
@@ -80,7 +86,7 @@ struct PathLoad {
 struct PathForecast {
   double ttft_ms = 0;   // the prompts waiting now, until their first tokens
   double tpot_ms = 0;   // this stream's mean over its whole output
-  double load = 0;      // the share of the compute prompts and the decode lane need
+  double load = 0;      // the share of the compute prompts and the two lanes' streams need
   double headroom = 0;  // min(1 - ttft / budget, 1 - tpot / budget)
 };
 

@@ -157,6 +157,8 @@ scheduler::SchedulerOptions SchedulerOptionsFor(const DaemonOptions& options,
   sched.block_size = model.block_size();
   sched.kv_blocks = model.kv_blocks();
   sched.decode_kv_blocks = model.decode_kv_blocks();
+  // Reserved decode threads: the lanes share no compute.
+  sched.lanes_share_compute = options.dispatch.shared_compute;
   sched.context_length = model.context_length();
   const StepCosts& costs = model.step_costs();
   sched.speculation.draft_cost = costs.draft;

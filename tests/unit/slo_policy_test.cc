@@ -183,6 +183,25 @@ TEST(SloPolicyTest, TightTpotGoesToTheDecodeLaneLooseStaysColocated) {
   EXPECT_EQ(slo.tokens, Simulate(shape, Policy::kColocated).tokens);
 }
 
+TEST(SloPolicyTest, ATightStreamAmongLooseOnesStillMoves) {
+  // Six long streams with a loose TPOT (50 ms) decode colocated when a
+  // stream with a tight one (2.5 ms) comes, and a long prompt right after
+  // it: colocated, its steps would carry that prompt's chunks (3.3 ms).
+  // The loose streams' steps need little of the compute at their pace
+  // (1.6 ms a paced 45), so it moves. Were its own budget taken for
+  // theirs, their steps (1.6 ms a paced 2.25) and a decode lane's beside
+  // them would be past the machine, and it would stay.
+  const LoadShape shape{"tight-among-loose",
+                        {{16, 1500, 6, 0, 100, 100, 50},
+                         {16, 120, 1, 700, 0, 100, 2.5},
+                         {1000, 4, 1, 705, 0, 2000, 50}}};
+  const Outcome slo = Simulate(shape, Policy::kSlo);
+  ASSERT_EQ(slo.paths.size(), 8u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(slo.paths[i], Path::kColocated) << i;
+  EXPECT_EQ(slo.paths[6], Path::kDisaggregated);
+  EXPECT_EQ(slo.tokens, Simulate(shape, Policy::kColocated).tokens);
+}
+
 // An overloaded machine: the SLO policy on 64-token steps (chunks of at
 // least 16) and 24 colocated streams of `output` tokens from 0 ms whose
 // decode step alone (1 + 0.1 * 24 = 3.4 ms) is past their 2 ms TPOT budget.
@@ -402,6 +421,9 @@ ClosedLoopOutcome RunClosedLoop(const ClosedLoop& load, Policy policy) {
     out.met_tpot += tpot <= load.tpot_ms ? 1 : 0;
     out.moved += r->finish.has_value() && r->finish->path == Path::kDisaggregated ? 1 : 0;
   }
+  EXPECT_GT(end, 0.0);
+  EXPECT_FALSE(gaps.empty());
+  if (gaps.empty()) return out;
   out.tokens_per_ms = tokens / end;
   std::sort(gaps.begin(), gaps.end());
   out.p99_gap = gaps[gaps.size() * 99 / 100];
