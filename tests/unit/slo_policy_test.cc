@@ -430,10 +430,20 @@ ClosedLoopOutcome RunClosedLoop(const ClosedLoop& load, Policy policy) {
   return out;
 }
 
-void Print(const std::string& label, const ClosedLoopOutcome& o) {
-  std::cout << label << ": " << o.tokens_per_ms << " tokens a ms, TPOT met " << o.met_tpot << " of "
-            << o.total << ", moved " << o.moved << ", inter-token p99 " << o.p99_gap
-            << " ms, longest TTFT " << o.max_ttft << " ms\n";
+// The load under colocated serving and under the SLO policy, each printed.
+struct ClosedLoopPair {
+  ClosedLoopOutcome colocated;
+  ClosedLoopOutcome slo;
+};
+
+ClosedLoopPair RunBothPolicies(const ClosedLoop& load) {
+  ClosedLoopPair both{RunClosedLoop(load, Policy::kColocated), RunClosedLoop(load, Policy::kSlo)};
+  for (const auto& [label, o] : {std::pair{"colocated", &both.colocated}, {"slo", &both.slo}}) {
+    std::cout << label << ": " << o->tokens_per_ms << " tokens a ms, TPOT met " << o->met_tpot
+              << " of " << o->total << ", moved " << o->moved << ", inter-token p99 " << o->p99_gap
+              << " ms, longest TTFT " << o->max_ttft << " ms\n";
+  }
+  return both;
 }
 
 TEST(SloPolicyTest, StreamsAtOneTightBudgetStayInOneLane) {
@@ -446,10 +456,7 @@ TEST(SloPolicyTest, StreamsAtOneTightBudgetStayInOneLane) {
   ClosedLoop load;
   load.fixed = 4.0;
   load.tpot_ms = 1.2 * load.AllStreamsStepMs();
-  const ClosedLoopOutcome colocated = RunClosedLoop(load, Policy::kColocated);
-  const ClosedLoopOutcome slo = RunClosedLoop(load, Policy::kSlo);
-  Print("colocated", colocated);
-  Print("slo", slo);
+  const auto [colocated, slo] = RunBothPolicies(load);
   EXPECT_EQ(colocated.met_tpot, colocated.total);
   EXPECT_EQ(slo.met_tpot, slo.total);
   EXPECT_EQ(slo.moved, 0);
@@ -468,10 +475,7 @@ TEST(SloPolicyTest, ABudgetNoPolicyCanKeepCostsNoThroughputAndNoTail) {
   ClosedLoop load;
   load.per = 0.4;
   load.tpot_ms = 0.8 * load.AllStreamsStepMs();
-  const ClosedLoopOutcome colocated = RunClosedLoop(load, Policy::kColocated);
-  const ClosedLoopOutcome slo = RunClosedLoop(load, Policy::kSlo);
-  Print("colocated", colocated);
-  Print("slo", slo);
+  const auto [colocated, slo] = RunBothPolicies(load);
   EXPECT_GE(slo.tokens_per_ms, 0.95 * colocated.tokens_per_ms);
   EXPECT_LE(slo.p99_gap, 1.05 * colocated.p99_gap);
 }
