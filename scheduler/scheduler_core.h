@@ -406,7 +406,7 @@ class SchedulerCore {
   void Preempt(RunningList& list, RunningList::iterator it);
   void MaybeHandOff(Sequence& seq);
   // PathLoadNow, with `deciding` (the stream whose path is weighed) left out
-  // of the colocated streams' budget.
+  // of the lanes' tightest budgets (colocated_tpot_ms, lane_tpot_ms).
   PathLoad PathLoadWithout(const Sequence* deciding) const;
   // The SLO policy: at a decoding sequence's first token and each time its
   // length doubles, whether it is better on the decode lane (or a decode

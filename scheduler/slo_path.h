@@ -78,8 +78,9 @@ struct PathLoad {
   // keep. The stream whose path is weighed is left out of both.
   double colocated_tpot_ms = std::numeric_limits<double>::infinity();
   double lane_tpot_ms = std::numeric_limits<double>::infinity();
-  // The decode lane computes on the same machine as the prefill lane (not a
-  // remote decode daemon): the colocated streams' steps count in its load.
+  // The decode lane computes on the prefill lane's compute pool (not threads
+  // of its own, nor a remote decode daemon): the colocated streams' steps
+  // count in its load.
   bool shared_compute = true;
 };
 
