@@ -145,8 +145,8 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
       // significant bits (relative error at most 2^-9), the quants exact.
       // Q5_0 and IQ4_NL decode to the values of the Q8_0 blocks they widen to
       // (by panels of their own, or as those blocks where they have none); q8
-      // multiplies packed weights by integer panels where the CPU has VNNI,
-      // and without them the types it has no block kernel for by the float32
+      // multiplies packed weights by integer panels where the build has them
+      // (AVX2 or VNNI), and without them the types it has no block kernel for by the float32
       // panels.
       // F16 is multiplied by its float32 panels in every mode, BF16 by them
       // in q8.
@@ -451,12 +451,15 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
   // packed_matmul_int8.h's arithmetic, computed here by scalar code from the
   // GGUF blocks: exact integer dots per run, fma(D * a.d, dot, acc), then
   // fma(M, a.ds, acc). A reordered quant, a wrong bias, a run's scale or a
-  // minimum taken wrongly changes the bits. One row (four panels at a time),
-  // three and nine rows (tiles of four and a remainder).
-  if (!HasInt8Products()) GTEST_SKIP() << "no AVX-512 VNNI in this build";
+  // minimum taken wrongly changes the bits. Row counts that take each tile
+  // shape of both kernels: one row (VNNI: four panels at a time; AVX2: one
+  // panel), two, three and nine (VNNI: tiles of four rows and a remainder;
+  // AVX2: of two).
+  if (!HasInt8Products()) GTEST_SKIP() << "no integer panels in this build (no AVX2)";
   std::mt19937 rng(37);
   ExpectPanelContract(
-      MatMulMode::kQ8, {1, 3, 9}, rng, [&](int64_t m, int64_t k) { return RandomRows(m, k, rng); },
+      MatMulMode::kQ8, {1, 2, 3, 9}, rng,
+      [&](int64_t m, int64_t k) { return RandomRows(m, k, rng); },
       [](const float* x, const uint8_t* row, DType type, int64_t blocks) {
         std::vector<ActivationBlock> a(static_cast<size_t>(blocks));
         QuantizeActivationRow(x, blocks * 32, a.data());
@@ -476,6 +479,53 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
         }
         return acc;
       });
+}
+
+TEST(MatMulQ8Test, QuantizedActivationsAreTheirDefinitionBitForBit) {
+  // matmul_q8.h's blocks, computed here one value at a time: d = amax / 127
+  // rounded through half precision, q = nearbyint(x * (127 / amax)) (ties to
+  // even), the sums of each 16 quants, s and ds. The vector code must give
+  // the same bits: a wrong lane order, rounding or sum changes them. Blocks
+  // of random values, of zeros, and of values on the rounding ties.
+  std::mt19937 rng(53);
+  const int64_t blocks = 24;
+  std::vector<float> x = RandomRows(1, blocks * 32, rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(32 + j)] = 0.0f;  // block 1
+  for (int j = 0; j < 32; ++j) {  // block 2: amax 127, so each quant is x rounded
+    x[static_cast<size_t>(64 + j)] = j == 0 ? -127.0f : static_cast<float>(j) - 15.5f;
+  }
+  x[100] *= 1e-30f;  // a block whose quants are mostly tiny against one large
+  x[101] = 3e4f;
+  std::vector<ActivationBlock> got(static_cast<size_t>(blocks));
+  QuantizeActivationRow(x.data(), blocks * 32, got.data());
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* v = &x[static_cast<size_t>(b * 32)];
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sums[2] = {0, 0};
+    const ActivationBlock& a = got[static_cast<size_t>(b)];
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(v[j] * inverse));
+      ASSERT_EQ(a.q[j], q) << "block " << b << ", input " << j;
+      sums[j / 16] += q;
+    }
+    const float d = HalfToFloat(FloatToHalf(amax / 127.0f));
+    EXPECT_EQ(a.sums[0], sums[0]) << "block " << b;
+    EXPECT_EQ(a.sums[1], sums[1]) << "block " << b;
+    EXPECT_EQ(Float2Bits(a.d), Float2Bits(d)) << "block " << b;
+    EXPECT_EQ(Float2Bits(a.ds), Float2Bits(d * static_cast<float>(sums[0] + sums[1])))
+        << "block " << b;
+    EXPECT_EQ(
+        Float2Bits(a.s),
+        Float2Bits(HalfToFloat(FloatToHalf(amax / 127.0f * static_cast<float>(sums[0] + sums[1])))))
+        << "block " << b;
+  }
+  // Block 2's ties went to even: -15.5 -> -16, -14.5 -> -14, 0.5 -> 0.
+  EXPECT_EQ(got[2].q[0], -127);
+  EXPECT_EQ(got[2].q[1], -14);
+  EXPECT_EQ(got[2].q[16], 0);
+  EXPECT_EQ(got[2].q[17], 2);
 }
 
 TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {

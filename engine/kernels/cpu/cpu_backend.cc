@@ -120,10 +120,17 @@ std::string CpuBackend::name() const {
 }
 
 std::string CpuBackend::arithmetic() const {
-  // q8 has integer panels only where the build has VNNI (without, the
-  // K-quants take float32 panels: other bits).
-  const std::string_view vnni = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products() ? "+vnni" : "";
-  return StrCat("cpu-", kIsa, vnni, "/", MatMulModeName(matmul_mode_), "/r", kKernelRevision);
+  // q8 multiplies integer panels wherever the build has AVX2 (VNNI's kernel
+  // or AVX2's, the same bits); without, the Q4_0, Q4_1 and Q8_0 blocks and
+  // float32 panels for the K-quants: other bits. "+int8" marks AVX2 builds
+  // since their integer panels came (before, their q8 read the blocks).
+#if defined(TANDEM_CPU_AVX512) && defined(__AVX512VNNI__)
+  constexpr std::string_view kInt8 = "+vnni";
+#else
+  constexpr std::string_view kInt8 = "+int8";
+#endif
+  const std::string_view int8 = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products() ? kInt8 : "";
+  return StrCat("cpu-", kIsa, int8, "/", MatMulModeName(matmul_mode_), "/r", kKernelRevision);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {

@@ -26,8 +26,8 @@ enum class MatMulMode {
   // (logits within ~1e-2 of a float64 evaluation). The default.
   kF32,
   // 8-bit activations (llama.cpp's CPU scheme) times the exact quants as
-  // integer dot products: every packable quantized type where the CPU has
-  // AVX-512 VNNI (packed_matmul_int8.h), else Q8_0/Q4_0/Q4_1 blocks; F16 and
+  // integer dot products: every packable quantized type where the build has
+  // AVX2 or AVX-512 VNNI (packed_matmul_int8.h), else Q8_0/Q4_0/Q4_1 blocks; F16 and
   // BF16 weights as kF32. Fastest; the activation rounding moves logits by
   // ~0.5 on small models.
   kQ8,

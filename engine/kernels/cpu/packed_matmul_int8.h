@@ -1,8 +1,11 @@
 // The q8 mode's products over packed panels: 8-bit activations (matmul_q8.h's
 // blocks of 32) times the exact quants of every packable weight type, as
-// integer dot products (AVX-512 VNNI: 64 multiply-adds an instruction, four
-// per lane, against the bfloat16 kernels' two per lane after decoding each
-// quant to a float).
+// integer dot products. Two kernels, one arithmetic: AVX-512 VNNI's
+// (packed_matmul_int8.cc: 64 multiply-adds an instruction, four per lane,
+// against the bfloat16 kernels' two per lane after decoding each quant to a
+// float) and AVX2's (packed_matmul_int8_avx2.cc: vpmaddubsw, 32 an
+// instruction, against 8 for a float32 FMA after decoding). The formats
+// are in packed_int8_formats.h.
 //
 // Layout: the panels of packed_matmul.h (16 output rows, the same headers
 // and scales in the same places), with each block's quants stored unsigned
@@ -43,7 +46,7 @@
 
 namespace tandem::kernels::cpu {
 
-// Whether this build has the AVX-512 VNNI integer dot products (then q8
+// Whether this build has integer dot products (AVX-512 VNNI or AVX2; then q8
 // multiplies every packable weight by these kernels).
 bool HasInt8Products();
 
