@@ -150,15 +150,15 @@ inline __m256i Quad(const int8_t* q) {
   return _mm256_set1_epi32(quad);
 }
 
-// out rows [row0, row0 + R) x the panel's halves [h0, h0 + C) (C = 2: the
-// whole panel; 1: half h0), for the panel at `panel`, whose first output
-// row is n. Plain loops of constant counts, which unroll: the sums then stay
-// in registers (lambdas that capture the arrays kept them in memory).
-template <typename F, int R, int C>
+// out rows [row0, row0 + R) x the panel at `panel` (whose first output row
+// is n): two columns of 8 outputs, its halves. Plain loops of constant counts, which unroll: the
+// sums then stay in registers (lambdas that captured the arrays kept them in memory).
+template <typename F, int R>
 void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
-          const ActivationBlock* activations, int64_t row0, int h0, const Matrix& out, int64_t n,
+          const ActivationBlock* activations, int64_t row0, const Matrix& out, int64_t n,
           const float* bias) {
   using L = typename F::L;
+  constexpr int C = 2;
   const __m256i levels = F::kLevels ? SignedLevels() : _mm256_setzero_si256();
   const __m256i ones = _mm256_set1_epi16(1);
   constexpr int kQuadsPerRun = 8 / F::kRuns;
@@ -170,7 +170,7 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* header = panel + HeaderOffset<L>(b);
     const uint8_t* block = panel + BlockOffset<L>(b);
-    if (row0 == 0 && h0 == 0) PrefetchAhead<L, 1>(panel, panel_bytes, 0, b);
+    if (row0 == 0) PrefetchAhead<L, 1>(panel, panel_bytes, 0, b);
     const ActivationBlock* a[R];
     for (int r = 0; r < R; ++r) a[r] = activations + (row0 + r) * blocks + b;
 #pragma GCC unroll 2
@@ -183,8 +183,7 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
         for (int k = 0; k < kPerWidening; ++k) {
           const int j = run * kQuadsPerRun + g * kPerWidening + k;
           for (int c = 0; c < C; ++c) {
-            const __m256i w =
-                LoadQuad<F>(block + F::kQuants + kHalfVectorBytes * (h0 + c), j, levels);
+            const __m256i w = LoadQuad<F>(block + F::kQuants + kHalfVectorBytes * c, j, levels);
             for (int r = 0; r < R; ++r) {
               const __m256i p = PairSums<F>(w, Quad(a[r]->q + 4 * j));
               pairs[r][c] = k == 0 ? p : _mm256_add_epi16(pairs[r][c], p);
@@ -200,7 +199,7 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
         }
       }
       for (int c = 0; c < C; ++c) {
-        const __m256 d = D<F>(header, block, run, h0 + c);
+        const __m256 d = D<F>(header, block, run, c);
         for (int r = 0; r < R; ++r) {
           __m256i i = dots[r][c];
           if constexpr (F::kBias != 0 && !kSigned<F>) {
@@ -214,7 +213,7 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
     }
     if constexpr (F::kMin != MinForm::kNone) {
       for (int c = 0; c < C; ++c) {
-        const __m256 m = M<F>(header, block, h0 + c);
+        const __m256 m = M<F>(header, block, c);
         for (int r = 0; r < R; ++r) {
           acc[r][c] = _mm256_fmadd_ps(m, _mm256_set1_ps(a[r]->ds), acc[r][c]);
         }
@@ -223,7 +222,7 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) {
-      const int64_t at = n + 8 * (h0 + c);
+      const int64_t at = n + 8 * c;
       const __m256 v =
           bias != nullptr ? _mm256_add_ps(acc[r][c], _mm256_loadu_ps(bias + at)) : acc[r][c];
       _mm256_storeu_ps(out.Row(row0 + r) + at, v);
@@ -231,11 +230,12 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
   }
 }
 
-// One activation row takes a whole panel at a time (both halves: each line
-// of it is read once). More rows take tiles of up to kTileRows rows x half a
-// panel (the most whose sums fit the 16 registers), every tile of rows
-// passing over one half while it is in cache.
-constexpr int kTileRows = 4;
+// Tiles of 2 rows x 1 panel (2 x 2 x 2 sums, the most that fit 16
+// registers with the decoded quants: 3 rows, or 4 rows x half a panel,
+// spilled and were slower), every tile of rows passing over the panel while
+// it is in cache. One row takes one panel at a time: two panels at once
+// (two streams of memory) was no faster.
+constexpr int kTileRows = 2;
 
 template <typename F>
 void Int8Rows(const PackedWeight& weight, const ActivationBlock* activations, int64_t rows,
@@ -243,15 +243,11 @@ void Int8Rows(const PackedWeight& weight, const ActivationBlock* activations, in
   const int64_t blocks = weight.cols / kBlockInputs;
   for (int64_t n = n0; n < n1; n += kPanelWidth) {
     const uint8_t* panel = weight.data.get() + n / kPanelWidth * weight.panel_bytes;
-    if (rows == 1) {
-      Tile<F, 1, 2>(panel, weight.panel_bytes, blocks, activations, 0, 0, out, n, bias);
-      continue;
-    }
-    for (int64_t r0 = 0; r0 < rows; r0 += 2) {
-      if (rows - r0 >= 2) {
-        Tile<F, 2, 2>(panel, weight.panel_bytes, blocks, activations, r0, 0, out, n, bias);
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      if (rows - r0 >= kTileRows) {
+        Tile<F, kTileRows>(panel, weight.panel_bytes, blocks, activations, r0, out, n, bias);
       } else {
-        Tile<F, 1, 2>(panel, weight.panel_bytes, blocks, activations, r0, 0, out, n, bias);
+        Tile<F, 1>(panel, weight.panel_bytes, blocks, activations, r0, out, n, bias);
       }
     }
   }
