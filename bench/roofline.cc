@@ -1,8 +1,9 @@
 // The machine's own bounds for the CPU figures in docs/performance.md:
 // peak float32 FMA rate, peak bfloat16 dot-product rate (AVX-512 BF16),
-// peak 8-bit integer dot-product rate (AVX-512 VNNI: the bound of
-// --cpu_matmul=q8) and memory read bandwidth, each on --threads threads at
-// once. Prints one `name value` line per bound.
+// peak 8-bit integer dot-product rate (AVX-512 VNNI, or AVX2's vpmaddubsw
+// where there is no VNNI: the bound of --cpu_matmul=q8) and memory read
+// bandwidth, each on --threads threads at once. Prints one `name value` line
+// per bound.
 //
 //   build/bin/tandem-roofline [--threads=2]
 //
@@ -10,7 +11,8 @@
 // product_rates.h) run 12 independent accumulator chains per thread (more
 // than the latency times the issue rate), in registers; the bandwidth loop
 // streams a buffer much larger than the caches with 512-bit loads (256-bit
-// on AVX2 machines, which get only the float32 FMA rate and the bandwidth).
+// on AVX2 machines, which get the float32 FMA rate, the vpmaddubsw rate
+// and the bandwidth).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -111,6 +113,24 @@ uint32_t Int8DotChains(long iterations) {
   for (int i = 1; i < 12; ++i) all = _mm512_xor_si512(all, acc[i]);
   return static_cast<uint32_t>(_mm512_reduce_or_epi32(all));
 }
+#elif defined(__AVX2__)
+// vpmaddubsw and the 16-bit add of its pair sums (what the AVX2 q8 kernel
+// issues per 32 byte products, packed_matmul_int8_avx2.cc), in 12 chains,
+// each multiplying its own accumulator so that no product is shared.
+uint32_t Int8DotChains(long iterations) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi16(static_cast<int16_t>(i));
+  const __m256i b = _mm256_set1_epi8(1);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      acc[i] = _mm256_add_epi16(acc[i], _mm256_maddubs_epi16(acc[i], b));
+    }
+  }
+  __m256i all = acc[0];
+  for (int i = 1; i < 12; ++i) all = _mm256_xor_si256(all, acc[i]);
+  return static_cast<uint32_t>(_mm256_extract_epi32(all, 0));
+}
 #endif
 
 }  // namespace
@@ -138,12 +158,15 @@ int main(int argc, char** argv) {
   // 12 dot products x 16 lanes x 2 pairs x 2 flops per iteration.
   std::printf("bf16_dot_gflops %.1f\n", threads * kIterations * 12.0 * 64 / bf16_seconds / 1e9);
 #endif
-#if defined(__AVX512VNNI__)
   volatile uint32_t int_sink = 0;
   const double int8_seconds =
       OnThreads(threads, [&](int) { int_sink = int_sink + Int8DotChains(kIterations); });
-  // 12 dot products x 16 lanes x 4 pairs x 2 ops per iteration.
+#if defined(__AVX512VNNI__)
+  // 12 dot products x 16 lanes x 4 products x 2 ops per iteration.
   std::printf("int8_dot_gops %.1f\n", threads * kIterations * 12.0 * 128 / int8_seconds / 1e9);
+#else
+  // 12 x 32 byte products x 2 ops per iteration.
+  std::printf("int8_dot_gops %.1f\n", threads * kIterations * 12.0 * 64 / int8_seconds / 1e9);
 #endif
   constexpr size_t kBytes = size_t{1} << 30;
   auto* buffer = static_cast<float*>(std::aligned_alloc(64, kBytes));

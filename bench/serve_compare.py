@@ -162,7 +162,8 @@ def print_bounds(a, measured):
     matmul = a.matmul
     if matmul == "auto":  # as tandemd resolves it
         matmul = "bf16" if "bf16_dot_gflops" in roof else "f32"
-    # Each mode's products: q8 multiplies 8-bit integers (VNNI dot products).
+    # Each mode's products: q8 multiplies 8-bit integers (VNNI dot products, or
+    # AVX2's vpmaddubsw).
     peak_of = {"bf16": "bf16_dot_gflops", "q8": "int8_dot_gops"}
     key = peak_of.get(matmul, "fp32_fma_gflops")
     # Without the instructions the mode falls back to float32 panels.
