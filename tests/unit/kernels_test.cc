@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -484,9 +485,12 @@ TEST(PackedMatMulTest, IntegerPanelsFollowTheirContractBitForBit) {
 TEST(MatMulQ8Test, QuantizedActivationsAreTheirDefinitionBitForBit) {
   // matmul_q8.h's blocks, computed here one value at a time: d = amax / 127
   // rounded through half precision, q = nearbyint(x * (127 / amax)) (ties to
-  // even), the sums of each 16 quants, s and ds. The vector code must give
-  // the same bits: a wrong lane order, rounding or sum changes them. Blocks
-  // of random values, of zeros, and of values on the rounding ties.
+  // even) within -127..127 (NaN -> 0), the sums of each 16 quants, s and ds.
+  // The vector code must give the same bits: a wrong lane order, rounding,
+  // limit or sum changes them. Blocks of random values, of zeros, of values
+  // on the rounding ties, with a NaN, with infinities, and one so small that
+  // 127 / amax overflows. No quant may be -128 (AVX2's integer kernel has no
+  // room for it).
   std::mt19937 rng(53);
   const int64_t blocks = 24;
   std::vector<float> x = RandomRows(1, blocks * 32, rng);
@@ -494,8 +498,12 @@ TEST(MatMulQ8Test, QuantizedActivationsAreTheirDefinitionBitForBit) {
   for (int j = 0; j < 32; ++j) {  // block 2: amax 127, so each quant is x rounded
     x[static_cast<size_t>(64 + j)] = j == 0 ? -127.0f : static_cast<float>(j) - 15.5f;
   }
-  x[100] *= 1e-30f;  // a block whose quants are mostly tiny against one large
+  x[100] *= 1e-30f;  // block 3: quants mostly tiny against one large
   x[101] = 3e4f;
+  x[4 * 32 + 5] = std::numeric_limits<float>::quiet_NaN();  // block 4
+  x[5 * 32 + 7] = std::numeric_limits<float>::infinity();   // block 5
+  x[5 * 32 + 9] = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(6 * 32 + j)] = j % 3 == 0 ? 0.0f : 1e-38f;
   std::vector<ActivationBlock> got(static_cast<size_t>(blocks));
   QuantizeActivationRow(x.data(), blocks * 32, got.data());
   for (int64_t b = 0; b < blocks; ++b) {
@@ -506,13 +514,16 @@ TEST(MatMulQ8Test, QuantizedActivationsAreTheirDefinitionBitForBit) {
     int sums[2] = {0, 0};
     const ActivationBlock& a = got[static_cast<size_t>(b)];
     for (int j = 0; j < 32; ++j) {
-      const int q = static_cast<int>(std::nearbyint(v[j] * inverse));
+      const float r = std::nearbyint(v[j] * inverse);
+      const int q = std::isnan(r) ? 0 : static_cast<int>(std::clamp(r, -127.0f, 127.0f));
       ASSERT_EQ(a.q[j], q) << "block " << b << ", input " << j;
+      ASSERT_GE(a.q[j], -127) << "block " << b << ", input " << j;
       sums[j / 16] += q;
     }
     const float d = HalfToFloat(FloatToHalf(amax / 127.0f));
     EXPECT_EQ(a.sums[0], sums[0]) << "block " << b;
     EXPECT_EQ(a.sums[1], sums[1]) << "block " << b;
+    if (b == 4 || b == 5) continue;  // d, s and ds are NaN or infinite there
     EXPECT_EQ(Float2Bits(a.d), Float2Bits(d)) << "block " << b;
     EXPECT_EQ(Float2Bits(a.ds), Float2Bits(d * static_cast<float>(sums[0] + sums[1])))
         << "block " << b;
@@ -521,11 +532,20 @@ TEST(MatMulQ8Test, QuantizedActivationsAreTheirDefinitionBitForBit) {
         Float2Bits(HalfToFloat(FloatToHalf(amax / 127.0f * static_cast<float>(sums[0] + sums[1])))))
         << "block " << b;
   }
-  // Block 2's ties went to even: -15.5 -> -16, -14.5 -> -14, 0.5 -> 0.
+  // Block 2's ties went to even: -14.5 -> -14, 0.5 -> 0, 1.5 -> 2, 15.5 -> 16.
   EXPECT_EQ(got[2].q[0], -127);
   EXPECT_EQ(got[2].q[1], -14);
   EXPECT_EQ(got[2].q[16], 0);
   EXPECT_EQ(got[2].q[17], 2);
+  EXPECT_EQ(got[2].q[31], 16);
+  // The NaN's quant is 0. Infinities make amax infinite and the inverse 0,
+  // so theirs are NaN, then 0. The tiny block's inverse is infinite: its
+  // zeros give NaN (0) and the rest the limit 127.
+  EXPECT_EQ(got[4].q[5], 0);
+  EXPECT_EQ(got[5].q[7], 0);
+  EXPECT_EQ(got[5].q[9], 0);
+  EXPECT_EQ(got[6].q[0], 0);
+  EXPECT_EQ(got[6].q[1], 127);
 }
 
 TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {

@@ -20,6 +20,7 @@
 #include "engine/kernels/cpu/dequantize.h"
 #include "engine/kernels/cpu/elementwise.h"
 #include "engine/kernels/cpu/matmul_q8.h"
+#include "engine/kernels/cpu/packed_int8_formats.h"
 #include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/simd.h"
 #include "engine/kernels/half.h"
@@ -122,9 +123,10 @@ std::string CpuBackend::name() const {
 std::string CpuBackend::arithmetic() const {
   // q8 multiplies integer panels wherever the build has AVX2 (VNNI's kernel
   // or AVX2's, the same bits); without, the Q4_0, Q4_1 and Q8_0 blocks and
-  // float32 panels for the K-quants: other bits. "+int8" marks AVX2 builds
-  // since their integer panels came (before, their q8 read the blocks).
-#if defined(TANDEM_CPU_AVX512) && defined(__AVX512VNNI__)
+  // float32 panels for the K-quants: other bits. "+int8" marks builds that
+  // multiply them by AVX2's kernel (AVX2 CPUs, and AVX-512 ones without
+  // VNNI), since those panels came (before, their q8 read the blocks).
+#ifdef TANDEM_CPU_INT8_VNNI
   constexpr std::string_view kInt8 = "+vnni";
 #else
   constexpr std::string_view kInt8 = "+int8";

@@ -12,6 +12,17 @@ namespace {
 
 inline float RoundThroughHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
+// A rounded activation times 127 / amax, kept to -127..127 whatever the
+// input: NaN (a NaN activation, or 0 times the infinite inverse of a block
+// whose largest magnitude is below ~3.7e-37) becomes 0, and a product past
+// the limits (an infinite activation) the limit. The integer kernels rely on
+// it: AVX2's sign trick has no room for -128 (packed_matmul_int8_avx2.cc).
+inline float QuantLimits(float r) {
+  if (std::isnan(r)) return 0.0f;
+  r = r > -127.0f ? r : -127.0f;
+  return r < 127.0f ? r : 127.0f;
+}
+
 // A weight block as 32 signed integers, its scale and its offset (m for
 // Q4_1; 0 for the symmetric formats, whose offset is folded into q).
 struct UnpackedBlock {
@@ -158,7 +169,9 @@ void QuantizeActivationRow(const float* x, int64_t elements, ActivationBlock* ou
 #ifdef TANDEM_CPU_AVX2
     // The scalar loop below, 8 lanes at a time: the maximum is exact in any
     // order (a NaN is skipped, as std::max skips it), the rounding is
-    // nearbyint's (to nearest, ties to even) and the sums are integers.
+    // nearbyint's (to nearest, ties to even), the limits the same compares
+    // (maxps and minps return their second operand for a NaN, which is 0
+    // by then) and the sums are integers.
     __m256 in[4];
     __m256 lane_max = _mm256_setzero_ps();
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -170,8 +183,11 @@ void QuantizeActivationRow(const float* x, int64_t elements, ActivationBlock* ou
     const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
     __m256i q[4];
     for (int i = 0; i < 4; ++i) {
-      q[i] = _mm256_cvttps_epi32(_mm256_round_ps(_mm256_mul_ps(in[i], _mm256_set1_ps(inverse)),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      __m256 r = _mm256_round_ps(_mm256_mul_ps(in[i], _mm256_set1_ps(inverse)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));  // NaN -> 0
+      r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+      q[i] = _mm256_cvttps_epi32(r);
     }
     // int32 -> int8 (values -127..127), the lanes back in input order.
     const __m256i words =
@@ -191,7 +207,7 @@ void QuantizeActivationRow(const float* x, int64_t elements, ActivationBlock* ou
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int j = 0; j < 32; ++j) {
-      const int q = static_cast<int>(std::nearbyint(v[j] * inverse));
+      const int q = static_cast<int>(QuantLimits(std::nearbyint(v[j] * inverse)));
       out[b].q[j] = static_cast<int8_t>(q);
       halves[j / 16] += q;
     }

@@ -24,7 +24,9 @@ struct ActivationBlock {
 // other types by the float32 kernels).
 bool HasQ8Kernel(DType dtype);
 
-// Quantizes `elements` floats (a multiple of 32) into blocks.
+// Quantizes `elements` floats (a multiple of 32) into blocks: q =
+// nearbyint(x * 127 / amax) per block, always within -127..127 (a NaN
+// product becomes 0, an infinite one the limit).
 void QuantizeActivationRow(const float* x, int64_t elements, ActivationBlock* out);
 
 // out[r][n] (+ bias[n]) for every activation row r < rows and weight rows

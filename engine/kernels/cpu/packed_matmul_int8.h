@@ -20,7 +20,9 @@
 //     planes of their top bits (the room the float panels' top-bit words
 //     take).
 // Biases: Q4_0 8 (its stored nibble), Q5_0 16, Q8_0 128, Q6_K 32, IQ4 128 (the nibble
-// is a level index; a byte shuffle gives level + 128); the others 0.
+// is a level index; a byte shuffle gives level + 128); the others 0. (AVX2's
+// kernel takes Q8_0's and IQ4's off before its products instead: an XOR, and
+// a shuffle to the level itself. The integer sums are the same.)
 //
 // Arithmetic (the determinism contract of backend.h). Per output element,
 // with the activation block's scale a.d, its quants a.q and their sums:

@@ -5,6 +5,7 @@
 
 #include "common/strings.h"
 #include "engine/kernels/cpu/packed_matmul.h"
+#include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
@@ -91,10 +92,15 @@ const AutoMatMulChoice& AutoMatMulMode() {
     const MatMulMode mode = ChooseAutoMatMulMode(rates);
     std::string reason =
         rates.bf16_dot_gflops == 0
-            ? StrCat("this CPU has no AVX-512 BF16 products (float32 FMA ",
-                     static_cast<int>(rates.fp32_fma_gflops),
-                     " GFLOP/s a thread); --cpu_matmul=q8 multiplies 8-bit activations by "
-                     "integer products, faster here and less exact (docs/operations.md)")
+            ? StrCat("this CPU has no AVX-512 BF16 products",
+                     rates.fp32_fma_gflops > 0
+                         ? StrCat(" (float32 FMA ", static_cast<int>(rates.fp32_fma_gflops),
+                                  " GFLOP/s a thread)")
+                         : "",
+                     HasInt8Products() ? "; --cpu_matmul=q8 multiplies 8-bit activations by "
+                                         "integer products, faster here and less exact "
+                                         "(docs/operations.md)"
+                                       : "")
             : StrCat("bfloat16 dot products ", static_cast<int>(rates.bf16_dot_gflops),
                      " GFLOP/s a thread against float32 FMA ",
                      static_cast<int>(rates.fp32_fma_gflops), " (bf16 where at least ",
