@@ -12,6 +12,7 @@ namespace {
 
 inline float RoundThroughHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
+#ifndef TANDEM_CPU_AVX2  // (the vector code's own compares below)
 // A rounded activation times 127 / amax, kept to -127..127 whatever the
 // input: NaN (a NaN activation, or 0 times the infinite inverse of a block
 // whose largest magnitude is below ~3.7e-37) becomes 0, and a product past
@@ -22,6 +23,7 @@ inline float QuantLimits(float r) {
   r = r > -127.0f ? r : -127.0f;
   return r < 127.0f ? r : 127.0f;
 }
+#endif
 
 // A weight block as 32 signed integers, its scale and its offset (m for
 // Q4_1; 0 for the symmetric formats, whose offset is folded into q).
