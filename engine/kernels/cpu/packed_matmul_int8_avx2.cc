@@ -17,12 +17,10 @@
 //     (the quant, or the level: -128..127) and the sign trick: |s| times x
 //     with s's sign, at most 2 * 128 * 127 = 32,512, and no bias to take off.
 //     (The activations are -127..127: QuantizeActivationRow.)
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "engine/kernels/cpu/block32.h"
-#include "engine/kernels/cpu/matmul_tiling.h"
 #include "engine/kernels/cpu/packed_decode.h"
 #include "engine/kernels/cpu/packed_int8_formats.h"
 #include "engine/kernels/cpu/packed_matmul_int8.h"
