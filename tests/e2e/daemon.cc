@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/integration/test_model.h"
 #include "tests/test_paths.h"
 
 extern char** environ;
@@ -91,9 +92,17 @@ Daemon::Daemon(std::vector<std::string> extra) {
                                    // ones. `extra` comes after: a test that
                                    // compares measured figures sets it back.
                                    "--startup_measure_rounds=1"};
-  bool has_model = false;
-  for (const std::string& e : extra) has_model |= e.rfind("--model=", 0) == 0;
+  bool has_model = false, sets_threads = false;
+  for (const std::string& e : extra) {
+    has_model |= e.rfind("--model=", 0) == 0;
+    sets_threads |= e.rfind("--threads", 0) == 0 || e.rfind("--decode_reserved_threads", 0) == 0;
+  }
   if (!has_model) args.push_back("--model=" + model);
+  // The CPUs per ctest job (TestComputeThreads), unless the test sizes the
+  // pool itself; run alone, the daemon's default (every CPU).
+  if (const int threads = TestComputeThreads(0); threads > 0 && !sets_threads) {
+    args.push_back("--threads=" + std::to_string(threads));
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -144,11 +144,12 @@ Request Sampled(const std::vector<int32_t>& prompt, int32_t max_tokens, float te
 
 class SpeculativeDecodingTest : public ::testing::Test {
  protected:
-  // The real model on one 2-thread worker, a small KV cache, no proposers.
+  // The real model on one worker (2 threads when run alone), a small KV
+  // cache, no proposers.
   static server::ServingModelOptions TestOptions() {
     server::ServingModelOptions options;
     options.model_path = testing::TestModelPath();
-    options.threads = 2;
+    options.threads = testing::TestComputeThreads(2);
     options.decode_worker = false;
     options.pin_threads = false;
     options.kv_cache_bytes = int64_t{96} << 20;

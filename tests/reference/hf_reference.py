@@ -3,9 +3,9 @@ merges, token types, pre-tokenizer name): an independent implementation of
 the tokenizer our engine reads from the same file."""
 import functools
 
-import gguf
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+import gguf_files
 import probe
 
 CONTROL, USER_DEFINED = 3, 4
@@ -22,7 +22,7 @@ def _pre_tokenizer(name):
 
 @functools.lru_cache(maxsize=1)
 def tokenizer():
-    reader = gguf.GGUFReader(probe.MODEL)
+    reader = gguf_files.read(probe.MODEL)
     f = reader.fields
     tokens = f["tokenizer.ggml.tokens"].contents()
     types = f["tokenizer.ggml.token_type"].contents()

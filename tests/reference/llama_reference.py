@@ -10,7 +10,8 @@ import probe
 @functools.lru_cache(maxsize=1)
 def model(n_ctx=1024):
     import llama_cpp
-    return llama_cpp.Llama(probe.MODEL, n_ctx=n_ctx, n_threads=2, n_threads_batch=2,
+    return llama_cpp.Llama(probe.MODEL, n_ctx=n_ctx, n_threads=probe.THREADS,
+                           n_threads_batch=probe.THREADS,
                            logits_all=True, verbose=False)
 
 

@@ -34,13 +34,14 @@ import functools
 import gguf
 import numpy as np
 
+import gguf_files
 import probe
 
 
 @functools.lru_cache(maxsize=1)
 def model(path=None):
     """(config, float64 tensors) of the GGUF file at `path` (the test model by default)."""
-    reader = gguf.GGUFReader(path or probe.MODEL)
+    reader = gguf_files.read(path or probe.MODEL)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
     arch = meta["general.architecture"]
     tensors = {}

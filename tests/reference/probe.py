@@ -14,6 +14,11 @@ import numpy as np
 
 PROBE = os.environ.get("TANDEM_PROBE", "build/bin/tandem-probe")
 MODEL = os.environ.get("TANDEM_TEST_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+# Compute threads of the probe and of llama.cpp: the CPUs per ctest job
+# (scripts/test sets TANDEM_TEST_THREADS: 1 on a 2-core machine at -j2),
+# else 2. Two tests side by side that each compute on both CPUs wait on each
+# other's preempted threads: 220 s against 57-80 s on one thread each.
+THREADS = int(os.environ.get("TANDEM_TEST_THREADS") or 2)
 
 
 @contextlib.contextmanager
@@ -60,7 +65,7 @@ def require_matmul(mode):
 def run(command, lines, *flags):
     """Runs a probe subcommand with one input line per item; returns stdout lines."""
     out = subprocess.run(
-        [PROBE, command, f"--model={MODEL}", *flags],
+        [PROBE, command, f"--model={MODEL}", f"--threads={THREADS}", *flags],
         input="".join(line + "\n" for line in lines),
         capture_output=True, text=True, check=False)
     if out.returncode != 0:

@@ -8,6 +8,7 @@ llama.cpp) read the very same file."""
 import gguf
 import numpy as np
 
+import gguf_files
 import probe
 import sdist
 
@@ -51,7 +52,7 @@ def write(path, arch, seed=0):
     arch, _, matrices = arch.partition("-")
     c = CONFIGS[arch]
     rng = np.random.default_rng(seed)
-    source = gguf.GGUFReader(sdist.vocab_file(c["vocab"]) if "vocab" in c else probe.MODEL)
+    source = gguf_files.read(sdist.vocab_file(c["vocab"]) if "vocab" in c else probe.MODEL)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(path, arch)
     if matrices == "bf16":  # every F16 tensor below becomes BF16

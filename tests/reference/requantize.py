@@ -7,12 +7,14 @@ import re
 
 import gguf
 
+import gguf_files
+
 
 def requantize(source, target, rules):
     """`rules`: [(regular expression over tensor names, GGMLQuantizationType)];
     the first that matches a whole name applies. Returns {name: type} of the
     tensors requantized."""
-    reader = gguf.GGUFReader(source)
+    reader = gguf_files.read(source)
     writer = gguf.GGUFWriter(target, reader.fields["general.architecture"].contents())
     for field in reader.fields.values():
         # The architecture and the GGUF.* header fields are the writer's own.

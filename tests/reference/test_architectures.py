@@ -108,8 +108,8 @@ def test_the_bf16_mode_follows_float64_on_bf16_weights(tmp_path):
 def test_llama_cpp_makes_the_same_choices(arch_file, prompt):
     import llama_cpp
     _, path = arch_file
-    llm = llama_cpp.Llama(path, n_ctx=256, n_threads=2, n_threads_batch=2, logits_all=True,
-                          verbose=False)
+    llm = llama_cpp.Llama(path, n_ctx=256, n_threads=probe.THREADS,
+                          n_threads_batch=probe.THREADS, logits_all=True, verbose=False)
     continuation = []
     for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
         continuation.append(int(token))

@@ -1,9 +1,9 @@
 """Our chat templates against the Jinja templates they stand for, rendered
 by jinja2 as Hugging Face transformers renders them."""
-import gguf
 import jinja2
 import pytest
 
+import gguf_files
 import hf_reference
 import probe
 
@@ -34,7 +34,7 @@ def render(template, conversation, bos_token=""):
 
 
 def model_template():
-    return gguf.GGUFReader(probe.MODEL).fields["tokenizer.chat_template"].contents()
+    return gguf_files.read(probe.MODEL).fields["tokenizer.chat_template"].contents()
 
 
 def test_chatml_rendering_equals_the_models_jinja_template():

@@ -3,9 +3,10 @@ real tensors and on synthetic files covering every supported type."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFWriter
 from gguf.quants import dequantize
 
+import gguf_files
 import probe
 
 REAL = ["token_embd.weight", "blk.0.attn_q.weight", "blk.7.ffn_down.weight",
@@ -14,7 +15,7 @@ REAL = ["token_embd.weight", "blk.0.attn_q.weight", "blk.7.ffn_down.weight",
 
 @pytest.mark.parametrize("name", REAL)
 def test_real_tensors_match(name):
-    tensor = next(t for t in GGUFReader(probe.MODEL).tensors if t.name == name)
+    tensor = next(t for t in gguf_files.read(probe.MODEL).tensors if t.name == name)
     expected = dequantize(tensor.data, tensor.tensor_type).reshape(-1).astype(np.float32)
     ours = probe.dequantize(probe.MODEL, name)
     np.testing.assert_array_equal(ours, expected)
@@ -62,7 +63,7 @@ def synthetic(tmp_path_factory):
 
 def test_every_supported_type_matches(synthetic):
     path, kinds = synthetic
-    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    tensors = {t.name: t for t in gguf_files.read(path).tensors}
     for kind in kinds:
         t = tensors[kind.name]
         expected = dequantize(t.data, t.tensor_type).reshape(-1).astype(np.float32)

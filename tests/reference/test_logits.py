@@ -20,10 +20,10 @@ large: 0.5-1.4, KL up to 0.015. A 10x epsilon error moves our logits by at most
 see it: test_model_config_matches_the_gguf_metadata checks the epsilon (and
 every other hyper-parameter) against the gguf package's reading of the file.
 """
-import gguf
 import numpy as np
 import pytest
 
+import gguf_files
 import llama_reference
 import numpy_reference
 import probe
@@ -125,7 +125,7 @@ def test_chunked_and_batched_logits_are_bitwise_identical(prompts, matmul):
     """In the exact mode and in the default one (bf16: bfloat16 activations,
     a bfloat16 KV cache and its attention in BF16 dot products)."""
     probe.require_matmul(matmul)
-    whole = probe.logits(prompts, f"--matmul={matmul}")
+    whole = probe.logits(prompts, f"--matmul={matmul}", "--threads=2")
     for chunk in ["1", "7", "64"]:
         np.testing.assert_array_equal(
             probe.logits(prompts, f"--matmul={matmul}", f"--chunk={chunk}"), whole)
@@ -134,7 +134,7 @@ def test_chunked_and_batched_logits_are_bitwise_identical(prompts, matmul):
 
 
 def test_model_config_matches_the_gguf_metadata():
-    reader = gguf.GGUFReader(probe.MODEL)
+    reader = gguf_files.read(probe.MODEL)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
     arch = meta["general.architecture"]
     ours = dict(line.split("=", 1) for line in probe.run("config", []))

@@ -24,6 +24,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
+import gguf_files
+import probe
+
 BENCH = os.environ.get("TANDEM_BENCH", "build/bin/tandem-bench")
 MODEL = "random:smollm2-135m@5"
 EXACT = {"Q8_0", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"}
@@ -32,7 +35,8 @@ K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}
 
 def write(path, file_type):
     run = subprocess.run([BENCH, f"--model={MODEL}", f"--write_gguf={path}",
-                          f"--type={file_type}"], capture_output=True, text=True, timeout=300)
+                          f"--type={file_type}", f"--threads={probe.THREADS}"],
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     return path
 
@@ -40,7 +44,7 @@ def write(path, file_type):
 def llama_quantize(source, path, file_type):
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
-    params.nthread = 2
+    params.nthread = probe.THREADS
     params.allow_requantize = True
     assert llama_cpp.llama_model_quantize(source.encode(), path.encode(),
                                           ctypes.byref(params)) == 0
@@ -57,33 +61,46 @@ def f32(directory):
     return write(str(directory / "f32.gguf"), "F32")
 
 
+@pytest.fixture(scope="module")
+def our_file(directory):
+    """Our file of a file type, written once for all the tests that read it."""
+    written = {}
+
+    def file_of(file_type):
+        if file_type not in written:
+            written[file_type] = write(str(directory / f"ours-{file_type}.gguf"), file_type)
+        return written[file_type]
+
+    return file_of
+
+
 def tensors(path):
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+    return {t.name: t for t in gguf_files.read(path).tensors}
 
 
 @pytest.mark.parametrize("file_type",
                          ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "BF16", "F16"])
-def test_tensor_types_are_llama_quantizes(directory, file_type):
-    ours = write(str(directory / f"types-{file_type}.gguf"), file_type)
+def test_tensor_types_are_llama_quantizes(our_file, file_type):
+    path = our_file(file_type)
     # The dry run logs each tensor; one it would convert gets "-> <type>".
     script = ("import ctypes, sys, llama_cpp\n"
               "p = llama_cpp.llama_model_quantize_default_params()\n"
               f"p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_{file_type}\n"
               "p.allow_requantize = True\np.dry_run = True\np.nthread = 1\n"
-              f"sys.exit(llama_cpp.llama_model_quantize({ours!r}.encode(), b'unused', "
+              f"sys.exit(llama_cpp.llama_model_quantize({path!r}.encode(), b'unused', "
               "ctypes.byref(p)))\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     listed = [line for line in run.stderr.splitlines() if "type =" in line]
-    assert len(listed) == len(tensors(ours))
+    assert len(listed) == len(tensors(path))
     converted = [line for line in listed if "->" in line]
     assert converted == []
 
 
 @pytest.mark.parametrize("file_type", ["Q4_K_M", "Q5_K_M", "IQ4_XS"])
-def test_blocks_match_or_beat_llama_cpps(directory, f32, file_type):
-    ours = tensors(write(str(directory / f"ours-{file_type}.gguf"), file_type))
+def test_blocks_match_or_beat_llama_cpps(directory, f32, our_file, file_type):
+    ours = tensors(our_file(file_type))
     theirs = tensors(llama_quantize(f32, str(directory / f"llama-{file_type}.gguf"), file_type))
     weights = tensors(f32)
     seen = set()
@@ -113,9 +130,9 @@ def test_blocks_match_or_beat_llama_cpps(directory, f32, file_type):
                     "IQ4_XS": {"IQ4_XS", "IQ4_NL", "Q5_K", "Q8_0"}}[file_type]
 
 
-def test_llama_cpp_runs_the_file_we_wrote(directory):
-    path = write(str(directory / "run-Q4_K_M.gguf"), "Q4_K_M")
-    llm = llama_cpp.Llama(path, n_ctx=128, n_threads=2, verbose=False, logits_all=True)
+def test_llama_cpp_runs_the_file_we_wrote(our_file):
+    path = our_file("Q4_K_M")
+    llm = llama_cpp.Llama(path, n_ctx=128, n_threads=probe.THREADS, verbose=False, logits_all=True)
     llm.eval(list(range(10, 42)))
     logits = np.array(llm.scores[:32])
     assert np.all(np.isfinite(logits))

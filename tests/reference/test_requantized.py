@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+import gguf_files
 import numpy_reference
 import probe
 import requantize
@@ -42,7 +43,7 @@ def llama_quantize(directory, ftype):
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.allow_requantize = True
-    params.nthread = 2
+    params.nthread = probe.THREADS
     assert llama_cpp.llama_model_quantize(probe.MODEL.encode(), path.encode(),
                                           ctypes.byref(params)) == 0
     return path
@@ -59,12 +60,12 @@ def iq4_xs(tmp_path_factory):
 
 
 def test_llama_quantizes_with_the_types_we_load(q4_k_m, iq4_xs):
-    assert {T.Q4_K, T.Q6_K, T.Q5_0} <= {t.tensor_type for t in gguf.GGUFReader(q4_k_m).tensors}
-    assert {T.IQ4_XS, T.IQ4_NL} <= {t.tensor_type for t in gguf.GGUFReader(iq4_xs).tensors}
+    assert {T.Q4_K, T.Q6_K, T.Q5_0} <= {t.tensor_type for t in gguf_files.read(q4_k_m).tensors}
+    assert {T.IQ4_XS, T.IQ4_NL} <= {t.tensor_type for t in gguf_files.read(iq4_xs).tensors}
 
 
 def test_the_file_holds_the_five_bit_types(variant):
-    kinds = {t.name: t.tensor_type for t in gguf.GGUFReader(variant).tensors}
+    kinds = {t.name: t.tensor_type for t in gguf_files.read(variant).tensors}
     assert kinds["blk.0.attn_k.weight"] == T.Q5_0
     assert kinds["blk.29.attn_v.weight"] == T.Q5_0
     assert kinds["blk.7.ffn_down.weight"] == T.Q5_1
@@ -73,7 +74,7 @@ def test_the_file_holds_the_five_bit_types(variant):
 
 @pytest.mark.parametrize("tensor", ["blk.3.attn_k.weight", "blk.3.ffn_down.weight"])
 def test_dequantization_matches_the_package(variant, tensor):
-    t = next(t for t in gguf.GGUFReader(variant).tensors if t.name == tensor)
+    t = next(t for t in gguf_files.read(variant).tensors if t.name == tensor)
     expected = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1).astype(np.float32)
     np.testing.assert_array_equal(probe.dequantize(variant, tensor), expected)
 

@@ -7,9 +7,9 @@ the text of control tokens is plain text."""
 import os
 import subprocess
 
-import gguf
 import pytest
 
+import gguf_files
 import probe
 import sdist
 
@@ -68,7 +68,7 @@ def test_tandem_tokenize_works_on_vocabulary_only_files(name, bos):
     ids = [int(x) for x in encoded.stdout.split()]
     # As a Generate prompt: BOS where the vocabulary asks for it.
     if bos:
-        field = gguf.GGUFReader(vocab_file(name)).fields["tokenizer.ggml.bos_token_id"]
+        field = gguf_files.read(vocab_file(name)).fields["tokenizer.ggml.bos_token_id"]
         assert ids == [int(field.parts[field.data[0]][0])] + expected
     else:
         assert ids == expected

@@ -34,6 +34,17 @@ def generated_stubs():
     return generate_pb2, generate_pb2_grpc
 
 
+def thread_flags(flags):
+    """--threads=$TANDEM_TEST_THREADS (the CPUs per ctest job: scripts/test)
+    unless `flags` size the pool; run alone, the daemon's default. Tests side
+    by side that each compute on every CPU wait on each other's preempted
+    threads (tests/integration/test_model.h)."""
+    threads = os.environ.get("TANDEM_TEST_THREADS")
+    if not threads or any(f.startswith(("--threads", "--decode_reserved_threads")) for f in flags):
+        return []
+    return [f"--threads={threads}"]
+
+
 def free_port():
     """A port of 127.0.0.1 that is free now, drawn from below the ephemeral
     range (where outgoing connections take their source ports, so a client of
@@ -105,7 +116,7 @@ class Daemon:
              f"--http_port={self.http_port}",
              # One timed round of the start-up measurement: tests start
              # many daemons and need its figures, not precise ones.
-             "--startup_measure_rounds=1", *flags],
+             "--startup_measure_rounds=1", *thread_flags(flags), *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def health(self):
