@@ -126,8 +126,9 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
   steps.emplace_back(kSharedWidth, context);
   std::vector<std::vector<double>> runs(steps.size());
   // Round 0 warms up: the widest step (every weight page and the largest
-  // scratch) and the two at `context` (the KV pages), a third of a round's
-  // rows (a whole round was most of a test daemon's start). Past
+  // scratch), the 1-row one (on CUDA its first run is eager and its second
+  // records a graph) and the two at `context` (the KV pages), a third of a
+  // round's rows (a whole round was most of a test daemon's start). Past
   // kMeasureSeconds (a large model, a sanitizer build) it stops after
   // kLeastRounds timed rounds: start-up stays short (the default model
   // takes about 0.7 s for 5 rounds).
@@ -138,7 +139,7 @@ absl::StatusOr<StepCosts> MeasureStepCosts(model::LlamaModel& model, model::Llam
     if (round > kLeastRounds && absl::ToDoubleSeconds(absl::Now() - start) > kMeasureSeconds) break;
     for (size_t i = 0; i < steps.size(); ++i) {
       const auto [width, position] = steps[i];
-      if (round == 0 && width != widest && position == 0) continue;
+      if (round == 0 && width != widest && width != 1 && position == 0) continue;
       const model::SequenceInput in{std::span<const int32_t>(tokens).first(width), position, table,
                                     width};
       absl::StatusOr<double> ms = TimeOnce(model, {&in, 1}, 0);

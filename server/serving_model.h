@@ -78,8 +78,9 @@ struct ServingModelOptions {
   // kv_blocks x its bytes per block).
   std::string draft_model_path;
   // Timed rounds of each start-up measurement (MeasureStepCosts,
-  // MeasureDisaggregationCosts; each figure is their median), after one that
-  // warms up. Fewer start faster with noisier figures: the tests take 1.
+  // MeasureDisaggregationCosts; each figure is their median), after a warm-up
+  // (of every step, or of MeasureStepCosts' widest, 1-row and long-context
+  // ones). Fewer start faster with noisier figures: the tests take 1.
   int measure_rounds = 5;
 };
 

@@ -99,9 +99,11 @@ Daemon::Daemon(std::vector<std::string> extra) {
   }
   if (!has_model) args.push_back("--model=" + model);
   // The CPUs per ctest job (TestComputeThreads), unless the test sizes the
-  // pool itself; run alone, the daemon's default (every CPU).
+  // pool itself; run alone, the daemon's default (every CPU). Unpinned:
+  // side by side, every daemon would pin its helper t to the same CPU t.
   if (const int threads = TestComputeThreads(0); threads > 0 && !sets_threads) {
     args.push_back("--threads=" + std::to_string(threads));
+    args.push_back("--pin_threads=false");
   }
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;

@@ -48,8 +48,11 @@ TEST(SchedulingTest, PathsChunkingAndPreemptionNeverChangeGreedyTokens) {
     v1::PathReason reason;
   };
   const std::vector<Config> configs = {
+      // Every CPU (--threads=0) where the test does not name a count: the
+      // tokens must not depend on the pool's size (the harness would
+      // otherwise give each daemon one thread under ctest: TestComputeThreads).
       {"one worker",
-       {"--disagg_output_threshold=off"},
+       {"--disagg_output_threshold=off", "--threads=0"},
        v1::PATH_COLOCATED,
        v1::PATH_REASON_DISAGGREGATION_OFF},
       {"disaggregated on a reserved decode core",
@@ -61,7 +64,7 @@ TEST(SchedulingTest, PathsChunkingAndPreemptionNeverChangeGreedyTokens) {
        v1::PATH_DISAGGREGATED,
        v1::PATH_REASON_THRESHOLD_REACHED},
       {"disaggregated from the start",
-       {"--disagg_output_threshold=0"},
+       {"--disagg_output_threshold=0", "--threads=0"},
        v1::PATH_DISAGGREGATED,
        v1::PATH_REASON_THRESHOLD_REACHED},
       {"handed over mid-decode",

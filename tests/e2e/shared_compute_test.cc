@@ -18,7 +18,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(SharedComputeE2eTest, ALongPromptYieldsToADecodeStreamAndNeitherAnswerChanges) {
-  Daemon daemon({"--disagg_output_threshold=0"});
+  // Every CPU: the subject is the pool's helpers moving between the lanes.
+  Daemon daemon({"--disagg_output_threshold=0", "--threads=0"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   auto stub = daemon.Stub();
 

@@ -31,9 +31,10 @@ def read(path):
     """The file at `path`, parsed once per process while it stays unchanged
     (tests read the same model's fields and tensors many times)."""
     status = os.stat(path)
-    return _read(os.path.realpath(path), status.st_mtime_ns, status.st_size)
+    return _read(os.path.realpath(path), status.st_dev, status.st_ino, status.st_mtime_ns,
+                 status.st_size)
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path, mtime_ns, size):
+def _read(path, device, inode, mtime_ns, size):
     return Reader(path)

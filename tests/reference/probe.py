@@ -18,7 +18,7 @@ MODEL = os.environ.get("TANDEM_TEST_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.g
 # (scripts/test sets TANDEM_TEST_THREADS: 1 on a 2-core machine at -j2),
 # else 2. Two tests side by side that each compute on both CPUs wait on each
 # other's preempted threads: 220 s against 57-80 s on one thread each.
-THREADS = int(os.environ.get("TANDEM_TEST_THREADS") or 2)
+THREADS = max(0, int(os.environ.get("TANDEM_TEST_THREADS") or 0)) or 2
 
 
 @contextlib.contextmanager

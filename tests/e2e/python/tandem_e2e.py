@@ -39,10 +39,12 @@ def thread_flags(flags):
     unless `flags` size the pool; run alone, the daemon's default. Tests side
     by side that each compute on every CPU wait on each other's preempted
     threads (tests/integration/test_model.h)."""
-    threads = os.environ.get("TANDEM_TEST_THREADS")
-    if not threads or any(f.startswith(("--threads", "--decode_reserved_threads")) for f in flags):
+    threads = int(os.environ.get("TANDEM_TEST_THREADS") or 0)
+    if threads <= 0 or any(f.startswith(("--threads", "--decode_reserved_threads"))
+                           for f in flags):
         return []
-    return [f"--threads={threads}"]
+    # Unpinned: side by side, every daemon would pin its helper t to CPU t.
+    return [f"--threads={threads}", "--pin_threads=false"]
 
 
 def free_port():
