@@ -20,8 +20,8 @@ inline std::string TestModelPath() {
 // which scripts/test sets to the CPUs per ctest job (1 on a 2-core machine
 // at -j2), else `fallback` (a test run alone). Two tests side by side, each
 // computing on every CPU, make two pools wait on each other's preempted
-// threads: two reference tests took 220 s so against 57-80 s on one thread
-// each. Tests whose subject is the threads ask for theirs explicitly.
+// threads: two reference tests took 220-227 s so, against 57-80 s on one
+// thread each. Tests whose subject is the threads ask for theirs explicitly.
 inline int TestComputeThreads(int fallback) {
   const char* threads = std::getenv("TANDEM_TEST_THREADS");
   const int n = threads != nullptr ? std::atoi(threads) : 0;
