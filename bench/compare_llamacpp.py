@@ -14,10 +14,18 @@ def last_argmax(llm):
     return int(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).argmax())
 
 
-def llama(model, threads, prompt_tokens, decode_tokens, repeats):
-    prompt = [100 + (i * 7919) % 40000 for i in range(prompt_tokens)]  # as tandem-bench
+def load_llama(model, threads, prompt_tokens, decode_tokens):
+    """Loads the file once for the whole run (no run times the load; loading
+    a 4-8 GB file again for every pair only made the run longer)."""
+    started = time.perf_counter()
     llm = llama_cpp.Llama(model, n_ctx=prompt_tokens + decode_tokens + 16, n_threads=threads,
                           n_threads_batch=threads, n_batch=prompt_tokens, verbose=False)
+    print(f"llama.cpp loaded the file in {time.perf_counter() - started:.1f} s", flush=True)
+    return llm
+
+
+def llama(llm, prompt_tokens, decode_tokens, repeats):
+    prompt = [100 + (i * 7919) % 40000 for i in range(prompt_tokens)]  # as tandem-bench
     prefill, decode = [], []
     for rep in range(repeats + 1):  # the first is a warm-up
         llm.reset()
@@ -61,10 +69,11 @@ def main():
           f"decode {a.decode_tokens} tokens; {a.pairs} pairs, llama.cpp and each tandem mode "
           "alternating (A B, then B A), median of the pairwise ratios (min, max)")
     runs = {name: [] for name in ["llama.cpp"] + modes}
+    llm = load_llama(a.model, a.threads, a.prompt_tokens, a.decode_tokens)
 
     def measure(name):
         if name == "llama.cpp":
-            return llama(a.model, a.threads, a.prompt_tokens, a.decode_tokens, a.repeats)
+            return llama(llm, a.prompt_tokens, a.decode_tokens, a.repeats)
         return tandem(a.bench, a.model, a.threads, a.prompt_tokens, a.decode_tokens, a.repeats,
                       name)
 

@@ -36,7 +36,8 @@ constexpr int64_t kBlockInputs = 32;
 // where dequantizing first took 15.7-19.5 and 16.2-22.2. Tiles of 3 and 4
 // rows, or of one row over two panels, spill (16 registers) and took longer
 // than the 2-row tiles; so did decoding one panel's pair and using it
-// before decoding the next.
+// before decoding the next, and decoding each 32-input block into L1 once
+// for all the rows (3-16 rows, docs/performance.md, 2026-12-07).
 constexpr int64_t kOnTheFlyMaxRows = 4;
 constexpr int kOnTheFlyRows = 2;
 // The scratch kernel's register tile: 6 rows x one panel = 12 sums, two
@@ -288,46 +289,39 @@ struct Bf16PairFormat {
   }
 };
 
-// out rows [row0, row0 + R) x panels [n, n + 16P): decodes each block as it
-// goes; `first` says whether this is the first tile of rows over these
-// panels (the one that reads them from memory, and prefetches). Every loop
-// over the sums is unrolled by Unroll, so their indices are constants from
-// the start and GCC keeps them in registers (with plain loops it stored
-// them back to the stack at every input).
-template <typename F, int R, int P>
+// out rows [row0, row0 + R) x the panel at n: decodes each block as it goes;
+// `first` says whether this is the first tile of rows over the panel (the
+// one that reads it from memory, and prefetches). Every loop over the sums
+// is unrolled by Unroll, so their indices are constants from the start and
+// GCC keeps them in registers (with plain loops it stored them back to the
+// stack at every input).
+template <typename F, int R>
 void OnTheFlyTile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, const Matrix& x,
                   int64_t row0, bool first, const Matrix& out, int64_t n, const float* bias) {
-  __m256 acc[R][2 * P];  // [row][8-lane half of the P panels]
-  Unroll<0, R>([&](auto r) { Unroll<0, 2 * P>([&](auto v) { acc[r][v] = _mm256_setzero_ps(); }); });
+  __m256 acc[R][2];  // [row][8-lane half of the panel]
+  Unroll<0, R>([&](auto r) { acc[r][0] = acc[r][1] = _mm256_setzero_ps(); });
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block[P];
-    typename F::Scales scales[P];
-    Unroll<0, P>([&](auto p) {
-      const uint8_t* at = panel + p * panel_bytes;
-      block[p] = at + BlockOffset<typename F::L>(b);
-      scales[p] = F::Load(at + HeaderOffset<typename F::L>(b), block[p]);
-      if (first) PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
-    });
+    const uint8_t* block = panel + BlockOffset<typename F::L>(b);
+    const typename F::Scales scales = F::Load(panel + HeaderOffset<typename F::L>(b), block);
+    if (first) PrefetchAhead<typename F::L, 1>(panel, panel_bytes, 0, b);
     Unroll<0, kBlockInputs / 2>([&](auto j) {
-      Rows16 w0[P], w1[P];
-      Unroll<0, P>([&](auto p) { F::DecodePair(block[p], scales[p], j, &w0[p], &w1[p]); });
+      Rows16 w0, w1;
+      F::DecodePair(block, scales, j, &w0, &w1);
       Unroll<0, R>([&](auto r) {
         const float* xr = x.Row(row0 + r) + b * kBlockInputs + 2 * j;
         const __m256 x0 = _mm256_broadcast_ss(xr);
-        Unroll<0, 2 * P>(
-            [&](auto v) { acc[r][v] = _mm256_fmadd_ps(x0, w0[v / 2].h[v % 2], acc[r][v]); });
+        Unroll<0, 2>([&](auto h) { acc[r][h] = _mm256_fmadd_ps(x0, w0.h[h], acc[r][h]); });
         const __m256 x1 = _mm256_broadcast_ss(xr + 1);
-        Unroll<0, 2 * P>(
-            [&](auto v) { acc[r][v] = _mm256_fmadd_ps(x1, w1[v / 2].h[v % 2], acc[r][v]); });
+        Unroll<0, 2>([&](auto h) { acc[r][h] = _mm256_fmadd_ps(x1, w1.h[h], acc[r][h]); });
       });
     });
   }
   Unroll<0, R>([&](auto r) {
     float* o = out.Row(row0 + r) + n;
-    Unroll<0, 2 * P>([&](auto v) {
-      __m256 sum = acc[r][v];
-      if (bias != nullptr) sum = _mm256_add_ps(sum, _mm256_loadu_ps(bias + n + 8 * v));
-      _mm256_storeu_ps(o + 8 * v, sum);
+    Unroll<0, 2>([&](auto h) {
+      __m256 sum = acc[r][h];
+      if (bias != nullptr) sum = _mm256_add_ps(sum, _mm256_loadu_ps(bias + n + 8 * h));
+      _mm256_storeu_ps(o + 8 * h, sum);
     });
   });
 }
@@ -394,8 +388,8 @@ void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t
       for (int64_t row0 = 0; row0 < x.rows; row0 += kOnTheFlyRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kOnTheFlyRows, x.rows - row0));
         WithConstant<kOnTheFlyRows>(rows, [&](auto r) {
-          OnTheFlyTile<F, r(), 1>(panel_at(n), weight.panel_bytes, blocks, x, row0, row0 == 0, out,
-                                  n, bias);
+          OnTheFlyTile<F, r()>(panel_at(n), weight.panel_bytes, blocks, x, row0, row0 == 0, out, n,
+                               bias);
         });
       }
     }
