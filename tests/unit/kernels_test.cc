@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/kernels/cpu/attention_bf16.h"
@@ -116,6 +118,33 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
           }
         }
       }
+    }
+  }
+}
+
+TEST_P(MatMulTest, APromptSplitIntoActivationBlocksGivesEachRowItsBitsAlone) {
+  // 200 rows of 1,024 inputs are 800 KB of float32 activations: matmul.cc
+  // splits them into blocks of at most 256 KB (80, 80 and 40 rows), each
+  // task one block times a range of weight rows. Every row must still get
+  // exactly its bits alone, on one thread and on three.
+  const auto [type, mode] = GetParam();
+  std::mt19937 rng(12);
+  const int64_t k = 1024, m = 200, n = 144;
+  std::vector<uint8_t> bytes = RandomWeights(type, n, k, rng);
+  const std::vector<float> x = RandomRows(m, k, rng);
+  CpuBackend single(1, mode);
+  const Weight single_w = Upload(single, type, n, k, bytes);
+  std::vector<int64_t> all(static_cast<size_t>(m));
+  std::iota(all.begin(), all.end(), 0);
+  for (int threads : {1, 3}) {
+    CpuBackend backend(threads, mode);
+    const Weight w = Upload(backend, type, n, k, bytes);
+    const std::vector<float> out = RunMatMul(backend, w, x, all);
+    for (int64_t r = 0; r < m; ++r) {
+      const std::vector<float> alone = RunMatMul(single, single_w, x, {r});
+      ASSERT_TRUE(SameBits(&out[static_cast<size_t>(r * n)], alone.data(), n))
+          << Info(type).name << " row " << r << " differs in a prompt of " << m << " rows on "
+          << threads << " threads";
     }
   }
 }
@@ -239,29 +268,50 @@ TEST(MatMulTest, Q5_0AndIq4NlWithoutPanelsOfTheirOwnBecomeQ8_0BlocksOfExactlyThe
   }
 }
 
-TEST(MatMulModeTest, AutoChoosesBf16OnlyWhereItsDotProductsClearlyOutrunFloat32) {
-  // The two kinds of machine measured (docs/performance.md): AMD Zen 4, bf16
-  // dot products at twice the float32 FMA's flops; an Intel Xeon without AMX,
-  // at half. And a CPU without the instructions.
-  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 130, .bf16_dot_gflops = 260}),
+TEST(MatMulModeTest, AutoChoosesBf16WhereItsKernelsClearlyShortenAReferenceRequest) {
+  // The three kinds of machine measured (docs/performance.md), their
+  // MeasureModeTimings on one thread. AMD Zen 4: bf16 faster at both.
+  EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 600, .decode_row_us = 30},
+                                  .bf16 = {.prompt_64_rows_us = 300, .decode_row_us = 20}}),
             MatMulMode::kBf16);
-  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 330, .bf16_dot_gflops = 165}),
+  // Intel with AVX-512 BF16 and no AMX: a prompt costs bf16 more, a decode
+  // row much less, and the reference request (512 prompt rows, 128 decode
+  // rows) is what decides.
+  EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 500, .decode_row_us = 60},
+                                  .bf16 = {.prompt_64_rows_us = 550, .decode_row_us = 25}}),
+            MatMulMode::kBf16);
+  // The prompt's weight alone: bf16 faster per decode row, but not by enough
+  // to pay for a slower prompt.
+  EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 500, .decode_row_us = 30},
+                                  .bf16 = {.prompt_64_rows_us = 700, .decode_row_us = 25}}),
             MatMulMode::kF32);
-  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 130, .bf16_dot_gflops = 0}), MatMulMode::kF32);
-  // Near parity the exact mode wins: bf16 must be clearly faster.
-  EXPECT_EQ(ChooseAutoMatMulMode({.fp32_fma_gflops = 130, .bf16_dot_gflops = 180}),
+  // No bf16 instructions (AVX2 CPUs).
+  EXPECT_EQ(
+      ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 500, .decode_row_us = 60}, .bf16 = {}}),
+      MatMulMode::kF32);
+  // Near parity the exact mode wins: bf16 must be clearly faster (f32 at
+  // 1.15x bf16's reference request: 8 x 100 + 128 x 10 = 2,080 us against
+  // 1,808).
+  EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 100, .decode_row_us = 10},
+                                  .bf16 = {.prompt_64_rows_us = 100, .decode_row_us = 7.875}}),
             MatMulMode::kF32);
-  // This machine's measurement: both rates real, bf16 only where the build
-  // has the instructions, and "auto" is what the rule makes of it.
-  const ProductRates rates = MeasureProductRates();
+  EXPECT_DOUBLE_EQ(ReferenceRequestUs({.prompt_64_rows_us = 100, .decode_row_us = 10}), 2080);
+  // This machine's measurement: real times, bf16 only where the build has
+  // the instructions, and "auto" is what the rule makes of it.
+  const ModeTimings timings = MeasureModeTimings();
 #ifdef TANDEM_CPU_AVX512
-  EXPECT_GT(rates.fp32_fma_gflops, 1.0);
+  EXPECT_GT(timings.f32.prompt_64_rows_us, 0);
+  EXPECT_GT(timings.f32.decode_row_us, 0);
+  // 64 rows cost more than one (each row is 256 x 1024 multiply-adds).
+  EXPECT_GT(timings.f32.prompt_64_rows_us, timings.f32.decode_row_us);
 #endif
-  EXPECT_EQ(rates.bf16_dot_gflops > 0, HasBf16Products());
+  EXPECT_EQ(timings.bf16.prompt_64_rows_us > 0, HasBf16Products());
   const absl::StatusOr<MatMulMode> mode = ParseMatMulMode("auto");
   ASSERT_TRUE(mode.ok());
   EXPECT_EQ(*mode, AutoMatMulMode().mode);
   EXPECT_NE(AutoMatMulMode().reason, "");
+  std::printf("auto: %s (%s)\n", std::string(MatMulModeName(*mode)).c_str(),
+              AutoMatMulMode().reason.c_str());
 }
 
 TEST(MatMulTest, BiasIsAddedPerOutputFeature) {

@@ -22,6 +22,16 @@ constexpr int64_t kMinRowsPerTask = 16;
 // weights with the prefetcher's help.
 constexpr int64_t kMaxMultiplyAddsPerTask = int64_t{8} << 20;
 static_assert(kMinRowsPerTask % kPanelWidth == 0, "tasks cover whole packed panels");
+// A prompt's activation rows are split into blocks of at most this many
+// bytes of float32 activations, and each task takes one block times a range
+// of weight rows: the block stays in L2 while the task's panels pass over it.
+// Without it every task (cut to 16 weight rows by kMaxMultiplyAddsPerTask)
+// streamed the whole activation matrix (3 MB for a 512-token chunk of a
+// 1,536-wide input) from L3, and a 512-token prompt's products ran at ~54%
+// of the float32 FMA peak on an Intel Xeon, against ~73% for 64 rows.
+constexpr int64_t kActivationBlockBytes = int64_t{256} << 10;
+// Block heights are multiples of this (the kernels' tiles of rows).
+constexpr int64_t kActivationBlockRowMultiple = 16;
 
 // In q8 mode a packed weight holds integer panels where the CPU has the
 // instructions (CpuBackend::UploadWeight), else float32 ones.
@@ -120,14 +130,31 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
         first_row[w] + (weights[w]->rows + kMinRowsPerTask - 1) / kMinRowsPerTask * kMinRowsPerTask;
   }
   const int64_t total = first_row.back();
+  // Activation row blocks (one for decode steps and short chunks), of
+  // near-equal heights.
+  const int64_t row_blocks_wanted =
+      std::max<int64_t>(1, rows * k * int64_t{sizeof(float)} / kActivationBlockBytes);
+  const int64_t height = (rows + row_blocks_wanted - 1) / row_blocks_wanted;
+  const int64_t row_block_rows = std::max<int64_t>(
+      1, std::min(rows, (height + kActivationBlockRowMultiple - 1) / kActivationBlockRowMultiple *
+                            kActivationBlockRowMultiple));
+  const int64_t row_blocks = (rows + row_block_rows - 1) / row_block_rows;
   const int64_t tasks_wanted = int64_t{pool.size()} * kTasksPerThread;
-  const int64_t rows_per_budget = kMaxMultiplyAddsPerTask / std::max<int64_t>(1, rows * k);
+  const int64_t rows_per_budget =
+      kMaxMultiplyAddsPerTask / std::max<int64_t>(1, row_block_rows * k);
   const int64_t chunk = std::max<int64_t>(
       kMinRowsPerTask, std::min((total + tasks_wanted - 1) / tasks_wanted, rows_per_budget) /
                            kMinRowsPerTask * kMinRowsPerTask);
-  pool.ParallelFor((total + chunk - 1) / chunk, [&](int64_t task, int thread) {
-    const int64_t begin = task * chunk;
+  const int64_t chunks = (total + chunk - 1) / chunk;
+  // Tasks in row-block-major order: the threads work through one block's
+  // weight ranges together, so the block is read into each one's L2 once.
+  pool.ParallelFor(row_blocks * chunks, [&](int64_t task, int thread) {
+    const int64_t r0 = task / chunks * row_block_rows;
+    const int64_t block_rows = std::min(row_block_rows, rows - r0);
+    const int64_t begin = task % chunks * chunk;
     const int64_t end = std::min(total, begin + chunk);
+    const Matrix block_x{x.Row(r0), block_rows, k};
+    auto block_out = [&](size_t w) { return Matrix{outs[w].Row(r0), block_rows, outs[w].cols}; };
     for (size_t w = 0; w < weights.size(); ++w) {
       const int64_t n0 = std::max(begin, first_row[w]) - first_row[w];
       const Weight& weight = *weights[w];
@@ -136,24 +163,28 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
       const float* bias = w < biases.size() && biases[w] != nullptr
                               ? static_cast<const float*>(biases[w]->data)
                               : nullptr;
+      const Matrix out = block_out(w);
+      std::vector<float>& dequantized = scratch.dequantized[static_cast<size_t>(thread)];
       if (UsesInt8Panels(mode, weight)) {
         MatMulPackedInt8Rows(*static_cast<const PackedWeight*>(weight.packed),
-                             scratch.activations.data(), rows, n0, n1, bias, outs[w]);
+                             scratch.activations.data() + r0 * blocks, block_rows, n0, n1, bias,
+                             out);
       } else if (UsesQ8(mode, weight)) {
-        MatMulQ8Rows(weight, scratch.activations.data(), rows, n0, n1, bias, outs[w]);
+        MatMulQ8Rows(weight, scratch.activations.data() + r0 * blocks, block_rows, n0, n1, bias,
+                     out);
       } else if (UsesBf16Panels(mode, weight)) {
         MatMulPackedBf16Rows(*static_cast<const PackedWeight*>(weight.packed),
-                             scratch.bf16_activations.data(), scratch.bf16_block_sums.data(), rows,
-                             n0, n1, bias, scratch.dequantized[static_cast<size_t>(thread)],
-                             outs[w]);
+                             scratch.bf16_activations.data() + r0 * k,
+                             scratch.bf16_block_sums.data() + r0 * blocks, block_rows, n0, n1, bias,
+                             dequantized, out);
       } else if (weight.packed != nullptr) {
-        MatMulPackedRows(*static_cast<const PackedWeight*>(weight.packed), x, n0, n1, bias,
-                         scratch.dequantized[static_cast<size_t>(thread)], outs[w]);
+        MatMulPackedRows(*static_cast<const PackedWeight*>(weight.packed), block_x, n0, n1, bias,
+                         dequantized, out);
       } else if (HasFusedF32Kernel(weight.dtype)) {
-        MatMulF32FusedRows(weight, x, scratch.block_sums.data(), n0, n1, bias, outs[w]);
+        MatMulF32FusedRows(weight, block_x, scratch.block_sums.data() + r0 * blocks, n0, n1, bias,
+                           out);
       } else {
-        MatMulF32DequantRows(weight, x, n0, n1, bias,
-                             scratch.dequantized[static_cast<size_t>(thread)], outs[w]);
+        MatMulF32DequantRows(weight, block_x, n0, n1, bias, dequantized, out);
       }
     }
   });

@@ -27,9 +27,13 @@ constexpr int64_t kBlockInputs = 32;
 // about the same at 16, and more from 32 rows on (its float decoding costs
 // as much as the float32 products it feeds).
 constexpr int64_t kOnTheFlyMaxRows = 16;
-// The scratch kernel's register tile: 8 rows x 2 panels = 16 accumulators.
-constexpr int kGemmRows = 8;
+// The scratch kernel's register tiles: 16 accumulators, as 8 rows x 2
+// panels or, for a task's last panel where its range holds an odd number,
+// 16 rows x 1 panel: 16 independent chains keep both FMA ports busy through
+// the FMA's latency, where 8 rows x 1 panel (8 chains) leaves them idle part
+// of the time.
 constexpr int kGemmPanels = 2;
+constexpr int GemmRows(int panels) { return panels == 1 ? 16 : 8; }
 
 // Per packed format: its layout L (packed_matmul.h), the scale loads of a
 // block (from the block and its header) and the decoding of inputs 2j and
@@ -297,10 +301,11 @@ void PackedRows(const PackedWeight& weight, const Matrix& x, int64_t n0, int64_t
   for (int64_t n = n0; n < n1;) {
     const int panels = static_cast<int>(std::min<int64_t>(kGemmPanels, (n1 - n) / kPanelWidth));
     WithConstant<kGemmPanels>(panels, [&](auto p) {
+      constexpr int kRows = GemmRows(p());
       DequantizePanels<F, p()>(panel_at(n), weight.panel_bytes, blocks, scratch.data());
-      for (int64_t r0 = 0; r0 < x.rows; r0 += kGemmRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kGemmRows, x.rows - r0));
-        WithConstant<kGemmRows>(rows, [&](auto r) {
+      for (int64_t r0 = 0; r0 < x.rows; r0 += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, x.rows - r0));
+        WithConstant<kRows>(rows, [&](auto r) {
           GemmTile<r(), p()>(scratch.data(), weight.cols, x, r0, out, n, bias);
         });
       }

@@ -2,29 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "common/strings.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/simd.h"
+#include "engine/kernels/dtype.h"
 
 namespace tandem::kernels::cpu {
 namespace {
 
 // (Unused where the build has no AVX-512 kernels.)
 [[maybe_unused]] constexpr int kChains = 12;
-constexpr long kMeasuredIterations = 400'000;  // ~3 ms a run on a 3.5 GHz Zen 4 core
-
-// GFLOP/s of one run of `chains(kMeasuredIterations)`, `flops` per iteration.
-template <typename Chains>
-double Rate(Chains chains, double flops_per_iteration) {
-  static volatile float sink = 0;
-  const auto start = std::chrono::steady_clock::now();
-  sink = sink + chains(kMeasuredIterations);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return kMeasuredIterations * flops_per_iteration / std::max(seconds, 1e-9) / 1e9;
-}
 
 }  // namespace
 
@@ -63,48 +55,106 @@ float Bf16DotChains(long iterations) {
 float Bf16DotChains(long) { return 0; }
 #endif
 
-ProductRates MeasureProductRates() {
-  ProductRates rates;
-#ifdef TANDEM_CPU_AVX512
-  for (int round = 0; round < 3; ++round) {
-    // 12 chains x 16 lanes x 2 flops; a dot product does two products a lane.
-    rates.fp32_fma_gflops =
-        std::max(rates.fp32_fma_gflops, Rate(Fp32FmaChains, kChains * 16.0 * 2));
-    if (HasBf16Products()) {
-      rates.bf16_dot_gflops =
-          std::max(rates.bf16_dot_gflops, Rate(Bf16DotChains, kChains * 16.0 * 4));
-    }
-  }
-#endif
-  return rates;
+namespace {
+
+[[maybe_unused]] constexpr int64_t kTimedWeightRows = 256;
+[[maybe_unused]] constexpr int64_t kTimedWeightCols = 1024;
+constexpr int64_t kTimedPromptRows = 64;
+[[maybe_unused]] constexpr int kDecodeRepeats = 8;  // one-row products per timing (each ~20-40 us)
+[[maybe_unused]] constexpr int kRounds = 3;
+
+template <typename Fn>
+double MicrosecondsOf(Fn&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
-MatMulMode ChooseAutoMatMulMode(const ProductRates& rates) {
-  return rates.bf16_dot_gflops > 0 &&
-                 rates.bf16_dot_gflops >= kBf16AutoAdvantage * rates.fp32_fma_gflops
+}  // namespace
+
+#ifdef TANDEM_CPU_AVX512
+ModeTimings MeasureModeTimings() {
+  // The values do not matter to the time (no kernel branches on them); 0x11
+  // bytes make every scale a normal half and every quant 1.
+  std::vector<uint8_t> bytes(RowBytes(DType::kQ4_K, kTimedWeightCols) * kTimedWeightRows, 0x11);
+  const Weight weight{DType::kQ4_K, kTimedWeightRows, kTimedWeightCols, bytes.data()};
+  const std::unique_ptr<PackedWeight> packed = PackWeight(weight);
+  std::vector<float> x(static_cast<size_t>(kTimedPromptRows * kTimedWeightCols), 0.5f);
+  std::vector<float> out(static_cast<size_t>(kTimedPromptRows * kTimedWeightRows));
+  std::vector<uint16_t> xb(x.size());
+  std::vector<float> sums(static_cast<size_t>(kTimedPromptRows * kTimedWeightCols / 32));
+  std::vector<float> scratch;
+  const Matrix out_rows{out.data(), kTimedPromptRows, kTimedWeightRows};
+  const bool bf16 = HasBf16Products();
+  for (int64_t r = 0; r < kTimedPromptRows && bf16; ++r) {
+    RoundActivationsToBf16(x.data() + r * kTimedWeightCols, kTimedWeightCols,
+                           xb.data() + r * kTimedWeightCols,
+                           sums.data() + r * kTimedWeightCols / 32);
+  }
+  auto f32_product = [&](int64_t rows) {
+    MatMulPackedRows(*packed, Matrix{x.data(), rows, kTimedWeightCols}, 0, kTimedWeightRows,
+                     nullptr, scratch, out_rows.FirstRows(rows));
+  };
+  auto bf16_product = [&](int64_t rows) {
+    MatMulPackedBf16Rows(*packed, xb.data(), sums.data(), rows, 0, kTimedWeightRows, nullptr,
+                         scratch, out_rows.FirstRows(rows));
+  };
+  auto time = [&](auto& product, KernelTimes& best, bool timed) {
+    const double prompt = MicrosecondsOf([&] { product(kTimedPromptRows); });
+    const double decode = MicrosecondsOf([&] {
+                            for (int i = 0; i < kDecodeRepeats; ++i) product(1);
+                          }) /
+                          kDecodeRepeats;
+    if (!timed) return;
+    best.prompt_64_rows_us =
+        best.prompt_64_rows_us == 0 ? prompt : std::min(best.prompt_64_rows_us, prompt);
+    best.decode_row_us = best.decode_row_us == 0 ? decode : std::min(best.decode_row_us, decode);
+  };
+  ModeTimings timings;
+  for (int round = 0; round <= kRounds; ++round) {  // round 0 warms up
+    time(f32_product, timings.f32, round > 0);
+    if (bf16) time(bf16_product, timings.bf16, round > 0);
+  }
+  return timings;
+}
+#else
+ModeTimings MeasureModeTimings() { return {}; }
+#endif
+
+double ReferenceRequestUs(const KernelTimes& times) {
+  return kReferencePromptTokens / kTimedPromptRows * times.prompt_64_rows_us +
+         kReferenceOutputTokens * times.decode_row_us;
+}
+
+MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings) {
+  const double bf16 = ReferenceRequestUs(timings.bf16);
+  return bf16 > 0 && ReferenceRequestUs(timings.f32) >= kBf16AutoAdvantage * bf16
              ? MatMulMode::kBf16
              : MatMulMode::kF32;
 }
 
 const AutoMatMulChoice& AutoMatMulMode() {
   static const AutoMatMulChoice choice = [] {
-    const ProductRates rates = MeasureProductRates();
-    const MatMulMode mode = ChooseAutoMatMulMode(rates);
+    const ModeTimings timings = MeasureModeTimings();
+    const MatMulMode mode = ChooseAutoMatMulMode(timings);
+    auto figures = [](const KernelTimes& t) {
+      return StrCat(static_cast<int>(t.prompt_64_rows_us), " us for 64 prompt rows, ",
+                    static_cast<int>(t.decode_row_us * 10) / 10.0, " us for a decode row");
+    };
+    const std::string q8_note = HasInt8Products()
+                                    ? "; --cpu_matmul=q8 multiplies 8-bit activations by integer "
+                                      "products, faster here and less exact (docs/operations.md)"
+                                    : "";
     std::string reason =
-        rates.bf16_dot_gflops == 0
-            ? StrCat("this CPU has no AVX-512 BF16 products",
-                     rates.fp32_fma_gflops > 0
-                         ? StrCat(" (float32 FMA ", static_cast<int>(rates.fp32_fma_gflops),
-                                  " GFLOP/s a thread)")
-                         : "",
-                     HasInt8Products() ? "; --cpu_matmul=q8 multiplies 8-bit activations by "
-                                         "integer products, faster here and less exact "
-                                         "(docs/operations.md)"
-                                       : "")
-            : StrCat("bfloat16 dot products ", static_cast<int>(rates.bf16_dot_gflops),
-                     " GFLOP/s a thread against float32 FMA ",
-                     static_cast<int>(rates.fp32_fma_gflops), " (bf16 where at least ",
-                     kBf16AutoAdvantage, "x)");
+        timings.bf16.decode_row_us == 0
+            ? StrCat("this CPU has no AVX-512 BF16 products", q8_note)
+            : StrCat("a Q4_K product on one thread: f32 ", figures(timings.f32), "; bf16 ",
+                     figures(timings.bf16), "; a ", kReferencePromptTokens, "-token prompt and ",
+                     kReferenceOutputTokens, " output tokens: f32 ",
+                     static_cast<int>(ReferenceRequestUs(timings.f32)), " us, bf16 ",
+                     static_cast<int>(ReferenceRequestUs(timings.bf16)),
+                     " us (bf16 where f32 takes at least ", kBf16AutoAdvantage, "x)", q8_note);
     return AutoMatMulChoice{mode, std::move(reason)};
   }();
   return choice;

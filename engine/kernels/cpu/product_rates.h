@@ -1,11 +1,14 @@
-// What --cpu_matmul=auto decides on: how fast this CPU runs the two products
-// the float32 and bfloat16 modes are built on. Machines differ in the ratio,
-// not by a little: AMD Zen 4 issues bfloat16 dot products (two products a
-// lane) at the float32 FMA rate, so bf16 halves a prompt's compute; Intel
-// cores with AVX-512 BF16 but no AMX run them at half that rate, so f32 (the
-// exact mode) is as fast there. A short measurement of the ratio tells the
-// two apart with a wide margin (about 2 against 0.5), so the choice does
-// not flip with the run-to-run noise of shared machines.
+// What --cpu_matmul=auto decides on: how long this CPU takes, in the
+// float32 and bfloat16 modes, for the two kinds of product a request makes:
+// a prompt's many rows and a decode step's one. Machines differ, and not by
+// a little: AMD Zen 4 issues bfloat16 dot products at the float32 FMA's
+// rate (two products a lane), so bf16 halves a prompt's compute and decodes
+// faster too; Intel cores with AVX-512 BF16 but no AMX run them at half that
+// rate, so there a prompt costs bf16 about what it costs f32 (the exact
+// mode), while a decode step, which turns every weight into a float before
+// multiplying it in f32, still takes bf16 ~0.6x the time. Peak instruction
+// rates alone (the rule before 2026-12-07) saw only the prompt and kept
+// Intel on f32. So the choice times the real kernels on one weight.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 #define TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 
@@ -15,31 +18,47 @@
 
 namespace tandem::kernels::cpu {
 
-// Peak rates in GFLOP/s on one thread (0: the instructions are missing).
-struct ProductRates {
-  double fp32_fma_gflops = 0;
-  double bf16_dot_gflops = 0;
-};
-
 // 12 independent chains in registers of `iterations` float32 FMAs (16
 // lanes) or bfloat16 dot products (16 lanes, two products each); returns a
-// value to keep the work alive. 0 without the instructions.
+// value to keep the work alive. 0 without the instructions. (The peak rates
+// tandem-roofline reports.)
 float Fp32FmaChains(long iterations);
 float Bf16DotChains(long iterations);
 
-// Both rates on the calling thread: the best of three alternating runs of
-// each, ~20 ms in all.
-ProductRates MeasureProductRates();
+// One mode's kernel times on one thread for a Q4_K weight of 256 x 1024
+// (the type of most published GGUFs; small enough to stay in L2, so what is
+// timed is the kernels' arithmetic, the part the modes differ in: both read
+// the same packed panels): microseconds for a product of 64 rows (the
+// dequantized-panel GEMM of prompts), and for one row (decoding on the fly).
+struct KernelTimes {
+  double prompt_64_rows_us = 0;
+  double decode_row_us = 0;
+};
+struct ModeTimings {
+  KernelTimes f32;
+  KernelTimes bf16;  // zeros without the AVX-512 BF16 instructions
+};
 
-// bf16 where its dot products do at least this many times the float32
-// FMA's flops, else f32.
-inline constexpr double kBf16AutoAdvantage = 1.5;
-MatMulMode ChooseAutoMatMulMode(const ProductRates& rates);
+// The best of three alternating rounds of each, after a warm-up: ~10 ms.
+ModeTimings MeasureModeTimings();
+
+// The reference request the modes are weighed on: llama-bench's pp512 +
+// tg128, the shape compare-llamacpp reports too. Its product time is
+// 512 / 64 prompt products plus 128 one-row ones.
+inline constexpr int kReferencePromptTokens = 512;
+inline constexpr int kReferenceOutputTokens = 128;
+double ReferenceRequestUs(const KernelTimes& times);
+
+// bf16 where the reference request's products take f32 at least this many
+// times bf16's time, else f32 (the exact mode wins near parity, and the
+// margin keeps the choice from flipping with a shared machine's noise).
+inline constexpr double kBf16AutoAdvantage = 1.2;
+MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings);
 
 // The auto mode of this process: measured once, on first use.
 struct AutoMatMulChoice {
   MatMulMode mode;
-  std::string reason;  // the rates and the rule, for the start-up log
+  std::string reason;  // the timings and the rule, for the start-up log
 };
 const AutoMatMulChoice& AutoMatMulMode();
 
