@@ -55,11 +55,13 @@ struct Ints16 {
 inline Rows16 Mul(const Rows16& a, const Rows16& b) {
   return {{_mm256_mul_ps(a.h[0], b.h[0]), _mm256_mul_ps(a.h[1], b.h[1])}};
 }
-inline Rows16 Add(const Rows16& a, const Rows16& b) {
-  return {{_mm256_add_ps(a.h[0], b.h[0]), _mm256_add_ps(a.h[1], b.h[1])}};
+// a * b + c and a * b - c in one rounding: DequantizeRow's multiply then
+// add or subtract bit for bit wherever a * b is exact (packed_matmul.cc).
+inline Rows16 MulAdd(const Rows16& a, const Rows16& b, const Rows16& c) {
+  return {{_mm256_fmadd_ps(a.h[0], b.h[0], c.h[0]), _mm256_fmadd_ps(a.h[1], b.h[1], c.h[1])}};
 }
-inline Rows16 Sub(const Rows16& a, const Rows16& b) {
-  return {{_mm256_sub_ps(a.h[0], b.h[0]), _mm256_sub_ps(a.h[1], b.h[1])}};
+inline Rows16 MulSub(const Rows16& a, const Rows16& b, const Rows16& c) {
+  return {{_mm256_fmsub_ps(a.h[0], b.h[0], c.h[0]), _mm256_fmsub_ps(a.h[1], b.h[1], c.h[1])}};
 }
 inline Rows16 ToFloats(const Ints16& v) {
   return {{_mm256_cvtepi32_ps(v.h[0]), _mm256_cvtepi32_ps(v.h[1])}};
@@ -130,9 +132,9 @@ inline void SixBitIndices(const uint8_t* quants, int j, Ints16* lo, Ints16* hi) 
 }
 
 // Per packed format: its layout, the scale loads of a block and the decoding
-// of inputs 2j and 2j + 1 for the panel's 16 rows, with exactly
-// DequantizeRow's arithmetic (as packed_matmul.cc's formats of the same
-// names).
+// of inputs 2j and 2j + 1 for the panel's 16 rows, DequantizeRow's weights
+// bit for bit (as packed_matmul.cc's formats of the same names, which say
+// why a fused multiply-add gives them).
 struct Q4_1Format {
   using L = Q4_1Layout;
   struct Scales {
@@ -144,8 +146,8 @@ struct Q4_1Format {
   static void DecodePair(const uint8_t* block, const Scales& s, int j, Rows16* w0, Rows16* w1) {
     Ints16 lo, hi;
     NibbleIndices(block + 64, j, &lo, &hi);
-    *w0 = Add(Mul(s.d, ToFloats(lo)), s.m);
-    *w1 = Add(Mul(s.d, ToFloats(hi)), s.m);
+    *w0 = MulAdd(s.d, ToFloats(lo), s.m);
+    *w1 = MulAdd(s.d, ToFloats(hi), s.m);
   }
 };
 
@@ -208,8 +210,8 @@ struct ScaledMinFormat {
     } else {
       NibbleIndices(block + L::kQuants, j, &lo, &hi);
     }
-    *w0 = Sub(Mul(s.d, ToFloats(lo)), s.m);
-    *w1 = Sub(Mul(s.d, ToFloats(hi)), s.m);
+    *w0 = MulSub(s.d, ToFloats(lo), s.m);
+    *w1 = MulSub(s.d, ToFloats(hi), s.m);
   }
 };
 
