@@ -54,10 +54,10 @@ struct Q4_1Format {
     return {HalvesAt(block), HalvesAt(block + 32)};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    __m512i lo, hi;
-    NibbleIndices(block + 64, j, &lo, &hi);
-    *w0 = _mm512_fmadd_ps(s.d, _mm512_cvtepi32_ps(lo), s.m);
-    *w1 = _mm512_fmadd_ps(s.d, _mm512_cvtepi32_ps(hi), s.m);
+    __m512 lo, hi;
+    NibbleLevels(block + 64, j, Levels(0), &lo, &hi);
+    *w0 = _mm512_fmadd_ps(s.d, lo, s.m);
+    *w1 = _mm512_fmadd_ps(s.d, hi, s.m);
   }
 };
 
@@ -68,11 +68,10 @@ struct Q4_0Format {
   };
   static Scales Load(const uint8_t* /*header*/, const uint8_t* block) { return {HalvesAt(block)}; }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    const __m512i eight = _mm512_set1_epi32(8);
-    __m512i lo, hi;
-    NibbleIndices(block + 32, j, &lo, &hi);
-    *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)));
-    *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)));
+    __m512 lo, hi;  // quant - 8
+    NibbleLevels(block + 32, j, Levels(-8), &lo, &hi);
+    *w0 = _mm512_mul_ps(s.d, lo);
+    *w1 = _mm512_mul_ps(s.d, hi);
   }
 };
 
@@ -122,14 +121,17 @@ struct ScaledMinFormat {
             _mm512_mul_ps(HalvesAt(header + L::kDmin), UnsignedBytesAt(block + L::kMin))};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    __m512i lo, hi;
+    __m512 lo, hi;
     if constexpr (kFiveBits) {
-      FiveBitIndices(block + L::kQuants, j, &lo, &hi);
+      __m512i lo_bits, hi_bits;
+      FiveBitIndices(block + L::kQuants, j, &lo_bits, &hi_bits);
+      lo = _mm512_cvtepi32_ps(lo_bits);
+      hi = _mm512_cvtepi32_ps(hi_bits);
     } else {
-      NibbleIndices(block + L::kQuants, j, &lo, &hi);
+      NibbleLevels(block + L::kQuants, j, Levels(0), &lo, &hi);
     }
-    *w0 = _mm512_fmsub_ps(s.d, _mm512_cvtepi32_ps(lo), s.m);
-    *w1 = _mm512_fmsub_ps(s.d, _mm512_cvtepi32_ps(hi), s.m);
+    *w0 = _mm512_fmsub_ps(s.d, lo, s.m);
+    *w1 = _mm512_fmsub_ps(s.d, hi, s.m);
   }
 };
 
@@ -171,10 +173,10 @@ struct LevelsFormat {
             _mm512_loadu_ps(kLevels.data())};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    __m512i lo, hi;
-    NibbleIndices(block + L::kQuants, j, &lo, &hi);
-    *w0 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(lo, s.levels));
-    *w1 = _mm512_mul_ps(s.d, _mm512_permutexvar_ps(hi, s.levels));
+    __m512 lo, hi;
+    NibbleLevels(block + L::kQuants, j, s.levels, &lo, &hi);
+    *w0 = _mm512_mul_ps(s.d, lo);
+    *w1 = _mm512_mul_ps(s.d, hi);
   }
 };
 
