@@ -73,30 +73,23 @@ inline __m512 SignedBytesAt(const uint8_t* p) {
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// The nibbles of inputs 2j (lo) and 2j + 1 (hi) of the 16 rows, from a
-// nibble group run starting at `quants` (packed_matmul.h's layout).
-inline void NibbleIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
-  const __m512i group = _mm512_loadu_si512(quants + 64 * (j / 4));
-  const __m512i pair = _mm512_srli_epi32(group, static_cast<unsigned>(4 * (j % 4)));
-  const __m512i mask = _mm512_set1_epi32(0x0f);
-  *lo = _mm512_and_si512(pair, mask);
-  *hi = _mm512_and_si512(_mm512_srli_epi32(pair, 16), mask);
-}
-
-// levels[q] for the nibbles q of inputs 2j (lo) and 2j + 1 (hi) of the 16
-// rows (NibbleIndices' nibbles): vpermps reads only the low four bits of
-// each lane's index, so a table lookup takes the place of NibbleIndices'
-// mask and of the conversion to float, one instruction for two, where the
-// float of a quant is all the decoding needs (levels = the 16 integers the
-// nibbles stand for, which a conversion would give exactly).
+// The quants of inputs 2j (lo) and 2j + 1 (hi) of the 16 rows, from a
+// nibble group run starting at `quants` (packed_matmul.h's layout), as
+// floats: levels[nibble]. The group's 32-bit lane i, shifted right by
+// 4 (j % 4), holds row i's nibble of input 2j in its low four bits and of
+// 2j + 1 in bits 16-19, and vpermps reads only the low four bits of each
+// lane's index: a shift and a lookup for each, where a mask and a
+// conversion to float would take two instructions after the shift.
+// (levels: the 16 small integers the nibbles stand for, as a conversion
+// would give them exactly.)
 inline void NibbleLevels(const uint8_t* quants, int j, __m512 levels, __m512* lo, __m512* hi) {
   const __m512i group = _mm512_loadu_si512(quants + 64 * (j / 4));
   const __m512i pair = _mm512_srli_epi32(group, static_cast<unsigned>(4 * (j % 4)));
   *lo = _mm512_permutexvar_ps(pair, levels);
   *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(pair, 16), levels);
 }
-// 16 consecutive integers from `first` as floats: NibbleLevels' table for
-// quants stored with an offset (Q4_0: -8).
+// The floats first, first + 1, ..., first + 15: NibbleLevels' table for
+// quants less an offset (Q4_0: first = -8).
 inline __m512 Levels(int first) {
   return _mm512_add_ps(_mm512_set1_ps(static_cast<float>(first)),
                        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -114,23 +107,24 @@ inline __mmask16 EvenBits(uint32_t w) {
 }
 
 // The five-bit quants (0-31) of inputs 2j (lo) and 2j + 1 (hi) of the 16
-// rows, from five-bit quants starting at `quants`.
-inline void FiveBitIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
-  NibbleIndices(quants, j, lo, hi);
+// rows less `offset`, as floats: NibbleLevels' lookup, then 16 added where
+// the fifth bit is set (small integers, so every sum is exact).
+inline void FiveBitLevels(const uint8_t* quants, int j, int offset, __m512* lo, __m512* hi) {
+  NibbleLevels(quants, j, Levels(-offset), lo, hi);
   const uint32_t word = TopBitWord(quants + kFifthBitsOffset, j);
-  const __m512i sixteen = _mm512_set1_epi32(16);
-  *lo = _mm512_mask_add_epi32(*lo, EvenBits(word), *lo, sixteen);
-  *hi = _mm512_mask_add_epi32(*hi, EvenBits(word >> 1), *hi, sixteen);
+  const __m512 sixteen = _mm512_set1_ps(16.0f);
+  *lo = _mm512_mask_add_ps(*lo, EvenBits(word), *lo, sixteen);
+  *hi = _mm512_mask_add_ps(*hi, EvenBits(word >> 1), *hi, sixteen);
 }
 
-// The six-bit quants (0-63) of inputs 2j (lo) and 2j + 1 (hi) of the 16
-// rows, from six-bit quants starting at `quants`.
-inline void SixBitIndices(const uint8_t* quants, int j, __m512i* lo, __m512i* hi) {
-  FiveBitIndices(quants, j, lo, hi);
+// The six-bit quants (0-63) less `offset`, as floats: FiveBitLevels, then
+// 32 added where the sixth bit is set.
+inline void SixBitLevels(const uint8_t* quants, int j, int offset, __m512* lo, __m512* hi) {
+  FiveBitLevels(quants, j, offset, lo, hi);
   const uint32_t word = TopBitWord(quants + kSixthBitsOffset, j);
-  const __m512i thirty_two = _mm512_set1_epi32(32);
-  *lo = _mm512_mask_add_epi32(*lo, EvenBits(word), *lo, thirty_two);
-  *hi = _mm512_mask_add_epi32(*hi, EvenBits(word >> 1), *hi, thirty_two);
+  const __m512 thirty_two = _mm512_set1_ps(32.0f);
+  *lo = _mm512_mask_add_ps(*lo, EvenBits(word), *lo, thirty_two);
+  *hi = _mm512_mask_add_ps(*hi, EvenBits(word >> 1), *hi, thirty_two);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -98,11 +98,10 @@ struct Q5_0Format {
     return {HalvesAt(block + L::kD)};
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    __m512i lo, hi;
-    FiveBitIndices(block + L::kQuants, j, &lo, &hi);
-    *w0 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)));
-    *w1 = _mm512_mul_ps(s.d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)));
+    __m512 lo, hi;  // quant - 16
+    FiveBitLevels(block + L::kQuants, j, 16, &lo, &hi);
+    *w0 = _mm512_mul_ps(s.d, lo);
+    *w1 = _mm512_mul_ps(s.d, hi);
   }
 };
 
@@ -123,10 +122,7 @@ struct ScaledMinFormat {
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     __m512 lo, hi;
     if constexpr (kFiveBits) {
-      __m512i lo_bits, hi_bits;
-      FiveBitIndices(block + L::kQuants, j, &lo_bits, &hi_bits);
-      lo = _mm512_cvtepi32_ps(lo_bits);
-      hi = _mm512_cvtepi32_ps(hi_bits);
+      FiveBitLevels(block + L::kQuants, j, 0, &lo, &hi);
     } else {
       NibbleLevels(block + L::kQuants, j, Levels(0), &lo, &hi);
     }
@@ -148,11 +144,10 @@ struct TwoScaleFormat {
   }
   static void DecodePair(const uint8_t* block, const Scales& s, int j, __m512* w0, __m512* w1) {
     const __m512 scale = j < kBlockInputs / 4 ? s.first : s.second;
-    const __m512i thirty_two = _mm512_set1_epi32(32);
-    __m512i lo, hi;  // quant + 32
-    SixBitIndices(block + L::kQuants, j, &lo, &hi);
-    *w0 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, thirty_two)));
-    *w1 = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, thirty_two)));
+    __m512 lo, hi;  // the stored quant (quant + 32) less 32
+    SixBitLevels(block + L::kQuants, j, 32, &lo, &hi);
+    *w0 = _mm512_mul_ps(scale, lo);
+    *w1 = _mm512_mul_ps(scale, hi);
   }
 };
 
