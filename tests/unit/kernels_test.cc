@@ -124,9 +124,10 @@ TEST_P(MatMulTest, EachRowIsBitwiseTheSameAloneBatchedShuffledAndOnAnyThreadCoun
 
 TEST_P(MatMulTest, APromptSplitIntoActivationBlocksGivesEachRowItsBitsAlone) {
   // 200 rows of 1,024 inputs are 800 KB of float32 activations: matmul.cc
-  // splits them into blocks of at most 256 KB (80, 80 and 40 rows), each
-  // task one block times a range of weight rows. Every row must still get
-  // exactly its bits alone, on one thread and on three.
+  // splits them into blocks of about 256 KB (64, 64, 64 and 8 rows: the
+  // last decodes on the fly in f32 and bf16), each task one block times a
+  // range of weight rows. Every row must still get exactly its bits alone,
+  // on one thread and on three.
   const auto [type, mode] = GetParam();
   std::mt19937 rng(12);
   const int64_t k = 1024, m = 200, n = 144;
@@ -269,14 +270,14 @@ TEST(MatMulTest, Q5_0AndIq4NlWithoutPanelsOfTheirOwnBecomeQ8_0BlocksOfExactlyThe
 }
 
 TEST(MatMulModeTest, AutoChoosesBf16WhereItsKernelsClearlyShortenAReferenceRequest) {
-  // The three kinds of machine measured (docs/performance.md), their
-  // MeasureModeTimings on one thread. AMD Zen 4: bf16 faster at both.
+  // Illustrative timings of three kinds of machine (docs/performance.md
+  // has the measured ones). Zen 4-like: bf16 faster at both.
   EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 600, .decode_row_us = 30},
                                   .bf16 = {.prompt_64_rows_us = 300, .decode_row_us = 20}}),
             MatMulMode::kBf16);
-  // Intel with AVX-512 BF16 and no AMX: a prompt costs bf16 more, a decode
-  // row much less, and the reference request (512 prompt rows, 128 decode
-  // rows) is what decides.
+  // bf16 slower at prompts and much faster at a decode row (the Intel Xeon
+  // before stop 66's f32 decoding): the reference request (512 prompt rows,
+  // 128 decode rows) decides.
   EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 500, .decode_row_us = 60},
                                   .bf16 = {.prompt_64_rows_us = 550, .decode_row_us = 25}}),
             MatMulMode::kBf16);

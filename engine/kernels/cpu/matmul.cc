@@ -22,16 +22,23 @@ constexpr int64_t kMinRowsPerTask = 16;
 // weights with the prefetcher's help.
 constexpr int64_t kMaxMultiplyAddsPerTask = int64_t{8} << 20;
 static_assert(kMinRowsPerTask % kPanelWidth == 0, "tasks cover whole packed panels");
-// A prompt's activation rows are split into blocks of at most this many
-// bytes of float32 activations, and each task takes one block times a range
-// of weight rows: the block stays in L2 while the task's panels pass over it.
-// Without it every task (cut to 16 weight rows by kMaxMultiplyAddsPerTask)
-// streamed the whole activation matrix (3 MB for a 512-token chunk of a
-// 1,536-wide input) from L3, and a 512-token prompt's products ran at ~54%
-// of the float32 FMA peak on an Intel Xeon, against ~73% for 64 rows.
+// A prompt's activation rows are split into blocks of about this many
+// bytes of float32 activations (at most one more tile of rows), and each
+// task takes one block times a range of weight rows: the block stays in L2
+// while the task's panels pass over it. Without it every task (cut to 16
+// weight rows by kMaxMultiplyAddsPerTask) streamed the whole activation
+// matrix (3 MB for a 512-token chunk of a 1,536-wide input) from L3, and a
+// 512-token prompt's products ran at ~54% of the float32 FMA peak on an
+// Intel Xeon, against ~73% for 64 rows.
 constexpr int64_t kActivationBlockBytes = int64_t{256} << 10;
-// Block heights are multiples of this (the kernels' tiles of rows).
+// Block heights are multiples of this (the kernels' tiles of rows), and at
+// least kMinActivationBlockRows rows: wide inputs (8,192 in a 1B model's
+// down projection) would otherwise get blocks of 16 rows, each of which
+// decodes every weight again. Measured on the Intel Xeon, 2 layers of the
+// 1B shape at 512 rows in f32: 210-220 GFLOP/s with 16, 233-241 with 32,
+// 222-228 with 64 (which cost SmolLM2's shapes ~5%).
 constexpr int64_t kActivationBlockRowMultiple = 16;
+constexpr int64_t kMinActivationBlockRows = 32;
 
 // In q8 mode a packed weight holds integer panels where the CPU has the
 // instructions (CpuBackend::UploadWeight), else float32 ones.
@@ -130,10 +137,13 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
         first_row[w] + (weights[w]->rows + kMinRowsPerTask - 1) / kMinRowsPerTask * kMinRowsPerTask;
   }
   const int64_t total = first_row.back();
-  // Activation row blocks (one for decode steps and short chunks), of
-  // near-equal heights.
-  const int64_t row_blocks_wanted =
-      std::max<int64_t>(1, rows * k * int64_t{sizeof(float)} / kActivationBlockBytes);
+  // Activation row blocks (one for decode steps and short chunks): as many
+  // as keep each near kActivationBlockBytes, their heights rounded up to a
+  // whole tile of rows (the last block takes the rest).
+  const int64_t most_rows =
+      std::max(kMinActivationBlockRows,
+               kActivationBlockBytes / std::max<int64_t>(1, k * int64_t{sizeof(float)}));
+  const int64_t row_blocks_wanted = std::max<int64_t>(1, (rows + most_rows - 1) / most_rows);
   const int64_t height = (rows + row_blocks_wanted - 1) / row_blocks_wanted;
   const int64_t row_block_rows = std::max<int64_t>(
       1, std::min(rows, (height + kActivationBlockRowMultiple - 1) / kActivationBlockRowMultiple *
@@ -181,8 +191,10 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
         MatMulPackedRows(*static_cast<const PackedWeight*>(weight.packed), block_x, n0, n1, bias,
                          dequantized, out);
       } else if (HasFusedF32Kernel(weight.dtype)) {
-        MatMulF32FusedRows(weight, block_x, scratch.block_sums.data() + r0 * blocks, n0, n1, bias,
-                           out);
+        // (Block sums only where the kernel needs them, which sized them
+        // for this call: none to offset otherwise.)
+        const float* block_sums = any_fused ? scratch.block_sums.data() + r0 * blocks : nullptr;
+        MatMulF32FusedRows(weight, block_x, block_sums, n0, n1, bias, out);
       } else {
         MatMulF32DequantRows(weight, block_x, n0, n1, bias, dequantized, out);
       }

@@ -61,7 +61,7 @@ namespace {
 [[maybe_unused]] constexpr int64_t kTimedWeightCols = 1024;
 constexpr int64_t kTimedPromptRows = 64;
 [[maybe_unused]] constexpr int kDecodeRepeats = 8;  // one-row products per timing (each ~20-40 us)
-[[maybe_unused]] constexpr int kRounds = 3;
+[[maybe_unused]] constexpr int kRounds = 5;
 
 template <typename Fn>
 double MicrosecondsOf(Fn&& fn) {
@@ -123,7 +123,7 @@ ModeTimings MeasureModeTimings() { return {}; }
 #endif
 
 double ReferenceRequestUs(const KernelTimes& times) {
-  return kReferencePromptTokens / kTimedPromptRows * times.prompt_64_rows_us +
+  return double{kReferencePromptTokens} / kTimedPromptRows * times.prompt_64_rows_us +
          kReferenceOutputTokens * times.decode_row_us;
 }
 

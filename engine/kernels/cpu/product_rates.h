@@ -28,8 +28,8 @@ float Bf16DotChains(long iterations);
 // One mode's kernel times on one thread for a Q4_K weight of 256 x 1024
 // (the type of most published GGUFs; small enough to stay in L2, so what is
 // timed is the kernels' arithmetic, the part the modes differ in: both read
-// the same packed panels): microseconds for a product of 64 rows (the
-// dequantized-panel GEMM of prompts), and for one row (decoding on the fly).
+// the same packed panels): microseconds for a product of 64 rows (a
+// prompt's), and for one row (a decode step's).
 struct KernelTimes {
   double prompt_64_rows_us = 0;
   double decode_row_us = 0;
@@ -39,7 +39,7 @@ struct ModeTimings {
   KernelTimes bf16;  // zeros without the AVX-512 BF16 instructions
 };
 
-// The best of three alternating rounds of each, after a warm-up: ~10 ms.
+// The best of five alternating rounds of each, after a warm-up: ~15 ms.
 ModeTimings MeasureModeTimings();
 
 // The reference request the modes are weighed on: llama-bench's pp512 +
