@@ -276,13 +276,13 @@ TEST(MatMulModeTest, AutoChoosesBf16WhereItsKernelsClearlyShortenAReferenceReque
                                   .bf16 = {.prompt_64_rows_us = 300, .decode_row_us = 20}}),
             MatMulMode::kBf16);
   // bf16 slower at prompts and much faster at a decode row (the Intel Xeon
-  // before stop 66's f32 decoding): the reference request (512 prompt rows,
-  // 128 decode rows) decides.
+  // before f32's one-row decoding got cheaper on 2026-12-07): the reference
+  // request (512 prompt rows, 128 decode rows) decides.
   EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 500, .decode_row_us = 60},
                                   .bf16 = {.prompt_64_rows_us = 550, .decode_row_us = 25}}),
             MatMulMode::kBf16);
-  // The prompt's weight alone: bf16 faster per decode row, but not by enough
-  // to pay for a slower prompt.
+  // bf16 faster per decode row, but not by enough to pay for a slower
+  // prompt.
   EXPECT_EQ(ChooseAutoMatMulMode({.f32 = {.prompt_64_rows_us = 500, .decode_row_us = 30},
                                   .bf16 = {.prompt_64_rows_us = 700, .decode_row_us = 25}}),
             MatMulMode::kF32);

@@ -43,9 +43,9 @@ constexpr int GemmRows(int panels) { return panels == 1 ? 16 : 8; }
 // decoding fuses the two into one FMA: the product of a half (11 significant
 // bits), a 6-bit scale (1 for Q5_1's blocks) and a quant of at most 5 bits
 // has at most 22, so it is exact in float32, and the FMA's one rounding is
-// the add's. On the one-row
-// products of decode steps, which issue these instructions for every weight
-// and little else, that is one instruction in six.
+// the add's. On the one-row products of decode steps, which issue these
+// instructions for every weight and little else, that is one instruction in
+// six.
 struct Q4_1Format {
   using L = Q4_1Layout;
   struct Scales {

@@ -4,11 +4,12 @@
 // a little: AMD Zen 4 issues bfloat16 dot products at the float32 FMA's
 // rate (two products a lane), so bf16 halves a prompt's compute and decodes
 // faster too; Intel cores with AVX-512 BF16 but no AMX run them at half that
-// rate, so there a prompt costs bf16 about what it costs f32 (the exact
-// mode), while a decode step, which turns every weight into a float before
-// multiplying it in f32, still takes bf16 ~0.6x the time. Peak instruction
-// rates alone (the rule before 2026-12-07) saw only the prompt and kept
-// Intel on f32. So the choice times the real kernels on one weight.
+// rate, so there a prompt costs bf16 ~1.7x f32's time (the exact mode),
+// while a decode row, which f32 turns into floats weight by weight, takes
+// bf16 ~0.65x. Which wins over a request depends on both, and on how fast
+// each mode's kernels are now, which peak instruction rates (the rule
+// before 2026-12-07) cannot see: so the choice times the real kernels on
+// one weight.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 #define TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 
