@@ -104,8 +104,10 @@ ABSL_FLAG(std::string, cpu_matmul, "auto",
           "CPU matrix products: f32 (dequantized weights x float activations, the model's own "
           "arithmetic), bf16 (activations rounded to bfloat16 times the exact quants, summed in "
           "float32: twice the rate on CPUs with AVX-512 BF16), q8 (8-bit activations as "
-          "llama.cpp does: less exact), or auto (bf16 where this CPU's bfloat16 dot products run "
-          "at least 1.5x its float32 FMA rate, measured at start-up and logged; else f32)");
+          "llama.cpp does, integer dot products: the fastest, and it changes some greedy "
+          "answers), or auto (bf16 where its kernels take a reference request's products in at "
+          "most 1/1.2 of f32's time, timed at start-up; else f32; never q8; the choice and the "
+          "three modes' figures are logged)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
 ABSL_FLAG(int64_t, decode_kv_cache_bytes, 0,
           "> 0: the decode worker keeps its KV in storage of its own of this many bytes (as a "

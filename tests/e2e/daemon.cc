@@ -91,7 +91,14 @@ Daemon::Daemon(std::vector<std::string> extra) {
                                    // hundred and need its figures, not precise
                                    // ones. `extra` comes after: a test that
                                    // compares measured figures sets it back.
-                                   "--startup_measure_rounds=1"};
+                                   "--startup_measure_rounds=1",
+                                   // The exact mode, unless `extra` names one:
+                                   // auto's choice comes from a start-up timing
+                                   // that a busy machine can move, and the tests
+                                   // compare daemons' tokens (two daemons of one
+                                   // test rounding differently would not even
+                                   // hand requests to each other).
+                                   "--cpu_matmul=f32"};
   bool has_model = false, sets_threads = false;
   for (const std::string& e : extra) {
     has_model |= e.rfind("--model=", 0) == 0;

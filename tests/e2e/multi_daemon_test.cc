@@ -447,7 +447,7 @@ TEST(MultiDaemonTest, AHandoffWithATokenOutsideTheVocabularyIsRefusedByField) {
 }
 
 // Daemons whose products round differently (the decode daemon's
-// --cpu_matmul=q8, which auto never picks) hand nothing to each other: the
+// --cpu_matmul=q8, the prefill daemon's f32) hand nothing to each other: the
 // prefill daemon never chooses that peer, logs why, and serves the request
 // itself with its own tokens; a handoff sent anyway is refused naming both.
 TEST(MultiDaemonTest, DaemonsWhoseProductsRoundDifferentlyHandNothingToEachOther) {
@@ -462,7 +462,7 @@ TEST(MultiDaemonTest, DaemonsWhoseProductsRoundDifferentlyHandNothingToEachOther
   };
   const std::string theirs = load_of(decode).arithmetic(), ours = load_of(prefill).arithmetic();
   EXPECT_THAT(theirs, ::testing::MatchesRegex("cpu-[a-z0-9+]+/q8/r[0-9]+"));
-  EXPECT_THAT(ours, ::testing::MatchesRegex("cpu-[a-z0-9]+/(f32|bf16)/r[0-9]+"));
+  EXPECT_THAT(ours, ::testing::MatchesRegex("cpu-[a-z0-9]+/f32/r[0-9]+"));
 
   auto stub = prefill.Stub();
   const Generation g = Generate(*stub, Request(0, 40));

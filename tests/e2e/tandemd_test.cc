@@ -536,12 +536,14 @@ TEST(TandemdLifecycleTest, TheKvCacheMemoryFractionSizesTheCacheFromFreeMemory) 
 // --model=random:NAME serves a model of that shape with random weights, and
 // --device=auto says where it runs and why.
 TEST(TandemdLifecycleTest, ARandomWeightsModelIsServedAndTheDeviceChoiceIsLogged) {
-  Daemon daemon({"--model=random:smollm2-135m", "--device=auto"});
+  Daemon daemon({"--model=random:smollm2-135m", "--device=auto", "--cpu_matmul=auto"});
   ASSERT_TRUE(daemon.WaitServing()) << daemon.Log();
   EXPECT_THAT(daemon.Log(), HasSubstr("device: cpu (--device=auto: "));
   EXPECT_THAT(daemon.Log(), HasSubstr("; serving on the CPU)"));
-  // --cpu_matmul=auto (the default) says what it measured and chose.
+  // --cpu_matmul=auto (the default; tests' daemons otherwise run f32) says
+  // what it measured and chose, and never chooses q8.
   EXPECT_THAT(daemon.Log(), HasSubstr("--cpu_matmul=auto: "));
+  EXPECT_THAT(daemon.Log(), ::testing::Not(HasSubstr("--cpu_matmul=auto: q8 ")));
   auto stub = daemon.Stub();
   v1::ModelInfo info;
   grpc::ClientContext context;

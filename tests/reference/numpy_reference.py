@@ -121,11 +121,16 @@ class Session:
         self.keys = [None] * self.config["layers"]
         self.values = [None] * self.config["layers"]
         self.length = 0
+        # Per position, the smallest gap over the layers between the router
+        # logits of the last expert chosen and the first one left out (MoE
+        # files): where it is tiny, any rounding may swap the two experts.
+        self.router_margins = []
 
     def forward(self, ids):
         """Appends `ids`; returns their logits [len(ids), vocab]."""
         c, t = self.config, self.t
         positions = np.arange(self.length, self.length + len(ids), dtype=np.float64)
+        self._step_margins = np.full(len(ids), np.inf)
         h = t["token_embd.weight"][np.asarray(ids)] * c["embedding_scale"]
         for layer in range(c["layers"]):
             p = f"blk.{layer}."
@@ -192,6 +197,7 @@ class Session:
                 ffn = _rms_norm(ffn, t[p + "post_ffw_norm.weight"], c["eps"])
             h = h + ffn
         self.length += len(ids)
+        self.router_margins.extend(self._step_margins)
         out = _rms_norm(h, t["output_norm.weight"], c["eps"])
         return _softcap(out @ t.get("output.weight", t["token_embd.weight"]).T, c["final_softcap"])
 
@@ -202,6 +208,9 @@ class Session:
         gate_w, up_w, down_w = (t[p + f"ffn_{name}_exps.weight"].reshape(experts, -1, t[
             p + f"ffn_{name}_exps.weight"].shape[-1]) for name in ("gate", "up", "down"))
         logits = x @ t[p + "ffn_gate_inp.weight"].T
+        ordered = -np.sort(-logits, axis=-1)
+        margins = ordered[:, c["experts_used"] - 1] - ordered[:, c["experts_used"]]
+        self._step_margins = np.minimum(self._step_margins, margins)
         probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probabilities /= probabilities.sum(axis=-1, keepdims=True)
         out = np.zeros_like(x)
@@ -216,9 +225,9 @@ class Session:
         return out
 
 
-def greedy(prompt, tokens, path=None):
+def greedy(prompt, tokens, path=None, session=None):
     """(continuation, logits [tokens, vocab]): the logits that chose each token."""
-    session = Session(path)
+    session = session or Session(path)
     logits = session.forward(prompt)[-1:]
     chosen, all_logits = [], []
     for _ in range(tokens):

@@ -50,9 +50,11 @@ def supports_matmul(mode):
     return _MATMUL_SUPPORT[mode]
 
 
-def default_matmul():
-    """The mode --cpu_matmul=auto can pick here: bf16 where the CPU has it."""
-    return "bf16" if supports_matmul("bf16") else "f32"
+def auto_matmul():
+    """The mode --cpu_matmul=auto chooses on this CPU (q8 with AVX-512 VNNI)."""
+    out = subprocess.run([PROBE, "matmul-mode", "--matmul=auto"], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
 
 
 def require_matmul(mode):

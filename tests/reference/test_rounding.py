@@ -83,7 +83,7 @@ def test_greedy_choices_match_float64_or_are_near_ties(references, matmul):
     "--override_norm_eps=1e-3",
 ])
 def test_a_wrong_model_fails_the_check(references, wrong):
-    mode = probe.default_matmul()  # bf16 where the CPU has it, else f32
+    mode = probe.auto_matmul()
     agree, total, disagreements, centered = compare(references, f"--matmul={mode}", wrong)
     print(f"{wrong} ({mode}): {agree}/{total} agree; centered max {centered:.4f}")
     failing = (centered > CENTERED_MAX[mode] or agree < MIN_AGREEMENT * total

@@ -15,6 +15,8 @@
 //   generate     stdin: token ids per line    stdout: greedy token ids per line
 //   dequantize   --tensor NAME                --out: float32 elements
 //   config                                    stdout: the parsed model config
+//   matmul-mode                               stdout: the mode --matmul names
+//                (auto: the one it chooses on this CPU)
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -163,6 +165,12 @@ std::vector<float> RunPrompt(LoadedModel& m, const std::vector<int32_t>& tokens,
 
 int Run(const std::string& command) {
   std::string line;
+  if (command == "matmul-mode") {
+    auto mode = kernels::cpu::ParseMatMulMode(absl::GetFlag(FLAGS_matmul));
+    if (!mode.ok()) return Fail(mode.status());
+    std::cout << kernels::cpu::MatMulModeName(*mode) << "\n";
+    return 0;
+  }
   if (command == "pretokenize") {
     auto kind = tokenizer::PretokenizerFromGgufName(absl::GetFlag(FLAGS_pretokenizer));
     if (!kind.ok()) return Fail(kind.status());

@@ -37,8 +37,9 @@ enum class MatMulMode {
   kBf16,
 };
 
-// "f32", "bf16", "q8", or "auto" (bf16 where this build's CPU has AVX-512
-// BF16, else f32). bf16 without the instructions is an error.
+// "f32", "bf16", "q8", or "auto" (product_rates.h: the faster of f32 and
+// bf16 by a start-up timing; never q8).
+// bf16 without the instructions is an error.
 absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name);
 std::string_view MatMulModeName(MatMulMode mode);
 

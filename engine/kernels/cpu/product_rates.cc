@@ -4,9 +4,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/strings.h"
+#include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/packed_matmul.h"
 #include "engine/kernels/cpu/packed_matmul_int8.h"
 #include "engine/kernels/cpu/simd.h"
@@ -80,6 +83,8 @@ ModeTimings MeasureModeTimings() {
   std::vector<uint8_t> bytes(RowBytes(DType::kQ4_K, kTimedWeightCols) * kTimedWeightRows, 0x11);
   const Weight weight{DType::kQ4_K, kTimedWeightRows, kTimedWeightCols, bytes.data()};
   const std::unique_ptr<PackedWeight> packed = PackWeight(weight);
+  const bool int8 = HasInt8Products();
+  const std::unique_ptr<PackedWeight> packed_int8 = int8 ? PackWeightInt8(weight) : nullptr;
   std::vector<float> x(static_cast<size_t>(kTimedPromptRows * kTimedWeightCols), 0.5f);
   std::vector<float> out(static_cast<size_t>(kTimedPromptRows * kTimedWeightRows));
   std::vector<uint16_t> xb(x.size());
@@ -92,6 +97,12 @@ ModeTimings MeasureModeTimings() {
                            xb.data() + r * kTimedWeightCols,
                            sums.data() + r * kTimedWeightCols / 32);
   }
+  std::vector<ActivationBlock> blocks(
+      static_cast<size_t>(kTimedPromptRows * kTimedWeightCols / 32));
+  for (int64_t r = 0; r < kTimedPromptRows && int8; ++r) {
+    QuantizeActivationRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
+                          blocks.data() + r * kTimedWeightCols / 32);
+  }
   auto f32_product = [&](int64_t rows) {
     MatMulPackedRows(*packed, Matrix{x.data(), rows, kTimedWeightCols}, 0, kTimedWeightRows,
                      nullptr, scratch, out_rows.FirstRows(rows));
@@ -99,6 +110,10 @@ ModeTimings MeasureModeTimings() {
   auto bf16_product = [&](int64_t rows) {
     MatMulPackedBf16Rows(*packed, xb.data(), sums.data(), rows, 0, kTimedWeightRows, nullptr,
                          scratch, out_rows.FirstRows(rows));
+  };
+  auto q8_product = [&](int64_t rows) {
+    MatMulPackedInt8Rows(*packed_int8, blocks.data(), rows, 0, kTimedWeightRows, nullptr,
+                         out_rows.FirstRows(rows));
   };
   auto time = [&](auto& product, KernelTimes& best, bool timed) {
     const double prompt = MicrosecondsOf([&] { product(kTimedPromptRows); });
@@ -115,6 +130,7 @@ ModeTimings MeasureModeTimings() {
   for (int round = 0; round <= kRounds; ++round) {  // round 0 warms up
     time(f32_product, timings.f32, round > 0);
     if (bf16) time(bf16_product, timings.bf16, round > 0);
+    if (int8) time(q8_product, timings.q8, round > 0);
   }
   return timings;
 }
@@ -138,23 +154,35 @@ const AutoMatMulChoice& AutoMatMulMode() {
   static const AutoMatMulChoice choice = [] {
     const ModeTimings timings = MeasureModeTimings();
     const MatMulMode mode = ChooseAutoMatMulMode(timings);
-    auto figures = [](const KernelTimes& t) {
-      return StrCat(static_cast<int>(t.prompt_64_rows_us), " us for 64 prompt rows, ",
-                    static_cast<int>(t.decode_row_us * 10) / 10.0, " us for a decode row");
+    auto figures = [](std::string_view name, const KernelTimes& t) {
+      return StrCat(name, " ", static_cast<int>(t.prompt_64_rows_us), " us for 64 prompt rows and ",
+                    static_cast<int>(t.decode_row_us * 10) / 10.0, " us for a decode row (",
+                    static_cast<int>(ReferenceRequestUs(t)), " us for ", kReferencePromptTokens,
+                    " prompt and ", kReferenceOutputTokens, " output tokens)");
     };
-    const std::string q8_note = HasInt8Products()
-                                    ? "; --cpu_matmul=q8 multiplies 8-bit activations by integer "
-                                      "products, faster here and less exact (docs/operations.md)"
-                                    : "";
-    std::string reason =
-        timings.bf16.decode_row_us == 0
-            ? StrCat("this CPU has no AVX-512 BF16 products", q8_note)
-            : StrCat("a Q4_K product on one thread: f32 ", figures(timings.f32), "; bf16 ",
-                     figures(timings.bf16), "; a ", kReferencePromptTokens, "-token prompt and ",
-                     kReferenceOutputTokens, " output tokens: f32 ",
-                     static_cast<int>(ReferenceRequestUs(timings.f32)), " us, bf16 ",
-                     static_cast<int>(ReferenceRequestUs(timings.bf16)),
-                     " us (bf16 where f32 takes at least ", kBf16AutoAdvantage, "x)", q8_note);
+    std::string reason;
+    if (timings.f32.decode_row_us == 0) {
+      reason = "this CPU has no AVX-512 BF16 products: f32";
+    } else {
+      reason = StrCat("a Q4_K product on one thread: ", figures("f32", timings.f32));
+      if (timings.bf16.decode_row_us > 0) {
+        reason += StrCat("; ", figures("bf16", timings.bf16), "; bf16 where f32 takes at least ",
+                         kBf16AutoAdvantage, "x its time");
+      } else {
+        reason += "; no AVX-512 BF16 products";
+      }
+    }
+    if (timings.q8.decode_row_us > 0) {
+      const double float_us =
+          ReferenceRequestUs(mode == MatMulMode::kBf16 ? timings.bf16 : timings.f32);
+      reason += StrCat("; ", figures("q8", timings.q8), ": --cpu_matmul=q8 takes ",
+                       static_cast<int>(100 * ReferenceRequestUs(timings.q8) / float_us),
+                       "% of the time and changes some greedy answers (docs/operations.md)");
+    } else if (HasInt8Products()) {
+      reason +=
+          "; --cpu_matmul=q8 (integer products) is faster and changes some greedy answers "
+          "(docs/operations.md)";
+    }
     return AutoMatMulChoice{mode, std::move(reason)};
   }();
   return choice;

@@ -4,12 +4,19 @@
 // a little: AMD Zen 4 issues bfloat16 dot products at the float32 FMA's
 // rate (two products a lane), so bf16 halves a prompt's compute and decodes
 // faster too; Intel cores with AVX-512 BF16 but no AMX run them at half that
-// rate, so there a prompt costs bf16 ~1.7x f32's time (the exact mode),
+// rate, so there a prompt costs bf16 ~1.5x f32's time (the exact mode),
 // while a decode row, which f32 turns into floats weight by weight, takes
 // bf16 ~0.65x. Which wins over a request depends on both, and on how fast
 // each mode's kernels are now, which peak instruction rates (the rule
 // before 2026-12-07) cannot see: so the choice times the real kernels on
 // one weight.
+//
+// q8 is timed too, for the log, and never chosen: its 8-bit activations
+// keep >= 95% of greedy choices an exact evaluation makes (tests/reference),
+// but the choices they change are visible ones (the default model's answer
+// to "What is the capital of France?" becomes llama.cpp's nonsense, where
+// f32 and bf16 answer as transformers does). The log names its speed-up so
+// an operator can take it knowingly.
 #ifndef TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 #define TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 
@@ -38,9 +45,10 @@ struct KernelTimes {
 struct ModeTimings {
   KernelTimes f32;
   KernelTimes bf16;  // zeros without the AVX-512 BF16 instructions
+  KernelTimes q8;    // zeros without integer products (HasInt8Products)
 };
 
-// The best of five alternating rounds of each, after a warm-up: ~15 ms.
+// The best of five alternating rounds of each, after a warm-up: ~20 ms.
 ModeTimings MeasureModeTimings();
 
 // The reference request the modes are weighed on: llama-bench's pp512 +
@@ -53,6 +61,7 @@ double ReferenceRequestUs(const KernelTimes& times);
 // bf16 where the reference request's products take f32 at least this many
 // times bf16's time, else f32 (the exact mode wins near parity, and the
 // margin keeps the choice from flipping with a shared machine's noise).
+// Never q8 (above).
 inline constexpr double kBf16AutoAdvantage = 1.2;
 MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings);
 

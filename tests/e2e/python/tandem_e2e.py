@@ -118,7 +118,11 @@ class Daemon:
              f"--http_port={self.http_port}",
              # One timed round of the start-up measurement: tests start
              # many daemons and need its figures, not precise ones.
-             "--startup_measure_rounds=1", *thread_flags(flags), *flags],
+             "--startup_measure_rounds=1",
+             # The exact mode unless `flags` name one: auto's choice comes
+             # from a start-up timing that a busy machine can move, and
+             # tests compare tokens.
+             "--cpu_matmul=f32", *thread_flags(flags), *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def health(self):
