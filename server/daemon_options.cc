@@ -102,12 +102,13 @@ ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
           "a waiting request gains one priority level per this long waited (no starvation)");
 ABSL_FLAG(std::string, cpu_matmul, "auto",
           "CPU matrix products: f32 (dequantized weights x float activations, the model's own "
-          "arithmetic), bf16 (activations rounded to bfloat16 times the exact quants, summed in "
-          "float32: twice the rate on CPUs with AVX-512 BF16), q8 (8-bit activations as "
-          "llama.cpp does, integer dot products: the fastest, and it changes some greedy "
-          "answers), or auto (bf16 where its kernels take a reference request's products in at "
-          "most 1/1.2 of f32's time, timed at start-up; else f32; never q8; the choice and the "
-          "three modes' figures are logged)");
+          "arithmetic), q16 (activations as 16-bit integers times the exact quants in integer "
+          "dot products: AVX-512 VNNI CPUs; logits within ~0.03 of f32's), bf16 (activations "
+          "rounded to bfloat16 times the exact quants, summed in float32: AVX-512 BF16 CPUs), q8 "
+          "(8-bit activations as llama.cpp does: the fastest, and it changes some greedy "
+          "answers), or auto (times f32, q16 and bf16 at start-up and takes, in that order, a "
+          "mode where the one before takes at least 1.2x its time; never q8; the choice and the "
+          "figures are logged)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
 ABSL_FLAG(int64_t, decode_kv_cache_bytes, 0,
           "> 0: the decode worker keeps its KV in storage of its own of this many bytes (as a "

@@ -6,7 +6,7 @@ independent evaluations of the same file, a float64 numpy forward pass
 - Greedy: 48 of 48 tokens equal to the float64 pass.
 - Logprobs: along that continuation, the float64 pass's top 5 at every
   position within 0.005 of ours.
-- The modes that round activations (bf16, q8): >= 95% of greedy choices
+- The modes that round activations (q16, bf16, q8): >= 95% of greedy choices
   along the float64 continuation agree, every miss a near-tie.
 - llama.cpp, which rounds activations to 8 bits, picks our token at every
   position of its own greedy continuation or the two are a near-tie.
@@ -90,14 +90,14 @@ def test_top5_logprobs_are_within_tolerance(arch_file, prompt):
     assert worst <= LOGPROB_TOLERANCE
 
 
-@pytest.mark.parametrize("matmul", ["bf16", "q8"])
+@pytest.mark.parametrize("matmul", ["q16", "bf16", "q8"])
 def test_the_fast_modes_follow_float64(arch_file, prompt, matmul):
-    """The modes that round activations (bf16; q8, which --cpu_matmul=auto
-    takes on CPUs with AVX-512 VNNI), teacher-forced along the float64
-    pass's greedy continuation: our choices agree at >= 95% of positions and
-    every miss is a near-tie of float64's, either of its final logits or, in
-    a mixture of experts, of a router's choice between its last expert and
-    the next (rounding swaps those, and the swap moves the logits further)."""
+    """The modes that round activations (q16, bf16, q8), teacher-forced
+    along the float64 pass's greedy continuation: our choices agree at >= 95%
+    of positions and every miss is a near-tie of float64's, either of its
+    final logits or, in a mixture of experts, of a router's choice between
+    its last expert and the next (rounding swaps those, and the swap moves
+    the logits further)."""
     probe.require_matmul(matmul)
     _, path = arch_file
     session = numpy_reference.Session(path)

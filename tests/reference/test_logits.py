@@ -93,7 +93,7 @@ def reference_error(prompts, reference):
     return error
 
 
-@pytest.mark.parametrize("matmul", ["f32", "bf16", "q8"])
+@pytest.mark.parametrize("matmul", ["f32", "bf16", "q8", "q16"])
 def test_logits_match_llama_cpp(prompts, reference, reference_error, matmul):
     probe.require_matmul(matmul)
     centered, kl = distances(probe.logits(prompts, f"--matmul={matmul}"), reference)
@@ -120,7 +120,7 @@ def test_a_wrong_model_fails_the_tolerance(prompts, reference, wrong):
     assert (centered > CENTERED_MAX).any() or (kl > KL_MAX).any()
 
 
-@pytest.mark.parametrize("matmul", ["f32", "bf16"])
+@pytest.mark.parametrize("matmul", ["f32", "bf16", "q16"])
 def test_chunked_and_batched_logits_are_bitwise_identical(prompts, matmul):
     """In the exact mode and in the default one (bf16: bfloat16 activations,
     a bfloat16 KV cache and its attention in BF16 dot products)."""

@@ -187,7 +187,14 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
            (HasInt8Products() && w.packed != nullptr && HasInt8Panels(type)));
       const bool bf16_activations =
           mode == MatMulMode::kBf16 && w.packed != nullptr && HasBf16Panels(type);
-      const double tolerance = q8_activations ? 1.5e-2 : bf16_activations ? 2.5e-3 : 2e-6;
+      // q16: each activation to 1/65,278 of its block's largest magnitude
+      // (packed quantized weights; the others as f32).
+      const bool two_digit_activations =
+          mode == MatMulMode::kQ16 && w.packed != nullptr && HasInt8Panels(type);
+      const double tolerance = q8_activations          ? 1.5e-2
+                               : bf16_activations      ? 2.5e-3
+                               : two_digit_activations ? 6e-5
+                                                       : 2e-6;
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t c = 0; c < n; ++c) {
           double exact = 0, magnitude = 0;
@@ -209,8 +216,9 @@ TEST_P(MatMulTest, MatchesAFloat64ReferenceOnTheDequantizedWeights) {
 std::vector<MatMulCase> AllMatMulCases() {
   std::vector<MatMulCase> cases;
   for (DType t : kAllTypes) {
-    for (MatMulMode m : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16}) {
+    for (MatMulMode m : {MatMulMode::kF32, MatMulMode::kQ8, MatMulMode::kBf16, MatMulMode::kQ16}) {
       if (m == MatMulMode::kBf16 && !HasBf16Products()) continue;
+      if (m == MatMulMode::kQ16 && !HasTwoDigitProducts()) continue;
       cases.push_back({t, m});
     }
   }
@@ -274,27 +282,43 @@ KernelTimes Us(double prompt_64_rows, double decode_row) {
   return {.prompt_64_rows_us = prompt_64_rows, .decode_row_us = decode_row};
 }
 
-TEST(MatMulModeTest, AutoChoosesBf16WhereItsKernelsClearlyShortenAReferenceRequestAndNeverQ8) {
+ModeTimings Timings(KernelTimes f32, KernelTimes bf16, KernelTimes q8 = {}, KernelTimes q16 = {}) {
+  return {.f32 = f32, .bf16 = bf16, .q8 = q8, .q16 = q16};
+}
+
+TEST(MatMulModeTest, AutoTakesTheMoreExactModeUnlessALessExactOneIsClearlyFaster) {
   // q8 is never chosen, however fast (its rounding changes visible
   // answers; product_rates.h).
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(600, 30), Us(300, 20), Us(100, 5)}), MatMulMode::kBf16);
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(500, 30), {}, Us(100, 5)}), MatMulMode::kF32);
-  // Illustrative timings of three kinds of machine (docs/performance.md
-  // has the measured ones). Zen 4-like: bf16 faster at both.
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(600, 30), Us(300, 20), {}}), MatMulMode::kBf16);
-  // bf16 slower at prompts and much faster at a decode row (the Intel Xeon
-  // before f32's one-row decoding got cheaper on 2026-12-07): the reference
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(600, 30), Us(300, 20), Us(100, 5))), MatMulMode::kBf16);
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(500, 30), {}, Us(100, 5))), MatMulMode::kF32);
+  // The Intel Xeon of 2026-12-07 (measured, rounded): q16 clearly faster
+  // than f32 at both, bf16 slower at prompts: q16.
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(215, 15.4), Us(421, 10), Us(112, 3.8), Us(150, 5))),
+            MatMulMode::kQ16);
+  // q16 within 1.2x of f32's time: the exact mode (8 x 100 + 128 x 10 =
+  // 2,080 us against 8 x 90 + 128 x 9 = 1,872).
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(100, 10), {}, {}, Us(90, 9))), MatMulMode::kF32);
+  // bf16 must beat q16 (not only f32) by the margin to take over from it.
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(600, 30), Us(250, 13), {}, Us(300, 15))),
+            MatMulMode::kQ16);
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(600, 30), Us(200, 10), {}, Us(300, 15))),
+            MatMulMode::kBf16);
+  // Without q16 (no VNNI), f32 against bf16. Illustrative timings of three
+  // kinds of machine (docs/performance.md has the measured ones). Zen
+  // 4-like: bf16 faster at both.
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(600, 30), Us(300, 20))), MatMulMode::kBf16);
+  // bf16 slower at prompts and much faster at a decode row: the reference
   // request (512 prompt rows, 128 decode rows) decides.
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(500, 60), Us(550, 25), {}}), MatMulMode::kBf16);
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(500, 60), Us(550, 25))), MatMulMode::kBf16);
   // bf16 faster per decode row, but not by enough to pay for a slower
   // prompt.
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(500, 30), Us(700, 25), {}}), MatMulMode::kF32);
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(500, 30), Us(700, 25))), MatMulMode::kF32);
   // No bf16 instructions (AVX2 CPUs).
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(500, 60), {}, {}}), MatMulMode::kF32);
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(500, 60), {})), MatMulMode::kF32);
   // Near parity the exact mode wins: bf16 must be clearly faster (f32 at
   // 1.15x bf16's reference request: 8 x 100 + 128 x 10 = 2,080 us against
   // 1,808).
-  EXPECT_EQ(ChooseAutoMatMulMode({Us(100, 10), Us(100, 7.875), {}}), MatMulMode::kF32);
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(100, 10), Us(100, 7.875))), MatMulMode::kF32);
   EXPECT_DOUBLE_EQ(ReferenceRequestUs({.prompt_64_rows_us = 100, .decode_row_us = 10}), 2080);
   // This machine's measurement: real times, bf16 only where the build has
   // the instructions, and "auto" is what the rule makes of it.
@@ -309,6 +333,7 @@ TEST(MatMulModeTest, AutoChoosesBf16WhereItsKernelsClearlyShortenAReferenceReque
 #ifdef TANDEM_CPU_AVX512
   EXPECT_EQ(timings.q8.prompt_64_rows_us > 0, HasInt8Products());
 #endif
+  EXPECT_EQ(timings.q16.prompt_64_rows_us > 0, HasTwoDigitProducts());
   const absl::StatusOr<MatMulMode> mode = ParseMatMulMode("auto");
   ASSERT_TRUE(mode.ok());
   EXPECT_EQ(*mode, AutoMatMulMode().mode);
@@ -606,6 +631,101 @@ TEST(MatMulQ8Test, QuantizedActivationsAreTheirDefinitionBitForBit) {
   EXPECT_EQ(got[5].q[9], 0);
   EXPECT_EQ(got[6].q[0], 0);
   EXPECT_EQ(got[6].q[1], 127);
+}
+
+TEST(TwoDigitActivationsTest, BlocksAreTheirDefinitionBitForBit) {
+  // two_digit_activations.h's blocks, computed here one value at a time:
+  // d = amax / 32,639, Q = nearbyint(x * (32,639 / amax)) (ties to even)
+  // within +-32,639 (NaN -> 0), hi = floor((Q + 128) / 256) and lo = Q -
+  // 256 hi, the sums of each 16 Q and ds. The vector code must give the same
+  // bits. Blocks of random values, of zeros, of values on the rounding
+  // ties, with a NaN, with infinities, and one so small that the inverse
+  // overflows.
+  std::mt19937 rng(59);
+  const int64_t blocks = 24;
+  std::vector<float> x = RandomRows(1, blocks * 32, rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(32 + j)] = 0.0f;  // block 1
+  for (int j = 0; j < 32; ++j) {  // block 2: amax 32,639, so each Q is x rounded
+    x[static_cast<size_t>(64 + j)] = j == 0 ? -32639.0f : static_cast<float>(j) * 1000.0f - 15.5f;
+  }
+  x[100] *= 1e-30f;  // block 3: most values tiny against one large
+  x[101] = 3e4f;
+  x[4 * 32 + 5] = std::numeric_limits<float>::quiet_NaN();  // block 4
+  x[5 * 32 + 7] = std::numeric_limits<float>::infinity();   // block 5
+  x[5 * 32 + 9] = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(6 * 32 + j)] = j % 3 == 0 ? 0.0f : 1e-38f;
+  std::vector<TwoDigitBlock> got(static_cast<size_t>(blocks));
+  QuantizeTwoDigitRow(x.data(), blocks * 32, got.data());
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* v = &x[static_cast<size_t>(b * 32)];
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float inverse = amax != 0.0f ? 32639.0f / amax : 0.0f;
+    int sums[2] = {0, 0};
+    const TwoDigitBlock& a = got[static_cast<size_t>(b)];
+    for (int j = 0; j < 32; ++j) {
+      const float r = std::nearbyint(v[j] * inverse);
+      const int q = std::isnan(r) ? 0 : static_cast<int>(std::clamp(r, -32639.0f, 32639.0f));
+      ASSERT_EQ(256 * a.hi[j] + a.lo[j], q) << "block " << b << ", input " << j;
+      ASSERT_EQ(a.hi[j], static_cast<int>(std::floor((q + 128) / 256.0)))
+          << "block " << b << ", input " << j;
+      ASSERT_GE(a.hi[j], -127) << "block " << b << ", input " << j;
+      sums[j / 16] += q;
+    }
+    EXPECT_EQ(a.sums[0], sums[0]) << "block " << b;
+    EXPECT_EQ(a.sums[1], sums[1]) << "block " << b;
+    if (b == 4 || b == 5) continue;  // d and ds are NaN or infinite there
+    const float d = amax / 32639.0f;
+    EXPECT_EQ(Float2Bits(a.d), Float2Bits(d)) << "block " << b;
+    EXPECT_EQ(Float2Bits(a.ds), Float2Bits(d * static_cast<float>(sums[0] + sums[1])))
+        << "block " << b;
+  }
+  // Block 2: the limit in both digits' extremes, and ties to even (984.5 ->
+  // 984 = 3 x 256 + 216, so hi 4 and lo -40).
+  EXPECT_EQ(got[2].hi[0], -127);
+  EXPECT_EQ(got[2].lo[0], -127);
+  EXPECT_EQ(256 * got[2].hi[1] + got[2].lo[1], 984);
+  EXPECT_EQ(got[2].hi[1], 4);
+  EXPECT_EQ(got[2].lo[1], -40);
+  // The NaN's Q is 0; infinities make the inverse 0 and theirs 0; the tiny
+  // block's inverse is infinite: its zeros give 0 and the rest the limit.
+  EXPECT_EQ(256 * got[4].hi[5] + got[4].lo[5], 0);
+  EXPECT_EQ(256 * got[5].hi[7] + got[5].lo[7], 0);
+  EXPECT_EQ(256 * got[6].hi[0] + got[6].lo[0], 0);
+  EXPECT_EQ(256 * got[6].hi[1] + got[6].lo[1], 32639);
+}
+
+TEST(PackedMatMulTest, TwoDigitProductsFollowTheirContractBitForBit) {
+  // packed_matmul_int8.h's q16 arithmetic, computed here by scalar code
+  // from the GGUF blocks: per run the exact integer 256 x (quants . hi) +
+  // (quants . lo), then fma(D * a.d, that, acc), then fma(M, a.ds, acc). A
+  // digit multiplied by the wrong weight, a lost shift or a wrong bias
+  // changes the bits. One row (four panels at a time), two, three and nine
+  // (tiles of four rows and a remainder).
+  if (!HasTwoDigitProducts()) GTEST_SKIP() << "no AVX-512 VNNI in this build";
+  std::mt19937 rng(41);
+  ExpectPanelContract(
+      MatMulMode::kQ16, {1, 2, 3, 9}, rng,
+      [&](int64_t m, int64_t k) { return RandomRows(m, k, rng); },
+      [](const float* x, const uint8_t* row, DType type, int64_t blocks) {
+        std::vector<TwoDigitBlock> a(static_cast<size_t>(blocks));
+        QuantizeTwoDigitRow(x, blocks * 32, a.data());
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const IntegerBlock block = ReadIntegerBlock(type, row, b);
+          const TwoDigitBlock& ab = a[static_cast<size_t>(b)];
+          const int run_inputs = 32 / block.runs;
+          for (int run = 0; run < block.runs; ++run) {
+            int32_t dot = 0;
+            for (int j = run * run_inputs; j < (run + 1) * run_inputs; ++j) {
+              dot += block.v[j] * (256 * ab.hi[j] + ab.lo[j]);
+            }
+            acc = std::fma(block.d[run] * ab.d, static_cast<float>(dot), acc);
+          }
+          if (block.has_min) acc = std::fma(block.m, ab.ds, acc);
+        }
+        return acc;
+      });
 }
 
 TEST(PackedMatMulTest, BfloatPanelsFollowTheirContractBitForBit) {

@@ -131,7 +131,9 @@ std::string CpuBackend::arithmetic() const {
 #else
   constexpr std::string_view kInt8 = "+int8";
 #endif
-  const std::string_view int8 = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products() ? kInt8 : "";
+  const bool integer_panels = (matmul_mode_ == MatMulMode::kQ8 && HasInt8Products()) ||
+                              (matmul_mode_ == MatMulMode::kQ16 && HasTwoDigitProducts());
+  const std::string_view int8 = integer_panels ? kInt8 : "";
   return StrCat("cpu-", kIsa, int8, "/", MatMulModeName(matmul_mode_), "/r", kKernelRevision);
 }
 
@@ -146,9 +148,10 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes)
 
 CpuBackend::UploadPlan CpuBackend::PlanUpload(DType dtype, int64_t rows, int64_t cols) const {
   UploadPlan plan;
-  // q8 multiplies packed weights by integer panels where the CPU has the
-  // instructions (packed_matmul_int8.h).
-  const bool int8_panels = matmul_mode_ == MatMulMode::kQ8 && HasInt8Products();
+  // q8 and q16 multiply packed weights by integer panels where the CPU has
+  // the instructions (packed_matmul_int8.h).
+  const bool int8_panels = (matmul_mode_ == MatMulMode::kQ8 && HasInt8Products()) ||
+                           (matmul_mode_ == MatMulMode::kQ16 && HasTwoDigitProducts());
   // Q5_0 and IQ4_NL become Q8_0 blocks only where they have no panels of
   // their own (unpackable shapes, or q8 without integer panels, which has a
   // block kernel for Q8_0). Their panels decode to the same values and

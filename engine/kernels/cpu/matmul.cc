@@ -54,6 +54,12 @@ bool UsesBf16Panels(MatMulMode mode, const Weight& w) {
   return mode == MatMulMode::kBf16 && HasBf16Products() && w.packed != nullptr &&
          HasBf16Panels(w.dtype);
 }
+// Whether the weight is multiplied by two-digit activations: the q16 mode's
+// integer panels (which it packs as q8 does, only where the CPU has VNNI).
+bool UsesTwoDigitPanels(MatMulMode mode, const Weight& w) {
+  return mode == MatMulMode::kQ16 && HasTwoDigitProducts() && w.packed != nullptr &&
+         HasInt8Panels(w.dtype);
+}
 // Whether the weight is multiplied by 8-bit activations (integer panels or
 // the block kernels).
 bool UsesQ8(MatMulMode mode, const Weight& w) {
@@ -67,6 +73,14 @@ absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name) {
   if (name == "f32") return MatMulMode::kF32;
   if (name == "auto") return AutoMatMulMode().mode;
   if (name == "q8") return MatMulMode::kQ8;
+  if (name == "q16") {
+    if (!HasTwoDigitProducts()) {
+      return absl::InvalidArgumentError(
+          "CPU matmul mode 'q16' needs AVX-512 VNNI instructions, which this build's target CPU "
+          "lacks (use f32)");
+    }
+    return MatMulMode::kQ16;
+  }
   if (name == "bf16") {
     if (!HasBf16Products()) {
       return absl::InvalidArgumentError(
@@ -76,7 +90,7 @@ absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name) {
     return MatMulMode::kBf16;
   }
   return absl::InvalidArgumentError(
-      StrCat("unknown CPU matmul mode '", name, "' (auto, f32, bf16 or q8)"));
+      StrCat("unknown CPU matmul mode '", name, "' (auto, f32, bf16, q8 or q16)"));
 }
 
 std::string_view MatMulModeName(MatMulMode mode) {
@@ -87,6 +101,8 @@ std::string_view MatMulModeName(MatMulMode mode) {
       return "q8";
     case MatMulMode::kBf16:
       return "bf16";
+    case MatMulMode::kQ16:
+      return "q16";
   }
   return "?";
 }
@@ -100,9 +116,11 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
   bool any_q8 = false;
   bool any_fused = false;
   bool any_bf16 = false;
+  bool any_two_digit = false;
   for (const Weight* w : weights) {
     any_q8 |= UsesQ8(mode, *w);
     any_bf16 |= UsesBf16Panels(mode, *w);
+    any_two_digit |= UsesTwoDigitPanels(mode, *w);
     any_fused |= !UsesQ8(mode, *w) && w->packed == nullptr && HasFusedF32Kernel(w->dtype) &&
                  FusedF32KernelNeedsBlockSums();
   }
@@ -113,9 +131,13 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
     scratch.bf16_activations.resize(static_cast<size_t>(rows * k));
     scratch.bf16_block_sums.resize(static_cast<size_t>(rows * blocks));
   }
-  if (any_q8 || any_fused || any_bf16) {
+  if (any_two_digit) scratch.two_digit_activations.resize(static_cast<size_t>(rows * blocks));
+  if (any_q8 || any_fused || any_bf16 || any_two_digit) {
     pool.ParallelFor(rows, [&](int64_t r, int) {
       if (any_q8) QuantizeActivationRow(x.Row(r), k, scratch.activations.data() + r * blocks);
+      if (any_two_digit) {
+        QuantizeTwoDigitRow(x.Row(r), k, scratch.two_digit_activations.data() + r * blocks);
+      }
       if (any_fused) BlockSums(x.Row(r), k, scratch.block_sums.data() + r * blocks);
       if (any_bf16) {
         RoundActivationsToBf16(x.Row(r), k, scratch.bf16_activations.data() + r * k,
@@ -175,7 +197,11 @@ void MatMul(MatMulMode mode, ComputeLane& pool, MatMulScratch& scratch, const Ma
                               : nullptr;
       const Matrix out = block_out(w);
       std::vector<float>& dequantized = scratch.dequantized[static_cast<size_t>(thread)];
-      if (UsesInt8Panels(mode, weight)) {
+      if (UsesTwoDigitPanels(mode, weight)) {
+        MatMulPackedTwoDigitRows(*static_cast<const PackedWeight*>(weight.packed),
+                                 scratch.two_digit_activations.data() + r0 * blocks, block_rows, n0,
+                                 n1, bias, out);
+      } else if (UsesInt8Panels(mode, weight)) {
         MatMulPackedInt8Rows(*static_cast<const PackedWeight*>(weight.packed),
                              scratch.activations.data() + r0 * blocks, block_rows, n0, n1, bias,
                              out);

@@ -18,6 +18,7 @@
 #include "engine/kernels/backend.h"
 #include "engine/kernels/cpu/compute_pool.h"
 #include "engine/kernels/cpu/matmul_q8.h"
+#include "engine/kernels/cpu/two_digit_activations.h"
 
 namespace tandem::kernels::cpu {
 
@@ -35,21 +36,28 @@ enum class MatMulMode {
   // weights, summed in float32 (packed_matmul.h): twice the float32 rate on
   // CPUs with AVX-512 BF16; F16 and unpacked weights as kF32.
   kBf16,
+  // 16-bit activations in two 8-bit digits (two_digit_activations.h) times
+  // the exact quants on q8's integer panels, two integer dot products per
+  // quad (packed_matmul_int8.h): CPUs with AVX-512 VNNI; F16, BF16 and
+  // unpacked weights as kF32. Logits within ~0.05 of a float64 evaluation
+  // (f32: ~0.02, bf16: ~0.4, q8: ~1.4 on the default model).
+  kQ16,
 };
 
-// "f32", "bf16", "q8", or "auto" (product_rates.h: the faster of f32 and
-// bf16 by a start-up timing; never q8).
-// bf16 without the instructions is an error.
+// "f32", "bf16", "q8", "q16", or "auto" (product_rates.h: the fastest of
+// f32, q16 and bf16, the more exact near parity). bf16 and q16 without the
+// instructions are errors.
 absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name);
 std::string_view MatMulModeName(MatMulMode mode);
 
 // Per-call scratch, reused across calls to keep allocation off the hot path.
 struct MatMulScratch {
-  std::vector<ActivationBlock> activations;     // kQ8
-  std::vector<float> block_sums;                // kF32 fused kernels
-  std::vector<std::vector<float>> dequantized;  // one per pool thread
-  std::vector<uint16_t> bf16_activations;       // kBf16
-  std::vector<float> bf16_block_sums;           // kBf16
+  std::vector<ActivationBlock> activations;          // kQ8
+  std::vector<float> block_sums;                     // kF32 fused kernels
+  std::vector<std::vector<float>> dequantized;       // one per pool thread
+  std::vector<uint16_t> bf16_activations;            // kBf16
+  std::vector<TwoDigitBlock> two_digit_activations;  // kQ16
+  std::vector<float> bf16_block_sums;                // kBf16
 };
 
 // outs[w] = x * weights[w]^T (+ biases[w]). See backend.h for the contract.

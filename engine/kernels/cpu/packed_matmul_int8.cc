@@ -83,11 +83,20 @@ inline __m512i Quad(const int8_t* q) {
   return _mm512_set1_epi32(quad);
 }
 
-// out rows [row0, row0 + R) x panels [n, n + 16P).
-template <typename F, int R, int P>
-void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
-          const ActivationBlock* activations, int64_t row0, const Matrix& out, int64_t n,
-          const float* bias) {
+// The activation digits a block's quad j gives vpdpbusd: q8's one, q16's
+// high and low (two_digit_activations.h).
+inline constexpr bool TwoDigits(const ActivationBlock*) { return false; }
+inline constexpr bool TwoDigits(const TwoDigitBlock*) { return true; }
+
+// out rows [row0, row0 + R) x panels [n, n + 16P), for activations A
+// (ActivationBlock or TwoDigitBlock). Two digits take one more dot product
+// a quad into a second set of sums, and each run's exact integer is
+// 256 * high + low (|high| <= 32 x 255 x 127 per run, so 2^8 times it and
+// the bias term stay far inside int32).
+template <typename F, typename A, int R, int P>
+void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks, const A* activations,
+          int64_t row0, const Matrix& out, int64_t n, const float* bias) {
+  constexpr bool kTwoDigits = TwoDigits(static_cast<const A*>(nullptr));
   const __m512i levels = F::kLevels ? LevelBytes() : _mm512_setzero_si512();
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r) {
@@ -101,26 +110,40 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
       block[p] = panel + p * panel_bytes + BlockOffset<typename F::L>(b);
       if (row0 == 0) PrefetchAhead<typename F::L, P>(panel, panel_bytes, p, b);
     }
-    const ActivationBlock* a[R];
+    const A* a[R];
     for (int r = 0; r < R; ++r) a[r] = activations + (row0 + r) * blocks + b;
     Unroll<0, F::kRuns>([&](auto run) {
       __m512i dots[R][P];
+      [[maybe_unused]] __m512i low_dots[R][kTwoDigits ? P : 1];
       for (int r = 0; r < R; ++r) {
-        for (int p = 0; p < P; ++p) dots[r][p] = _mm512_setzero_si512();
+        for (int p = 0; p < P; ++p) {
+          dots[r][p] = _mm512_setzero_si512();
+          if constexpr (kTwoDigits) low_dots[r][p] = _mm512_setzero_si512();
+        }
       }
       constexpr int kQuadsPerRun = 8 / F::kRuns;
       Unroll<run * kQuadsPerRun, (run + 1) * kQuadsPerRun>([&](auto j) {
         __m512i w[P];
         for (int p = 0; p < P; ++p) w[p] = LoadQuad<F, j>(block[p] + F::kQuants, levels);
         for (int r = 0; r < R; ++r) {
-          const __m512i x = Quad(a[r]->q + 4 * j);
-          for (int p = 0; p < P; ++p) dots[r][p] = _mm512_dpbusd_epi32(dots[r][p], w[p], x);
+          if constexpr (kTwoDigits) {
+            const __m512i high = Quad(a[r]->hi + 4 * j);
+            const __m512i low = Quad(a[r]->lo + 4 * j);
+            for (int p = 0; p < P; ++p) {
+              dots[r][p] = _mm512_dpbusd_epi32(dots[r][p], w[p], high);
+              low_dots[r][p] = _mm512_dpbusd_epi32(low_dots[r][p], w[p], low);
+            }
+          } else {
+            const __m512i x = Quad(a[r]->q + 4 * j);
+            for (int p = 0; p < P; ++p) dots[r][p] = _mm512_dpbusd_epi32(dots[r][p], w[p], x);
+          }
         }
       });
       for (int p = 0; p < P; ++p) {
         const __m512 d = D<F>(header[p], block[p], run);
         for (int r = 0; r < R; ++r) {
           __m512i i = dots[r][p];
+          if constexpr (kTwoDigits) i = _mm512_add_epi32(_mm512_slli_epi32(i, 8), low_dots[r][p]);
           if constexpr (F::kBias != 0) {
             const int sum = F::kRuns == 1 ? a[r]->sums[0] + a[r]->sums[1] : a[r]->sums[run];
             i = _mm512_sub_epi32(i, _mm512_set1_epi32(F::kBias * sum));
@@ -156,9 +179,9 @@ void Tile(const uint8_t* panel, int64_t panel_bytes, int64_t blocks,
 // rows passes over it.
 constexpr int kTileRows = 4;
 
-template <typename F>
-void Int8Rows(const PackedWeight& weight, const ActivationBlock* activations, int64_t rows,
-              int64_t n0, int64_t n1, const float* bias, const Matrix& out) {
+template <typename F, typename A>
+void Int8Rows(const PackedWeight& weight, const A* activations, int64_t rows, int64_t n0,
+              int64_t n1, const float* bias, const Matrix& out) {
   const int64_t blocks = weight.cols / kBlockInputs;
   const uint8_t* base = weight.data.get();
   auto panel_at = [&](int64_t n) { return base + n / kPanelWidth * weight.panel_bytes; };
@@ -170,8 +193,8 @@ void Int8Rows(const PackedWeight& weight, const ActivationBlock* activations, in
       WithConstant<kTileRows>(tile, [&](auto r) {
         WithConstant<4>(panels, [&](auto p) {
           if constexpr (r() * p() <= 8) {
-            Tile<F, r(), p()>(panel_at(n), weight.panel_bytes, blocks, activations, r0, out, n,
-                              bias);
+            Tile<F, A, r(), p()>(panel_at(n), weight.panel_bytes, blocks, activations, r0, out, n,
+                                 bias);
           }
         });
       });
@@ -191,6 +214,23 @@ void MatMulPackedInt8Rows(const PackedWeight& weight, const ActivationBlock* act
     Int8Rows<decltype(f)>(weight, activations, rows, n0, n1, bias, out);
   });
 }
+
+bool HasTwoDigitProducts() { return true; }
+
+void MatMulPackedTwoDigitRows(const PackedWeight& weight, const TwoDigitBlock* activations,
+                              int64_t rows, int64_t n0, int64_t n1, const float* bias,
+                              const Matrix& out) {
+  int8_panels::WithInt8Format(weight.dtype, [&](auto f) {
+    Int8Rows<decltype(f)>(weight, activations, rows, n0, n1, bias, out);
+  });
+}
+
+#else  // no AVX-512 VNNI: ParseMatMulMode refuses q16, so nothing calls this.
+
+bool HasTwoDigitProducts() { return false; }
+
+void MatMulPackedTwoDigitRows(const PackedWeight&, const TwoDigitBlock*, int64_t, int64_t, int64_t,
+                              const float*, const Matrix&) {}
 
 #endif  // TANDEM_CPU_INT8_VNNI
 

@@ -45,6 +45,7 @@
 #include "engine/kernels/backend.h"
 #include "engine/kernels/cpu/matmul_q8.h"
 #include "engine/kernels/cpu/packed_matmul.h"
+#include "engine/kernels/cpu/two_digit_activations.h"
 
 namespace tandem::kernels::cpu {
 
@@ -64,6 +65,17 @@ int64_t PackedWeightBytesInt8(DType dtype, int64_t rows, int64_t cols);
 void MatMulPackedInt8Rows(const PackedWeight& weight, const ActivationBlock* activations,
                           int64_t rows, int64_t n0, int64_t n1, const float* bias,
                           const Matrix& out);
+
+// The q16 mode: the same panels times two-digit activations
+// (two_digit_activations.h), where the build has AVX-512 VNNI. Per output
+// element the arithmetic above with the run's integer
+//   i = 256 * (sum of stored(q) * hi) + (sum of stored(q) * lo)
+//       - bias * (sum of Q over the run)      (exact int32)
+// and the block's d and ds the two-digit block's.
+bool HasTwoDigitProducts();
+void MatMulPackedTwoDigitRows(const PackedWeight& weight, const TwoDigitBlock* activations,
+                              int64_t rows, int64_t n0, int64_t n1, const float* bias,
+                              const Matrix& out);
 
 }  // namespace tandem::kernels::cpu
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/strings.h"
@@ -84,6 +85,7 @@ ModeTimings MeasureModeTimings() {
   const Weight weight{DType::kQ4_K, kTimedWeightRows, kTimedWeightCols, bytes.data()};
   const std::unique_ptr<PackedWeight> packed = PackWeight(weight);
   const bool int8 = HasInt8Products();
+  const bool two_digit = HasTwoDigitProducts();
   const std::unique_ptr<PackedWeight> packed_int8 = int8 ? PackWeightInt8(weight) : nullptr;
   std::vector<float> x(static_cast<size_t>(kTimedPromptRows * kTimedWeightCols), 0.5f);
   std::vector<float> out(static_cast<size_t>(kTimedPromptRows * kTimedWeightRows));
@@ -99,9 +101,12 @@ ModeTimings MeasureModeTimings() {
   }
   std::vector<ActivationBlock> blocks(
       static_cast<size_t>(kTimedPromptRows * kTimedWeightCols / 32));
+  std::vector<TwoDigitBlock> two_digit_blocks(blocks.size());
   for (int64_t r = 0; r < kTimedPromptRows && int8; ++r) {
     QuantizeActivationRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
                           blocks.data() + r * kTimedWeightCols / 32);
+    QuantizeTwoDigitRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
+                        two_digit_blocks.data() + r * kTimedWeightCols / 32);
   }
   auto f32_product = [&](int64_t rows) {
     MatMulPackedRows(*packed, Matrix{x.data(), rows, kTimedWeightCols}, 0, kTimedWeightRows,
@@ -114,6 +119,10 @@ ModeTimings MeasureModeTimings() {
   auto q8_product = [&](int64_t rows) {
     MatMulPackedInt8Rows(*packed_int8, blocks.data(), rows, 0, kTimedWeightRows, nullptr,
                          out_rows.FirstRows(rows));
+  };
+  auto q16_product = [&](int64_t rows) {
+    MatMulPackedTwoDigitRows(*packed_int8, two_digit_blocks.data(), rows, 0, kTimedWeightRows,
+                             nullptr, out_rows.FirstRows(rows));
   };
   auto time = [&](auto& product, KernelTimes& best, bool timed) {
     const double prompt = MicrosecondsOf([&] { product(kTimedPromptRows); });
@@ -131,6 +140,7 @@ ModeTimings MeasureModeTimings() {
     time(f32_product, timings.f32, round > 0);
     if (bf16) time(bf16_product, timings.bf16, round > 0);
     if (int8) time(q8_product, timings.q8, round > 0);
+    if (two_digit) time(q16_product, timings.q16, round > 0);
   }
   return timings;
 }
@@ -144,10 +154,17 @@ double ReferenceRequestUs(const KernelTimes& times) {
 }
 
 MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings) {
-  const double bf16 = ReferenceRequestUs(timings.bf16);
-  return bf16 > 0 && ReferenceRequestUs(timings.f32) >= kBf16AutoAdvantage * bf16
-             ? MatMulMode::kBf16
-             : MatMulMode::kF32;
+  MatMulMode mode = MatMulMode::kF32;
+  double us = ReferenceRequestUs(timings.f32);
+  for (const auto& [candidate, times] :
+       {std::pair{MatMulMode::kQ16, timings.q16}, std::pair{MatMulMode::kBf16, timings.bf16}}) {
+    const double candidate_us = ReferenceRequestUs(times);
+    if (candidate_us > 0 && us >= kAutoAdvantage * candidate_us) {
+      mode = candidate;
+      us = candidate_us;
+    }
+  }
+  return mode;
 }
 
 const AutoMatMulChoice& AutoMatMulMode() {
@@ -162,21 +179,22 @@ const AutoMatMulChoice& AutoMatMulMode() {
     };
     std::string reason;
     if (timings.f32.decode_row_us == 0) {
-      reason = "this CPU has no AVX-512 BF16 products: f32";
+      reason = "this CPU has no AVX-512: f32";
     } else {
       reason = StrCat("a Q4_K product on one thread: ", figures("f32", timings.f32));
-      if (timings.bf16.decode_row_us > 0) {
-        reason += StrCat("; ", figures("bf16", timings.bf16), "; bf16 where f32 takes at least ",
-                         kBf16AutoAdvantage, "x its time");
-      } else {
-        reason += "; no AVX-512 BF16 products";
-      }
+      if (timings.q16.decode_row_us > 0) reason += StrCat("; ", figures("q16", timings.q16));
+      if (timings.bf16.decode_row_us > 0) reason += StrCat("; ", figures("bf16", timings.bf16));
+      reason += StrCat(
+          "; in the order f32, q16, bf16, a mode is taken where the one before "
+          "takes at least ",
+          kAutoAdvantage, "x its time");
     }
     if (timings.q8.decode_row_us > 0) {
-      const double float_us =
-          ReferenceRequestUs(mode == MatMulMode::kBf16 ? timings.bf16 : timings.f32);
+      const double chosen_us = ReferenceRequestUs(mode == MatMulMode::kBf16  ? timings.bf16
+                                                  : mode == MatMulMode::kQ16 ? timings.q16
+                                                                             : timings.f32);
       reason += StrCat("; ", figures("q8", timings.q8), ": --cpu_matmul=q8 takes ",
-                       static_cast<int>(100 * ReferenceRequestUs(timings.q8) / float_us),
+                       static_cast<int>(100 * ReferenceRequestUs(timings.q8) / chosen_us),
                        "% of the time and changes some greedy answers (docs/operations.md)");
     } else if (HasInt8Products()) {
       reason +=

@@ -1,22 +1,24 @@
-// What --cpu_matmul=auto decides on: how long this CPU takes, in the
-// float32 and bfloat16 modes, for the two kinds of product a request makes:
-// a prompt's many rows and a decode step's one. Machines differ, and not by
-// a little: AMD Zen 4 issues bfloat16 dot products at the float32 FMA's
-// rate (two products a lane), so bf16 halves a prompt's compute and decodes
-// faster too; Intel cores with AVX-512 BF16 but no AMX run them at half that
-// rate, so there a prompt costs bf16 ~1.5x f32's time (the exact mode),
-// while a decode row, which f32 turns into floats weight by weight, takes
-// bf16 ~0.65x. Which wins over a request depends on both, and on how fast
-// each mode's kernels are now, which peak instruction rates (the rule
-// before 2026-12-07) cannot see: so the choice times the real kernels on
-// one weight.
+// What --cpu_matmul=auto decides on: how long this CPU takes, in each mode
+// that keeps answers as an exact evaluation gives them, for the two kinds of
+// product a request makes: a prompt's many rows and a decode step's one.
+// Those modes, most exact first: f32 (the model's own arithmetic), q16
+// (two-digit integer activations on VNNI: logits within ~0.03 of float64 on
+// the default model, where f32's are within ~0.02) and bf16 (~0.4). Machines
+// differ, and not by a little: AMD Zen 4 issues bfloat16 dot products at the
+// float32 FMA's rate (two products a lane), so bf16 halves a prompt's
+// compute; Intel cores with AVX-512 BF16 but no AMX run them at half that
+// rate, while their VNNI integer dot products run at four times the FMA's
+// (four products a lane), so q16's two per quad still double it, and its
+// weights need no decoding to floats. Which wins over a request depends on
+// both kinds of product and on how good each mode's kernels are now, which
+// peak instruction rates cannot see: so the choice times the real kernels
+// on one weight.
 //
 // q8 is timed too, for the log, and never chosen: its 8-bit activations
 // keep >= 95% of greedy choices an exact evaluation makes (tests/reference),
 // but the choices they change are visible ones (the default model's answer
 // to "What is the capital of France?" becomes llama.cpp's nonsense, where
-// f32 and bf16 answer as transformers does). The log names its speed-up so
-// an operator can take it knowingly.
+// the other modes answer as transformers does).
 #ifndef TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 #define TANDEM_ENGINE_KERNELS_CPU_PRODUCT_RATES_H_
 
@@ -46,9 +48,10 @@ struct ModeTimings {
   KernelTimes f32;
   KernelTimes bf16;  // zeros without the AVX-512 BF16 instructions
   KernelTimes q8;    // zeros without integer products (HasInt8Products)
+  KernelTimes q16;   // zeros without AVX-512 VNNI (HasTwoDigitProducts)
 };
 
-// The best of five alternating rounds of each, after a warm-up: ~20 ms.
+// The best of five alternating rounds of each, after a warm-up: ~25 ms.
 ModeTimings MeasureModeTimings();
 
 // The reference request the modes are weighed on: llama-bench's pp512 +
@@ -58,11 +61,11 @@ inline constexpr int kReferencePromptTokens = 512;
 inline constexpr int kReferenceOutputTokens = 128;
 double ReferenceRequestUs(const KernelTimes& times);
 
-// bf16 where the reference request's products take f32 at least this many
-// times bf16's time, else f32 (the exact mode wins near parity, and the
-// margin keeps the choice from flipping with a shared machine's noise).
-// Never q8 (above).
-inline constexpr double kBf16AutoAdvantage = 1.2;
+// Starting from f32, each less exact mode in turn (q16, then bf16) takes
+// over where the current choice's reference request takes at least this
+// many times its time (the more exact mode wins near parity, and the margin
+// keeps the choice from flipping with a shared machine's noise). Never q8.
+inline constexpr double kAutoAdvantage = 1.2;
 MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings);
 
 // The auto mode of this process: measured once, on first use.
