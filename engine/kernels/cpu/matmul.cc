@@ -69,26 +69,25 @@ bool UsesQ8(MatMulMode mode, const Weight& w) {
 
 }  // namespace
 
+namespace {
+
+// `mode` where the build has its instructions, else an error naming them.
+absl::StatusOr<MatMulMode> WhereBuilt(MatMulMode mode, bool built, std::string_view instructions) {
+  if (built) return mode;
+  return absl::InvalidArgumentError(StrCat("CPU matmul mode '", MatMulModeName(mode), "' needs ",
+                                           instructions,
+                                           " instructions, which this build's target CPU lacks "
+                                           "(use f32)"));
+}
+
+}  // namespace
+
 absl::StatusOr<MatMulMode> ParseMatMulMode(std::string_view name) {
   if (name == "f32") return MatMulMode::kF32;
   if (name == "auto") return AutoMatMulMode().mode;
   if (name == "q8") return MatMulMode::kQ8;
-  if (name == "q16") {
-    if (!HasTwoDigitProducts()) {
-      return absl::InvalidArgumentError(
-          "CPU matmul mode 'q16' needs AVX-512 VNNI instructions, which this build's target CPU "
-          "lacks (use f32)");
-    }
-    return MatMulMode::kQ16;
-  }
-  if (name == "bf16") {
-    if (!HasBf16Products()) {
-      return absl::InvalidArgumentError(
-          "CPU matmul mode 'bf16' needs AVX-512 BF16 instructions, which this build's target "
-          "CPU lacks (use f32)");
-    }
-    return MatMulMode::kBf16;
-  }
+  if (name == "q16") return WhereBuilt(MatMulMode::kQ16, HasTwoDigitProducts(), "AVX-512 VNNI");
+  if (name == "bf16") return WhereBuilt(MatMulMode::kBf16, HasBf16Products(), "AVX-512 BF16");
   return absl::InvalidArgumentError(
       StrCat("unknown CPU matmul mode '", name, "' (auto, f32, bf16, q8 or q16)"));
 }
