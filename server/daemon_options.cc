@@ -106,9 +106,9 @@ ABSL_FLAG(std::string, cpu_matmul, "auto",
           "dot products: AVX-512 VNNI CPUs; logits within ~0.03 of f32's), bf16 (activations "
           "rounded to bfloat16 times the exact quants, summed in float32: AVX-512 BF16 CPUs), q8 "
           "(8-bit activations as llama.cpp does: the fastest, and it changes some greedy "
-          "answers), or auto (times f32, q16 and bf16 at start-up and takes, in that order, a "
-          "mode where the one before takes at least 1.2x its time; never q8; the choice and the "
-          "figures are logged)");
+          "answers), or auto (times f32, q16 and bf16 at start-up and takes the least exact one "
+          "that every more exact one needs at least 1.2x the time of; never q8; the choice and "
+          "the figures are logged)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of paged KV cache");
 ABSL_FLAG(int64_t, decode_kv_cache_bytes, 0,
           "> 0: the decode worker keeps its KV in storage of its own of this many bytes (as a "

@@ -51,7 +51,7 @@ def supports_matmul(mode):
 
 
 def auto_matmul():
-    """The mode --cpu_matmul=auto chooses on this CPU (q8 with AVX-512 VNNI)."""
+    """The mode --cpu_matmul=auto chooses on this CPU (f32, q16 or bf16)."""
     out = subprocess.run([PROBE, "matmul-mode", "--matmul=auto"], capture_output=True,
                          text=True, check=True)
     return out.stdout.strip()

@@ -298,6 +298,11 @@ TEST(MatMulModeTest, AutoTakesTheMoreExactModeUnlessALessExactOneIsClearlyFaster
   // q16 within 1.2x of f32's time: the exact mode (8 x 100 + 128 x 10 =
   // 2,080 us against 8 x 90 + 128 x 9 = 1,872).
   EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(100, 10), {}, {}, Us(90, 9))), MatMulMode::kF32);
+  // bf16 clearly faster than f32 but not than q16, which is not clearly
+  // faster than f32 either: the exact mode (f32 2,080 us, q16 1,800, bf16
+  // 1,700).
+  EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(100, 10), Us(85, 7.96875), {}, Us(90, 8.4375))),
+            MatMulMode::kF32);
   // bf16 must beat q16 (not only f32) by the margin to take over from it.
   EXPECT_EQ(ChooseAutoMatMulMode(Timings(Us(600, 30), Us(250, 13), {}, Us(300, 15))),
             MatMulMode::kQ16);

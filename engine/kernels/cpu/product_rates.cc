@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -102,11 +103,15 @@ ModeTimings MeasureModeTimings() {
   std::vector<ActivationBlock> blocks(
       static_cast<size_t>(kTimedPromptRows * kTimedWeightCols / 32));
   std::vector<TwoDigitBlock> two_digit_blocks(blocks.size());
-  for (int64_t r = 0; r < kTimedPromptRows && int8; ++r) {
-    QuantizeActivationRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
-                          blocks.data() + r * kTimedWeightCols / 32);
-    QuantizeTwoDigitRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
-                        two_digit_blocks.data() + r * kTimedWeightCols / 32);
+  for (int64_t r = 0; r < kTimedPromptRows; ++r) {
+    if (int8) {
+      QuantizeActivationRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
+                            blocks.data() + r * kTimedWeightCols / 32);
+    }
+    if (two_digit) {
+      QuantizeTwoDigitRow(x.data() + r * kTimedWeightCols, kTimedWeightCols,
+                          two_digit_blocks.data() + r * kTimedWeightCols / 32);
+    }
   }
   auto f32_product = [&](int64_t rows) {
     MatMulPackedRows(*packed, Matrix{x.data(), rows, kTimedWeightCols}, 0, kTimedWeightRows,
@@ -154,17 +159,25 @@ double ReferenceRequestUs(const KernelTimes& times) {
 }
 
 MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings) {
-  MatMulMode mode = MatMulMode::kF32;
-  double us = ReferenceRequestUs(timings.f32);
-  for (const auto& [candidate, times] :
-       {std::pair{MatMulMode::kQ16, timings.q16}, std::pair{MatMulMode::kBf16, timings.bf16}}) {
-    const double candidate_us = ReferenceRequestUs(times);
-    if (candidate_us > 0 && us >= kAutoAdvantage * candidate_us) {
-      mode = candidate;
-      us = candidate_us;
+  // Most exact first. A mode is taken where every more exact one (with
+  // timings) needs at least kAutoAdvantage times its time; the least exact
+  // such mode is then also the fastest of those it passed.
+  const std::pair<MatMulMode, double> modes[] = {
+      {MatMulMode::kF32, ReferenceRequestUs(timings.f32)},
+      {MatMulMode::kQ16, ReferenceRequestUs(timings.q16)},
+      {MatMulMode::kBf16, ReferenceRequestUs(timings.bf16)}};
+  MatMulMode chosen = MatMulMode::kF32;
+  for (size_t m = 1; m < std::size(modes); ++m) {
+    if (modes[m].second <= 0) continue;
+    bool clearly_faster = true;
+    for (size_t e = 0; e < m; ++e) {
+      if (modes[e].second > 0 && modes[e].second < kAutoAdvantage * modes[m].second) {
+        clearly_faster = false;
+      }
     }
+    if (clearly_faster) chosen = modes[m].first;
   }
-  return mode;
+  return chosen;
 }
 
 const AutoMatMulChoice& AutoMatMulMode() {

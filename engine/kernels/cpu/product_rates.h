@@ -61,10 +61,10 @@ inline constexpr int kReferencePromptTokens = 512;
 inline constexpr int kReferenceOutputTokens = 128;
 double ReferenceRequestUs(const KernelTimes& times);
 
-// Starting from f32, each less exact mode in turn (q16, then bf16) takes
-// over where the current choice's reference request takes at least this
-// many times its time (the more exact mode wins near parity, and the margin
-// keeps the choice from flipping with a shared machine's noise). Never q8.
+// Of f32, q16 and bf16 (most exact first), the least exact mode whose
+// reference request every more exact mode needs at least this many times
+// the time of (a more exact mode wins near parity, and the margin keeps the
+// choice from flipping with a shared machine's noise). Never q8.
 inline constexpr double kAutoAdvantage = 1.2;
 MatMulMode ChooseAutoMatMulMode(const ModeTimings& timings);
 

@@ -216,7 +216,7 @@ def test_the_prefill_pool_finds_the_decode_pool():
     # alike (an explicit mode: auto may choose differently per node).
     for same in ("model", "block_size", "cpu_matmul"):
         assert flag(prefill["args"], same, None) == flag(decode["args"], same, None), same
-    assert flag(prefill["args"], "cpu_matmul") in ("f32", "bf16", "q8")
+    assert flag(prefill["args"], "cpu_matmul") in ("f32", "q16", "bf16", "q8")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=os.path.basename)
