@@ -155,19 +155,20 @@ def read_roofline(binary):
     return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
 
 
-def print_bounds(a, measured):
+def print_bounds(a, stub, measured):
     """How close tandem's medians are to this machine's own limits."""
     roof = read_roofline(a.roofline)
     layer_macs, head_macs, step_bytes = model_costs(a.model)
     matmul = a.matmul
-    if matmul == "auto":  # as tandemd resolves it
-        matmul = "bf16" if "bf16_dot_gflops" in roof else "f32"
+    if matmul == "auto":  # as this tandemd resolved it: GetLoad's "cpu-ISA/MODE/rN"
+        matmul = stub.GetLoad(pb.GetLoadRequest(), timeout=10).arithmetic.split("/")[1]
     # Each mode's products: q8 multiplies 8-bit integers (VNNI dot products, or
-    # AVX2's vpmaddubsw).
-    peak_of = {"bf16": "bf16_dot_gflops", "q8": "int8_dot_gops"}
-    key = peak_of.get(matmul, "fp32_fma_gflops")
+    # AVX2's vpmaddubsw), q16 two of them per product (one per digit).
+    peak_of = {"bf16": ("bf16_dot_gflops", 1), "q8": ("int8_dot_gops", 1),
+               "q16": ("int8_dot_gops", 2)}
+    key, dots = peak_of.get(matmul, ("fp32_fma_gflops", 1))
     # Without the instructions the mode falls back to float32 panels.
-    peak = roof[key if key in roof else "fp32_fma_gflops"] * 1e9
+    peak = (roof[key] / dots if key in roof else roof["fp32_fma_gflops"]) * 1e9
     bandwidth = roof["read_bandwidth_gbs"] * 1e9
     print(f"bounds measured on this machine (tandem-roofline, {int(roof['threads'])} threads): "
           f"fp32 FMA {roof['fp32_fma_gflops']:.0f} GFLOP/s, bf16 dot "
@@ -255,7 +256,7 @@ def main():
               f"{statistics.median(p99['tandem']):.0f} ms, llama-server "
               f"{statistics.median(p99['llama-server']):.0f} ms", flush=True)
     if a.roofline and a.model:
-        print_bounds(a, measured)
+        print_bounds(a, stub, measured)
 
 
 if __name__ == "__main__":
