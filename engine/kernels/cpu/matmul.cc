@@ -67,10 +67,6 @@ bool UsesQ8(MatMulMode mode, const Weight& w) {
          (mode == MatMulMode::kQ8 && w.packed == nullptr && HasQ8Kernel(w.dtype));
 }
 
-}  // namespace
-
-namespace {
-
 // `mode` where the build has its instructions, else an error naming them.
 absl::StatusOr<MatMulMode> WhereBuilt(MatMulMode mode, bool built, std::string_view instructions) {
   if (built) return mode;

@@ -198,9 +198,9 @@ const AutoMatMulChoice& AutoMatMulMode() {
       if (timings.q16.decode_row_us > 0) reason += StrCat("; ", figures("q16", timings.q16));
       if (timings.bf16.decode_row_us > 0) reason += StrCat("; ", figures("bf16", timings.bf16));
       reason += StrCat(
-          "; in the order f32, q16, bf16, a mode is taken where the one before "
-          "takes at least ",
-          kAutoAdvantage, "x its time");
+          "; of f32, q16 and bf16 (most exact first), the least exact mode that "
+          "every more exact one needs at least ",
+          kAutoAdvantage, "x the time of");
     }
     if (timings.q8.decode_row_us > 0) {
       const double chosen_us = ReferenceRequestUs(mode == MatMulMode::kBf16  ? timings.bf16
